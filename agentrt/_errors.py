@@ -1,0 +1,177 @@
+"""The agentrt exception tree.
+
+Every error agentrt raises derives from `AgentError`. Cancellation is never converted into one of these:
+it stays the backend's own cancellation exception.
+
+    AgentError
+    ├── ConfigurationError          a service, tool or model is declared wrongly (raised at build time)
+    ├── ModelError                  the model endpoint failed; carries status, body, request id, endpoint
+    │   ├── ModelConnectionError    the endpoint could not be reached
+    │   ├── ModelTimeoutError       the endpoint did not answer in time
+    │   ├── ModelResponseError      the endpoint answered something agentrt cannot read
+    │   ├── AuthenticationError     401
+    │   ├── PermissionDeniedError   403
+    │   ├── ModelNotFoundError      404
+    │   ├── RateLimitError          429 (with `retry_after`)
+    │   ├── BadRequestError         400/422 (the provider's message is kept)
+    │   │   └── ContextLengthExceededError
+    │   ├── ServerError             5xx
+    │   │   └── OverloadedError     503/529 and "overloaded" errors
+    │   └── ContentRefusedError     the model refused to produce the requested output
+    └── OutputParsingError          the answer does not parse into the declared return type
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentError",
+    "AuthenticationError",
+    "BadRequestError",
+    "ConfigurationError",
+    "ContentRefusedError",
+    "ContextLengthExceededError",
+    "ModelConnectionError",
+    "ModelError",
+    "ModelNotFoundError",
+    "ModelResponseError",
+    "ModelTimeoutError",
+    "OutputParsingError",
+    "OverloadedError",
+    "PermissionDeniedError",
+    "RateLimitError",
+    "ServerError",
+]
+
+
+class AgentError(Exception):
+    """Base class of every error raised by agentrt."""
+
+
+class ConfigurationError(AgentError):
+    """A service, tool, template or model is declared wrongly.
+
+    Raised when a class is decorated or built, never on the first call. The message names
+    `Class.method` and the offending parameter or variable.
+    """
+
+
+class ModelError(AgentError):
+    """The model endpoint failed.
+
+    Attributes are whatever the failure offered: the HTTP `status`, the response `body` (text, possibly
+    truncated), the provider's `request_id`, the `endpoint` (URL without credentials) and whether the
+    failure happened after the first byte of the response reached the pipeline (`mid_stream`).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        body: str | None = None,
+        request_id: str | None = None,
+        endpoint: str | None = None,
+        mid_stream: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.body = body
+        self.request_id = request_id
+        self.endpoint = endpoint
+        self.mid_stream = mid_stream
+
+    def __str__(self) -> str:
+        parts = [self.message]
+        if self.status is not None:
+            parts.append(f"status {self.status}")
+        if self.endpoint:
+            parts.append(f"endpoint {self.endpoint}")
+        if self.request_id:
+            parts.append(f"request id {self.request_id}")
+        return parts[0] if len(parts) == 1 else f"{parts[0]} ({', '.join(parts[1:])})"
+
+
+class ModelConnectionError(ModelError):
+    """The endpoint could not be reached (DNS, refused connection, TLS, reset before a response)."""
+
+
+class ModelTimeoutError(ModelError):
+    """The endpoint did not answer within the transport timeout."""
+
+
+class ModelResponseError(ModelError):
+    """The endpoint answered with something that is not a valid response of its protocol."""
+
+
+class AuthenticationError(ModelError):
+    """The endpoint rejected the credentials (HTTP 401)."""
+
+
+class PermissionDeniedError(ModelError):
+    """The credentials are valid but not allowed to do this (HTTP 403)."""
+
+
+class ModelNotFoundError(ModelError):
+    """The model or the endpoint path does not exist (HTTP 404)."""
+
+
+class RateLimitError(ModelError):
+    """The endpoint is rate limiting (HTTP 429); `retry_after` is in seconds when the server said."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        status: int | None = None,
+        body: str | None = None,
+        request_id: str | None = None,
+        endpoint: str | None = None,
+        mid_stream: bool = False,
+    ) -> None:
+        super().__init__(
+            message,
+            status=status,
+            body=body,
+            request_id=request_id,
+            endpoint=endpoint,
+            mid_stream=mid_stream,
+        )
+        self.retry_after = retry_after
+
+
+class BadRequestError(ModelError):
+    """The endpoint rejected the request (HTTP 400/422); the message is the provider's own."""
+
+
+class ContextLengthExceededError(BadRequestError):
+    """The conversation does not fit into the model's context window."""
+
+
+class ServerError(ModelError):
+    """The endpoint failed on its side (HTTP 5xx)."""
+
+
+class OverloadedError(ServerError):
+    """The endpoint is temporarily overloaded (HTTP 503/529 or an "overloaded" error)."""
+
+
+class ContentRefusedError(ModelError):
+    """The model refused to produce the requested output; `refusal` holds its explanation."""
+
+    def __init__(self, refusal: str) -> None:
+        super().__init__(f"the model refused: {refusal}")
+        self.refusal = refusal
+
+
+class OutputParsingError(AgentError):
+    """The model's answer could not be parsed into the method's declared return type.
+
+    `text` is the raw answer; `target` names the type it should have become.
+    """
+
+    def __init__(self, message: str, *, text: str, target: str) -> None:
+        super().__init__(message)
+        self.text = text
+        self.target = target

@@ -1,0 +1,246 @@
+"""Events of an invocation, the chunks a model streams, and the final `Result`.
+
+A model adapter yields *chunks* (`TextDelta`, `ThinkingDelta`, `ToolCallDelta`, `RefusalDelta`, `Usage`,
+`Finish`, `ResponseMeta`). The pipeline passes the public ones straight through as events (no copy per
+token) and adds lifecycle events (`Started`, `RequestIssued`, `ResponseReceived`, `Completed`).
+`Failed` and `Cancelled` only reach listeners: in the event stream, errors are raised, never yielded.
+
+Everything here is a slotted dataclass: these objects are created per token and must stay cheap.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from ._messages import AssistantMessage, ChatMessage
+    from .models._protocol import ModelRequest
+
+__all__ = [
+    "Cancelled",
+    "Completed",
+    "Event",
+    "Failed",
+    "Finish",
+    "FinishReason",
+    "LifecycleEvent",
+    "ModelChunk",
+    "ModelResponse",
+    "RefusalDelta",
+    "RequestIssued",
+    "ResponseMeta",
+    "ResponseReceived",
+    "Result",
+    "Started",
+    "TextDelta",
+    "ThinkingDelta",
+    "ToolCallDelta",
+    "ToolExecution",
+    "Usage",
+]
+
+T = TypeVar("T")
+
+
+class FinishReason(enum.StrEnum):
+    """Why the model stopped."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    CONTENT_FILTER = "content_filter"
+    OTHER = "other"
+
+
+# --- chunks (from the model; the public ones are also events) ------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """A piece of answer text."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingDelta:
+    """A piece of reasoning text; `signature` is set on the chunk that closes a signed block."""
+
+    text: str
+    signature: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RefusalDelta:
+    """A piece of a refusal (the model declined to produce structured output)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A fragment of a tool call. Fragments with the same `index` belong to one call; `id` and `name`
+    usually arrive on the first fragment only, `arguments` is a piece of JSON text split anywhere."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token usage. `estimated` is true when some part was estimated because the server sent none."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    estimated: bool = False
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_input_tokens + other.cached_input_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+            self.estimated or other.estimated,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The model finished this response; `raw` is the provider's own reason string."""
+
+    reason: FinishReason
+    raw: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseMeta:
+    """The provider's response id and the model that actually served the request."""
+
+    id: str | None = None
+    model: str | None = None
+
+
+ModelChunk = TextDelta | ThinkingDelta | RefusalDelta | ToolCallDelta | Usage | Finish | ResponseMeta
+"""What `ChatModel.stream` yields."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelResponse:
+    """One complete model response: the fold of its chunks."""
+
+    message: AssistantMessage
+    usage: Usage
+    finish_reason: FinishReason | None = None
+    id: str | None = None
+    model: str | None = None
+
+
+# --- lifecycle events -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The invocation began. `method` is `Class.method`."""
+
+    invocation_id: str
+    method: str
+    memory_id: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestIssued:
+    """A request is about to be sent to the model (`round` counts requests within the invocation)."""
+
+    invocation_id: str
+    request: ModelRequest
+    round: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseReceived:
+    """A model response is complete."""
+
+    invocation_id: str
+    response: ModelResponse
+    round: int
+
+
+@dataclass(frozen=True, slots=True)
+class ToolExecution:
+    """One executed tool call (filled in by the tool loop)."""
+
+    name: str
+    call_id: str
+    arguments_hash: str
+    result: str
+    is_error: bool = False
+    duration: float = field(default=0.0, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Result(Generic[T]):
+    """The outcome of an invocation: the parsed value and everything learned on the way.
+
+    Two results compare equal when they carry the same outcome; the invocation id is not compared.
+    """
+
+    value: T
+    text: str
+    usage: Usage
+    finish_reason: FinishReason | None = None
+    thinking: str | None = None
+    tool_executions: tuple[ToolExecution, ...] = ()
+    sources: tuple[Any, ...] = ()
+    attempts: int = 1
+    model: str | None = None
+    messages: tuple[ChatMessage, ...] = field(default=(), repr=False)
+    invocation_id: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Completed(Generic[T]):
+    """The invocation succeeded; the last event of every successful stream."""
+
+    invocation_id: str
+    result: Result[T]
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The invocation raised `error` (delivered to listeners only; the stream raises it)."""
+
+    invocation_id: str
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """The invocation was cancelled or closed early (delivered to listeners only)."""
+
+    invocation_id: str
+
+
+Event = (
+    Started
+    | RequestIssued
+    | TextDelta
+    | ThinkingDelta
+    | RefusalDelta
+    | Usage
+    | ResponseReceived
+    | Completed[Any]
+)
+"""What an invocation's event stream yields."""
+
+LifecycleEvent = Started | RequestIssued | ResponseReceived | Completed[Any] | Failed | Cancelled
+"""What listeners receive."""

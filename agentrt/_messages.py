@@ -1,0 +1,203 @@
+"""Chat messages and their contents: one pydantic discriminated union, one JSON round trip.
+
+Messages are immutable values. `ChatMessage` is discriminated by `role`, user contents by `kind`; the
+same shapes are what memory stores persist and what model adapters translate to their wire formats.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+__all__ = [
+    "AssistantMessage",
+    "AudioContent",
+    "ChatMessage",
+    "ImageContent",
+    "PdfContent",
+    "SystemMessage",
+    "TextContent",
+    "ToolCall",
+    "ToolResultMessage",
+    "UserContent",
+    "UserMessage",
+    "VideoContent",
+    "messages_from_json",
+    "messages_to_json",
+]
+
+
+class _Value(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TextContent(_Value):
+    """A piece of text in a user message."""
+
+    kind: Literal["text"] = "text"
+    text: str
+
+
+class _MediaContent(_Value):
+    """Media given either by `url` or inline as base64 `data` with its `media_type`."""
+
+    url: str | None = None
+    data: str | None = None
+    media_type: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if (self.url is None) == (self.data is None):
+            raise ValueError(f"{type(self).__name__} needs exactly one of `url` or `data`")
+        if self.data is not None and not self.media_type:
+            raise ValueError(f"{type(self).__name__} with inline `data` needs a `media_type`")
+        return self
+
+    @classmethod
+    def from_bytes(cls, data: bytes, media_type: str, **fields: Any) -> Self:
+        """Inline content from raw bytes (stored base64-encoded)."""
+        return cls(data=base64.b64encode(data).decode("ascii"), media_type=media_type, **fields)
+
+    @classmethod
+    def from_url(cls, url: str, **fields: Any) -> Self:
+        """Content the model fetches (or the adapter inlines) from `url`."""
+        return cls(url=url, **fields)
+
+    def data_url(self) -> str:
+        """The content as a URL: `url` itself, or a `data:` URL built from the inline bytes."""
+        if self.url is not None:
+            return self.url
+        return f"data:{self.media_type};base64,{self.data}"
+
+
+class ImageContent(_MediaContent):
+    """An image; `detail` is a hint some providers honour."""
+
+    kind: Literal["image"] = "image"
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class AudioContent(_MediaContent):
+    """An audio clip (e.g. `audio/wav`, `audio/mpeg`)."""
+
+    kind: Literal["audio"] = "audio"
+
+
+class VideoContent(_MediaContent):
+    """A video clip."""
+
+    kind: Literal["video"] = "video"
+
+
+class PdfContent(_MediaContent):
+    """A PDF document; `filename` is passed to providers that want one."""
+
+    kind: Literal["pdf"] = "pdf"
+    media_type: str | None = "application/pdf"
+    filename: str | None = None
+
+
+UserContent = Annotated[
+    TextContent | ImageContent | AudioContent | VideoContent | PdfContent,
+    Field(discriminator="kind"),
+]
+"""One content of a user message."""
+
+CONTENT_TYPES: tuple[type[_Value], ...] = (
+    TextContent,
+    ImageContent,
+    AudioContent,
+    VideoContent,
+    PdfContent,
+)
+
+
+class SystemMessage(_Value):
+    """Instructions to the model."""
+
+    role: Literal["system"] = "system"
+    text: str
+
+
+class UserMessage(_Value):
+    """What the user says: text and attached contents, in order."""
+
+    role: Literal["user"] = "user"
+    contents: tuple[UserContent, ...]
+    name: str | None = None
+
+    @classmethod
+    def of(cls, *parts: str | UserContent) -> UserMessage:
+        """A message from strings (each becomes a `TextContent`) and contents, in order."""
+        return cls(contents=tuple(TextContent(text=p) if isinstance(p, str) else p for p in parts))
+
+    @property
+    def text(self) -> str:
+        """The text contents joined by newlines (attachments are not included)."""
+        return "\n".join(c.text for c in self.contents if isinstance(c, TextContent))
+
+
+class ToolCall(_Value):
+    """A tool call requested by the model. `arguments` is the JSON text the model produced."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+    def parsed_arguments(self) -> Any:
+        """The arguments decoded from JSON (an empty text decodes as `{}`)."""
+        return orjson.loads(self.arguments) if self.arguments.strip() else {}
+
+
+class AssistantMessage(_Value):
+    """What the model answered: text, optional thinking text, tool calls, or a refusal."""
+
+    role: Literal["assistant"] = "assistant"
+    text: str | None = None
+    thinking: str | None = None
+    thinking_signature: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    refusal: str | None = None
+
+
+class ToolResultMessage(_Value):
+    """The result of one tool call, sent back to the model."""
+
+    role: Literal["tool"] = "tool"
+    tool_call_id: str
+    tool_name: str
+    text: str
+    is_error: bool = False
+
+
+ChatMessage = Annotated[
+    SystemMessage | UserMessage | AssistantMessage | ToolResultMessage,
+    Field(discriminator="role"),
+]
+"""Any message of a conversation."""
+
+_MESSAGES: TypeAdapter[list[ChatMessage]] = TypeAdapter(list[ChatMessage])
+
+
+def messages_to_json(messages: Iterable[ChatMessage]) -> bytes:
+    """Serialize messages to JSON bytes (the format memory stores persist)."""
+    return orjson.dumps(_MESSAGES.dump_python(list(messages), mode="json"))
+
+
+def messages_from_json(data: bytes | str) -> list[ChatMessage]:
+    """Parse what `messages_to_json` produced; raises `pydantic.ValidationError` on bad input."""
+    return _MESSAGES.validate_python(orjson.loads(data))
+
+
+def user_text(messages: Sequence[ChatMessage]) -> str:
+    """The text of the last user message, or an empty string."""
+    for message in reversed(messages):
+        if isinstance(message, UserMessage):
+            return message.text
+    return ""

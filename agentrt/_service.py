@@ -1,0 +1,119 @@
+"""`build()`: turn a class of `async def` stubs into a service whose methods run the pipeline."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ._errors import ConfigurationError
+from ._invocation import Invocation, Listener, Runtime, SystemMessageProvider
+from ._spec import MethodSpec, OutputKind, service_spec
+from ._stream import TokenStream
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+    from .models._protocol import ChatModel, ModelSettings
+
+__all__ = ["build", "create"]
+
+S = TypeVar("S")
+
+
+def _implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
+    bind = spec.bind
+    method: Callable[..., Any]
+    if spec.output_kind == OutputKind.STREAM:
+
+        async def method(self: Any, /, *args: Any, **kwargs: Any) -> TokenStream:
+            invocation = Invocation(runtime, spec, bind(args, kwargs))
+            return TokenStream(invocation.events())
+
+    elif spec.output_kind == OutputKind.RESULT:
+
+        async def method(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+            return await Invocation(runtime, spec, bind(args, kwargs)).result()
+
+    else:
+
+        async def method(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+            invocation = Invocation(runtime, spec, bind(args, kwargs))
+            return (await invocation.result()).value
+
+    functools.update_wrapper(method, spec.function)
+    # Show the stub's signature (with `self`), not the wrapper's *args/**kwargs, and drop the
+    # markers copied from the stub so the built method is not mistaken for a stub.
+    vars(method).pop("__wrapped__", None)
+    method.__dict__.pop("__agentrt_user_message__", None)
+    method.__dict__.pop("__agentrt_system_message__", None)
+    vars(method)["__signature__"] = inspect.signature(spec.function)
+    return method
+
+
+def _check_model(model: object) -> None:
+    missing = [name for name in ("name", "capabilities", "stream") if not hasattr(model, name)]
+    if missing:
+        raise ConfigurationError(f"model {model!r} is not a ChatModel: it lacks {', '.join(missing)}")
+
+
+def build(
+    cls: type[S],
+    /,
+    *,
+    model: ChatModel,
+    system_message: SystemMessageProvider | None = None,
+    variables: Mapping[str, str] | None = None,
+    listeners: Sequence[Listener] = (),
+    settings: ModelSettings | None = None,
+) -> S:
+    """Build a service: an instance of `cls` whose stub methods call `model`.
+
+    - `system_message`: the system message for a memory id, used where neither the method nor the
+      class declares one (its text is used literally).
+    - `variables`: fixed template values (e.g. `{"shop": "Acme"}`) visible to every template.
+    - `listeners`: receive lifecycle events of every invocation; a raising listener is logged.
+    - `settings`: request parameters (temperature, max_tokens, ...) for every request.
+
+    Raises `ConfigurationError`, naming `Class.method` and the parameter, for every declaration
+    mistake; nothing is deferred to the first call.
+    """
+    spec = service_spec(cls)
+    _check_model(model)
+    static = dict(variables or {})
+    for key, value in static.items():
+        if not isinstance(key, str) or not key.isidentifier() or not isinstance(value, str):
+            raise ConfigurationError(
+                f"{cls.__name__}: variables must map identifiers to strings, got {key!r}: {value!r}"
+            )
+    for listener in listeners:
+        if not callable(listener):
+            raise ConfigurationError(f"{cls.__name__}: listener {listener!r} is not callable")
+    if system_message is not None and not callable(system_message):
+        raise ConfigurationError(f"{cls.__name__}: system_message must be a callable of memory id")
+    capabilities = model.capabilities
+    for method_spec in spec.methods.values():
+        method_spec.check(static, capabilities, model.name)
+
+    runtime = Runtime(
+        model=model,
+        listeners=tuple(listeners),
+        system_message=system_message,
+        variables=MappingProxyType(static),
+        settings=settings,
+    )
+    namespace: dict[str, Any] = {
+        name: _implement(method_spec, runtime) for name, method_spec in spec.methods.items()
+    }
+    namespace["__module__"] = cls.__module__
+    namespace["__qualname__"] = cls.__qualname__
+    namespace["__repr__"] = lambda self: f"<{cls.__qualname__} service on {model.name!r}>"
+    service_class = type(cls.__name__, (cls,), namespace)
+    instance: S = object.__new__(service_class)
+    return instance
+
+
+def create(cls: type[S], model: ChatModel, /) -> S:
+    """`build(cls, model=model)`: a service with no further configuration."""
+    return build(cls, model=model)

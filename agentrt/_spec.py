@@ -1,0 +1,469 @@
+"""Declaring services: markers, decorators, and the method specs computed once per class.
+
+Everything a call needs that does not depend on its arguments is worked out here, when a class is
+built: which parameter is the memory id, which are contents, which feed templates, what the return type
+asks of the model. Every mistake is a `ConfigurationError` naming `Class.method` and the parameter.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dis
+import inspect
+import types
+import typing
+import weakref
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, TypeVar, get_args, get_origin
+
+from ._errors import ConfigurationError
+from ._events import Result
+from ._messages import (
+    AudioContent,
+    ImageContent,
+    PdfContent,
+    TextContent,
+    UserContent,
+    UserMessage,
+    VideoContent,
+)
+from ._stream import TokenStream
+from ._templates import Template, format_value
+from .output import OutputParser, TextParser, parser_for
+
+if typing.TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from .models._protocol import Capabilities
+
+__all__ = [
+    "AiService",
+    "MemoryId",
+    "MethodSpec",
+    "ServiceSpec",
+    "V",
+    "service_spec",
+    "system_message",
+    "user_message",
+]
+
+_T = TypeVar("_T")
+
+_USER_ATTR: Final = "__agentrt_user_message__"
+_SYSTEM_ATTR: Final = "__agentrt_system_message__"
+
+
+class _MemoryIdMarker:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MemoryId"
+
+
+MemoryId: Final = _MemoryIdMarker()
+"""Marks the parameter that selects the conversation: `Annotated[str, MemoryId]`."""
+
+
+@dataclass(frozen=True, slots=True)
+class V:
+    """Names a parameter for templates: `Annotated[str, V("topic")]` is `{{topic}}`."""
+
+    name: str
+
+
+def _decorate(attr: str, template: str, decorator: str) -> Callable[[_T], _T]:
+    parsed = Template(template, where=f"@{decorator}")
+
+    def decorate(target: _T) -> _T:
+        if inspect.isclass(target):
+            if attr == _USER_ATTR:
+                raise ConfigurationError(
+                    f"{target.__qualname__}: @user_message applies to methods, not classes"
+                )
+        elif inspect.isfunction(target):
+            if not inspect.iscoroutinefunction(target):
+                raise ConfigurationError(
+                    f"{target.__qualname__}: a service method must be declared `async def`"
+                )
+        else:
+            raise ConfigurationError(f"@{decorator} applies to a class or an `async def` method")
+        setattr(target, attr, parsed)
+        return target
+
+    return decorate
+
+
+def system_message(template: str, /) -> Callable[[_T], _T]:
+    """The system message of a class (all its methods) or of one method (which takes priority).
+
+    The template may use the method's variables (`{{name}}`) and the `variables=` given to `build`.
+    """
+    return _decorate(_SYSTEM_ATTR, template, "system_message")
+
+
+def user_message(template: str, /) -> Callable[[_T], _T]:
+    """The user message template of a method. `{{it}}` is the only parameter when there is one."""
+    return _decorate(_USER_ATTR, template, "user_message")
+
+
+# --- stub detection ----------------------------------------------------------------------------
+
+_NOISE = frozenset({"RESUME", "NOP", "RETURN_GENERATOR", "POP_TOP", "CACHE", "PUSH_NULL", "PRECALL", "CALL"})
+
+
+def is_stub(function: Callable[..., Any]) -> bool:
+    """Whether a function's body is only `...`, `pass`, a docstring, or `raise NotImplementedError`."""
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return False
+    ops = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in _NOISE]
+    if ops in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)]):
+        return True
+    names = [argval for op, argval in ops if op != "LOAD_CONST"]
+    return (
+        len(ops) >= 2
+        and ops[0] == ("LOAD_GLOBAL", "NotImplementedError")
+        and ops[-1][0] == "RAISE_VARARGS"
+        and names == ["NotImplementedError", 1]
+    )
+
+
+# --- method specs ------------------------------------------------------------------------------
+
+_CONTENT_CLASSES: Final[dict[type[Any], str]] = {
+    TextContent: "text",
+    ImageContent: "image",
+    AudioContent: "audio",
+    VideoContent: "video",
+    PdfContent: "pdf",
+}
+_SEQUENCES: Final = (list, tuple, collections.abc.Sequence)
+_CAPABILITY_FOR: Final = {
+    "image": "image_input",
+    "audio": "audio_input",
+    "video": "video_input",
+    "pdf": "pdf_input",
+}
+
+
+def _content_type(annotation: Any) -> tuple[tuple[type[Any], ...], bool] | None:
+    """(content classes, is_sequence) when the annotation declares a content parameter."""
+    annotation, _ = _unwrap(annotation)
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin in _SEQUENCES and args:
+        inner = _content_type(args[0])
+        return (inner[0], True) if inner is not None and not inner[1] else None
+    if origin in (typing.Union, types.UnionType):
+        found: list[type[Any]] = []
+        for member in args:
+            if member is type(None):
+                continue
+            inner = _content_type(member)
+            if inner is None or inner[1]:
+                return None
+            found.extend(inner[0])
+        return (tuple(found), False) if found else None
+    if isinstance(annotation, type) and annotation in _CONTENT_CLASSES:
+        return (annotation,), False
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ContentParam:
+    name: str
+    classes: tuple[type[Any], ...]
+    many: bool
+
+
+class OutputKind:
+    VALUE: Final = "value"
+    RESULT: Final = "result"
+    STREAM: Final = "stream"
+
+
+@dataclass(frozen=True, slots=True)
+class MethodSpec:
+    """What agentrt knows about one service method before it is ever called."""
+
+    qualname: str
+    name: str
+    function: Callable[..., Any]
+    signature: inspect.Signature
+    memory_param: str | None
+    variables: tuple[tuple[str, str], ...]
+    """(parameter, template variable name) for every parameter that feeds templates."""
+    contents: tuple[ContentParam, ...]
+    user_template: Template | None
+    user_param: str | None
+    """Without a user template: the parameter whose value is the user message."""
+    system_template: Template | None
+    output_kind: str
+    parser: OutputParser
+
+    def check(self, static: Mapping[str, str], capabilities: Capabilities, model: str) -> None:
+        """Build-time checks that depend on the build's configuration."""
+        own = {variable for _, variable in self.variables}
+        if len(self.variables) == 1:
+            own.add("it")
+        for variable in static:
+            if variable in own:
+                raise ConfigurationError(
+                    f"{self.qualname}: build variable {variable!r} has the same name as a parameter"
+                )
+        for label, template in (
+            ("@user_message", self.user_template),
+            ("@system_message", self.system_template),
+        ):
+            if template is None:
+                continue
+            for variable in template.variables:
+                if variable not in own and variable not in static:
+                    raise ConfigurationError(
+                        f"{self.qualname}: template variable {{{{{variable}}}}} in {label} matches "
+                        "no parameter and no build variable"
+                    )
+        for content in self.contents:
+            for cls in content.classes:
+                flag = _CAPABILITY_FOR.get(_CONTENT_CLASSES[cls])
+                if flag and not getattr(capabilities, flag):
+                    raise ConfigurationError(
+                        f"{self.qualname}: parameter {content.name!r} takes {cls.__name__}, but "
+                        f"model {model!r} does not declare Capabilities.{flag}"
+                    )
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments by parameter name, defaults applied (`TypeError` like a call)."""
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{self.qualname}(): {exc}") from None
+        bound.apply_defaults()
+        return bound.arguments
+
+    def template_values(self, arguments: Mapping[str, Any], static: Mapping[str, str]) -> dict[str, Any]:
+        values: dict[str, Any] = dict(static) if static else {}
+        for param, variable in self.variables:
+            values[variable] = arguments[param]
+        if len(self.variables) == 1:
+            values["it"] = arguments[self.variables[0][0]]
+        return values
+
+    def render_user(self, arguments: Mapping[str, Any], values: Mapping[str, Any]) -> UserMessage:
+        contents: list[UserContent] = []
+        if self.user_template is not None:
+            contents.append(TextContent(text=self.user_template.render(values)))
+        elif self.user_param is not None:
+            contents.append(TextContent(text=format_value(arguments[self.user_param])))
+        for param in self.contents:
+            value = arguments[param.name]
+            if value is None:
+                continue
+            items = value if param.many else (value,)
+            if param.many and not isinstance(value, list | tuple):
+                raise TypeError(f"{self.qualname}(): {param.name!r} must be a list of contents")
+            for item in items:
+                if not isinstance(item, param.classes):
+                    expected = " or ".join(c.__name__ for c in param.classes)
+                    raise TypeError(
+                        f"{self.qualname}(): {param.name!r} must be {expected}, got {type(item).__name__}"
+                    )
+                contents.append(item)
+        if not contents:
+            raise ValueError(f"{self.qualname}(): the user message is empty")
+        return UserMessage(contents=tuple(contents))
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    cls: type[Any]
+    methods: Mapping[str, MethodSpec]
+
+
+def _unwrap(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
+    if get_origin(annotation) is Annotated:
+        base, *metadata = get_args(annotation)
+        return base, tuple(metadata)
+    return annotation, ()
+
+
+def _output(qualname: str, hints: Mapping[str, Any]) -> tuple[str, OutputParser]:
+    if "return" not in hints:
+        raise ConfigurationError(f"{qualname}: declare a return type (str, a pydantic model, ...)")
+    annotation, _ = _unwrap(hints["return"])
+    origin, args = get_origin(annotation), get_args(annotation)
+    if annotation is TokenStream or (
+        origin in (collections.abc.AsyncIterator, collections.abc.AsyncIterable) and args == (str,)
+    ):
+        return OutputKind.STREAM, TextParser()
+    if annotation is Result or origin is Result:
+        inner = args[0] if args else str
+        parser = parser_for(inner)
+        if parser is None:
+            raise ConfigurationError(
+                f"{qualname}: return type Result[{getattr(inner, '__name__', inner)}] is not "
+                "supported; Result takes str or a pydantic model"
+            )
+        return OutputKind.RESULT, parser
+    parser = parser_for(annotation)
+    if parser is None:
+        raise ConfigurationError(
+            f"{qualname}: return type {getattr(annotation, '__name__', annotation)!r} is not "
+            "supported; use str, a pydantic model, Result[...], TokenStream or AsyncIterator[str]"
+        )
+    return OutputKind.VALUE, parser
+
+
+def _method_spec(cls: type[Any], function: Callable[..., Any]) -> MethodSpec:
+    qualname = f"{cls.__name__}.{function.__name__}"
+    try:
+        hints = typing.get_type_hints(function, include_extras=True)
+    except Exception as exc:
+        raise ConfigurationError(f"{qualname}: cannot resolve its annotations: {exc}") from exc
+    signature = inspect.signature(function)
+    parameters = list(signature.parameters.values())
+    if not parameters or parameters[0].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    ):
+        raise ConfigurationError(f"{qualname}: a service method takes `self` first")
+    parameters = parameters[1:]
+
+    memory: str | None = None
+    variables: list[tuple[str, str]] = []
+    contents: list[ContentParam] = []
+    for parameter in parameters:
+        name = parameter.name
+        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            raise ConfigurationError(
+                f"{qualname}: parameter {name!r}: *args and **kwargs cannot bind to a prompt"
+            )
+        base, metadata = _unwrap(hints.get(name, Any))
+        is_memory = any(m is MemoryId for m in metadata)
+        aliases = [m.name for m in metadata if isinstance(m, V)]
+        content = _content_type(base)
+        if is_memory:
+            if memory is not None:
+                raise ConfigurationError(
+                    f"{qualname}: parameters {memory!r} and {name!r} are both marked MemoryId; "
+                    "a method has one memory id"
+                )
+            if aliases or content:
+                raise ConfigurationError(
+                    f"{qualname}: parameter {name!r} is a MemoryId and cannot also be "
+                    "a template variable or a content"
+                )
+            memory = name
+        elif content is not None:
+            if aliases:
+                raise ConfigurationError(
+                    f"{qualname}: parameter {name!r} is a content ({base}); contents attach to the "
+                    "user message and have no template name"
+                )
+            contents.append(ContentParam(name, content[0], content[1]))
+        else:
+            if len(aliases) > 1:
+                raise ConfigurationError(f"{qualname}: parameter {name!r} has two V(...) names")
+            variable = aliases[0] if aliases else name
+            if aliases and not aliases[0].isidentifier():
+                raise ConfigurationError(
+                    f"{qualname}: parameter {name!r}: V({variable!r}) is not a valid variable name"
+                )
+            if any(variable == v for _, v in variables):
+                raise ConfigurationError(
+                    f"{qualname}: parameter {name!r}: template variable {variable!r} is taken"
+                )
+            variables.append((name, variable))
+
+    user_template: Template | None = getattr(function, _USER_ATTR, None)
+    system_template: Template | None = getattr(function, _SYSTEM_ATTR, None) or getattr(
+        cls, _SYSTEM_ATTR, None
+    )
+    used: set[str] = set()
+    for template in (user_template, system_template):
+        if template is not None:
+            used.update(template.variables)
+    if len(variables) == 1 and "it" in used:
+        used.add(variables[0][1])
+
+    user_param: str | None = None
+    if user_template is None:
+        free = [param for param, variable in variables if variable not in used]
+        if len(free) > 1:
+            raise ConfigurationError(
+                f"{qualname}: parameters {', '.join(map(repr, free))} bind to nothing: without "
+                "@user_message exactly one parameter is the user message; add a template"
+            )
+        if free:
+            user_param = free[0]
+        elif not contents:
+            raise ConfigurationError(
+                f"{qualname}: nothing to send: add @user_message or a parameter for the user message"
+            )
+    else:
+        for param, variable in variables:
+            if variable not in used:
+                raise ConfigurationError(
+                    f"{qualname}: parameter {param!r} binds to nothing: no template uses {{{{{variable}}}}}"
+                )
+
+    kind, parser = _output(qualname, hints)
+    return MethodSpec(
+        qualname=qualname,
+        name=function.__name__,
+        function=function,
+        signature=signature.replace(parameters=parameters),
+        memory_param=memory,
+        variables=tuple(variables),
+        contents=tuple(contents),
+        user_template=user_template,
+        user_param=user_param,
+        system_template=system_template,
+        output_kind=kind,
+        parser=parser,
+    )
+
+
+class AiService:
+    """Optional base class for services: documents intent; agentrt builds any class with stubs."""
+
+    __slots__ = ()
+
+
+_SPECS: weakref.WeakKeyDictionary[type[Any], ServiceSpec] = weakref.WeakKeyDictionary()
+
+
+def service_spec(cls: type[Any]) -> ServiceSpec:
+    """The spec of a service class, computed once per class (`ConfigurationError` when wrong)."""
+    cached = _SPECS.get(cls)
+    if cached is not None:
+        return cached
+    if not inspect.isclass(cls):
+        raise ConfigurationError(f"build() takes a class, got {cls!r}")
+    candidates: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or klass is AiService:
+            continue
+        candidates.update(vars(klass))
+    methods: dict[str, MethodSpec] = {}
+    for name, attribute in candidates.items():
+        if name.startswith("_") or not inspect.isfunction(attribute):
+            continue
+        declared = hasattr(attribute, _USER_ATTR) or hasattr(attribute, _SYSTEM_ATTR)
+        stub = is_stub(attribute)
+        if not (stub or declared):
+            continue
+        qualname = f"{cls.__name__}.{name}"
+        if not inspect.iscoroutinefunction(attribute):
+            raise ConfigurationError(f"{qualname}: a service method must be declared `async def`")
+        if not stub:
+            raise ConfigurationError(
+                f"{qualname}: a service method's body must be `...`; agentrt supplies the body"
+            )
+        methods[name] = _method_spec(cls, attribute)
+    if not methods:
+        raise ConfigurationError(
+            f"{cls.__name__} declares no service methods (`async def` methods whose body is `...`)"
+        )
+    spec = ServiceSpec(cls=cls, methods=methods)
+    _SPECS[cls] = spec
+    return spec

@@ -1,0 +1,308 @@
+"""The model protocol: one async streaming primitive plus declared capabilities.
+
+A `ChatModel` implements `stream(request)`, an async iterator of chunks (see `agentrt._events`). A
+non-streaming call is `complete(model, request)`, the fold of that stream, implemented once here. The
+same `ResponseAccumulator` is what the pipeline uses while it forwards chunks, so both agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from .._events import (
+    Finish,
+    FinishReason,
+    ModelChunk,
+    ModelResponse,
+    RefusalDelta,
+    ResponseMeta,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    Usage,
+)
+from .._messages import (
+    AssistantMessage,
+    ChatMessage,
+    SystemMessage,
+    TextContent,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Mapping, Sequence
+
+__all__ = [
+    "Capabilities",
+    "ChatModel",
+    "JsonObjectFormat",
+    "JsonSchemaFormat",
+    "ModelRequest",
+    "ModelSettings",
+    "ResponseAccumulator",
+    "ResponseFormat",
+    "ToolChoice",
+    "ToolSpec",
+    "aclose_iterator",
+    "complete",
+    "estimate_tokens",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a model (and the server in front of it) supports.
+
+    Declared by each adapter and overridable by the user (`dataclasses.replace`), because compatible
+    servers differ. The pipeline never probes: it reads these flags.
+    """
+
+    tools: bool = True
+    parallel_tool_calls: bool = True
+    tool_choice_required: bool = True
+    json_schema: bool = False
+    """`response_format` with a JSON schema (structured output)."""
+    json_object: bool = False
+    """A JSON mode without (or with a server-specific) schema."""
+    image_input: bool = False
+    audio_input: bool = False
+    video_input: bool = False
+    pdf_input: bool = False
+    thinking: bool = False
+    usage_in_stream: bool = True
+    """The server reports usage in streamed responses (otherwise usage is estimated)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    """Request parameters. `None` means "the model's default"; `merge` lets later values win."""
+
+    temperature: float | None = None
+    max_tokens: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+    def merge(self, other: ModelSettings | None) -> ModelSettings:
+        """These settings overridden by every non-`None` field of `other`."""
+        if other is None:
+            return self
+        changes = {
+            f.name: getattr(other, f.name)
+            for f in dataclasses.fields(other)
+            if getattr(other, f.name) is not None
+        }
+        return dataclasses.replace(self, **changes) if changes else self
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool as the model sees it: name, description and a JSON schema for its arguments."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class JsonSchemaFormat:
+    """Ask for JSON matching `schema` (structured output)."""
+
+    name: str
+    schema: Mapping[str, Any]
+    strict: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class JsonObjectFormat:
+    """Ask for any JSON object (JSON mode); `schema` is passed along where the server accepts one."""
+
+    schema: Mapping[str, Any] | None = None
+
+
+ResponseFormat = JsonSchemaFormat | JsonObjectFormat
+ToolChoice = Literal["auto", "required", "none"] | str
+"""`"auto"`, `"required"`, `"none"`, or the name of the one tool the model must call."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    """Everything sent to the model for one response."""
+
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice | None = None
+    response_format: ResponseFormat | None = None
+    settings: ModelSettings | None = None
+
+
+class ChatModel(Protocol):
+    """A chat model: one streaming primitive and its capabilities.
+
+    `stream` returns an async iterator of chunks. The pipeline closes it (`aclose()`, when it has one)
+    as soon as it stops reading, whether the stream ended, failed, or was cancelled; an adapter releases
+    its connection there. An adapter translates its transport errors into `agentrt.ModelError` kinds.
+    """
+
+    @property
+    def name(self) -> str:
+        """The model name (for results, events and logs)."""
+        ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]: ...
+
+
+async def aclose_iterator(iterator: AsyncIterator[Any]) -> None:
+    """Close an async iterator if it can be closed (async generators and httpx-style streams)."""
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+def estimate_tokens(text: str) -> int:
+    """A rough token count for text (about four characters a token), used when a server sends none."""
+    return _tokens_for_chars(len(text))
+
+
+def _tokens_for_chars(chars: int) -> int:
+    return math.ceil(chars / 4)
+
+
+def _message_chars(message: ChatMessage) -> int:
+    if isinstance(message, UserMessage):
+        return sum(len(c.text) if isinstance(c, TextContent) else 256 for c in message.contents)
+    if isinstance(message, SystemMessage | ToolResultMessage):
+        return len(message.text)
+    size = len(message.text or "") + len(message.thinking or "")
+    return size + sum(len(c.name) + len(c.arguments) for c in message.tool_calls)
+
+
+class ResponseAccumulator:
+    """Folds chunks into a `ModelResponse`. Used by `complete` and by the pipeline while it streams.
+
+    Tool-call fragments are assembled by `index` in order of first appearance; usage reported several
+    times is replaced by the latest report (providers send cumulative counts).
+    """
+
+    __slots__ = (
+        "_calls",
+        "_finish",
+        "_meta",
+        "_refusal",
+        "_signature",
+        "_text",
+        "_thinking",
+        "_usage",
+    )
+
+    def __init__(self) -> None:
+        self._text: list[str] = []
+        self._thinking: list[str] = []
+        self._refusal: list[str] = []
+        self._signature: str | None = None
+        self._calls: dict[int, list[Any]] = {}
+        self._usage: Usage | None = None
+        self._finish: Finish | None = None
+        self._meta: ResponseMeta | None = None
+
+    def add(self, chunk: ModelChunk) -> None:
+        kind = type(chunk)
+        if kind is TextDelta:
+            self._text.append(chunk.text)  # type: ignore[union-attr]
+        elif kind is ThinkingDelta:
+            assert isinstance(chunk, ThinkingDelta)
+            self._thinking.append(chunk.text)
+            if chunk.signature is not None:
+                self._signature = chunk.signature
+        elif kind is ToolCallDelta:
+            assert isinstance(chunk, ToolCallDelta)
+            call = self._calls.get(chunk.index)
+            if call is None:
+                self._calls[chunk.index] = [chunk.id, chunk.name, [chunk.arguments]]
+            else:
+                if chunk.id and not call[0]:
+                    call[0] = chunk.id
+                if chunk.name and not call[1]:
+                    call[1] = chunk.name
+                call[2].append(chunk.arguments)
+        elif kind is Usage:
+            assert isinstance(chunk, Usage)
+            self._usage = chunk
+        elif kind is Finish:
+            assert isinstance(chunk, Finish)
+            self._finish = chunk
+        elif kind is RefusalDelta:
+            assert isinstance(chunk, RefusalDelta)
+            self._refusal.append(chunk.text)
+        elif kind is ResponseMeta:
+            assert isinstance(chunk, ResponseMeta)
+            self._meta = chunk
+        else:
+            raise TypeError(f"a chat model yielded {chunk!r}, which is not a model chunk")
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
+    def build(self, request: ModelRequest) -> ModelResponse:
+        """The response so far; usage is estimated (and marked so) when the model reported none."""
+        text = "".join(self._text)
+        thinking = "".join(self._thinking)
+        calls = tuple(
+            ToolCall(id=c[0] or f"call_{i}", name=c[1] or "", arguments="".join(c[2]))
+            for i, c in enumerate(self._calls.values())
+        )
+        message = AssistantMessage(
+            text=text or None,
+            thinking=thinking or None,
+            thinking_signature=self._signature,
+            tool_calls=calls,
+            refusal="".join(self._refusal) or None,
+        )
+        usage = self._usage
+        if usage is None:
+            usage = Usage(
+                input_tokens=_tokens_for_chars(request_text_chars(request.messages)),
+                output_tokens=_tokens_for_chars(_message_chars(message)),
+                estimated=True,
+            )
+        finish = self._finish
+        reason = finish.reason if finish is not None else None
+        if reason is None and calls:
+            reason = FinishReason.TOOL_CALLS
+        meta = self._meta
+        return ModelResponse(
+            message=message,
+            usage=usage,
+            finish_reason=reason,
+            id=meta.id if meta else None,
+            model=meta.model if meta else None,
+        )
+
+
+async def complete(model: ChatModel, request: ModelRequest) -> ModelResponse:
+    """One whole response: the fold of `model.stream(request)`. The stream is always closed."""
+    accumulator = ResponseAccumulator()
+    chunks = model.stream(request)
+    try:
+        async for chunk in chunks:
+            accumulator.add(chunk)
+    finally:
+        await aclose_iterator(chunks)
+    return accumulator.build(request)
+
+
+def request_text_chars(messages: Sequence[ChatMessage]) -> int:
+    """Characters of text in `messages` (attachments count as a fixed amount)."""
+    return sum(map(_message_chars, messages))

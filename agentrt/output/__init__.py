@@ -1,0 +1,7 @@
+"""Output parsing: how a method's declared return type shapes the request and reads the answer."""
+
+from __future__ import annotations
+
+from ._parsers import ModelParser, OutputParser, TextParser, extract_json, parser_for
+
+__all__ = ["ModelParser", "OutputParser", "TextParser", "extract_json", "parser_for"]

@@ -1,0 +1,266 @@
+"""Test doubles for agentrt services: run your own services without a network.
+
+`ScriptedModel` plays a list of scripted responses, one per request. `FunctionModel` lets a function
+decide each response from the request. Both record every request (`requests`) and every stream they
+opened (`streams`, with `closed` and `completed`), so tests can assert exact transcripts and that
+streams were released.
+
+A response is a `str` (one text chunk, then `Finish(STOP)`) or a sequence of steps: model chunks
+(`TextDelta`, `ThinkingDelta`, `Usage`, `Finish`, ...), plain strings (text chunks), `CallTool(...)`,
+and the directives `Delay(seconds)` (an `anyio.sleep`, so a virtual clock makes it instant),
+`Raise(error)` and `Hang()`. Without an explicit `Finish`, one is added: `TOOL_CALLS` when the response
+called tools, else `STOP`.
+
+    model = ScriptedModel(
+        "Hello!",
+        ["Hel", "lo", Usage(input_tokens=3, output_tokens=2)],
+        [CallTool("order_status", {"order_id": "SO-1"})],
+    )
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import orjson
+
+from ._events import Finish, FinishReason, ModelChunk, TextDelta, ToolCallDelta
+from .models._protocol import Capabilities, ModelRequest
+
+__all__ = [
+    "CallTool",
+    "Delay",
+    "FunctionModel",
+    "Hang",
+    "Raise",
+    "Script",
+    "ScriptExhausted",
+    "ScriptedModel",
+    "Step",
+    "StreamRecord",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CallTool:
+    """A whole tool call in a script; `arguments` is a mapping (encoded as JSON) or JSON text."""
+
+    name: str
+    arguments: Any = field(default_factory=dict)
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delay:
+    """Wait `seconds` (with `anyio.sleep`) before the next step."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Raise:
+    """Raise `error` from the stream at this point."""
+
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class Hang:
+    """Block forever at this point (until cancelled or closed)."""
+
+
+Step = ModelChunk | str | CallTool | Delay | Raise | Hang
+Script = str | Sequence[Step]
+
+
+class ScriptExhausted(AssertionError):
+    """The model received more requests than it has scripted responses."""
+
+
+class StreamRecord:
+    """One stream a test model opened: was it read to its end, and was it closed?"""
+
+    __slots__ = ("_closed_event", "closed", "completed", "index", "request")
+
+    def __init__(self, index: int, request: ModelRequest) -> None:
+        self.index = index
+        self.request = request
+        self.completed = False
+        self.closed = False
+        self._closed_event: anyio.Event | None = None
+
+    def _close(self) -> None:
+        self.closed = True
+        if self._closed_event is not None:
+            self._closed_event.set()
+
+    async def wait_closed(self) -> None:
+        """Return once the stream is closed (for closes that happen in another task)."""
+        if self.closed:
+            return
+        if self._closed_event is None:
+            self._closed_event = anyio.Event()
+        await self._closed_event.wait()
+
+    def __repr__(self) -> str:
+        return f"<StreamRecord {self.index} completed={self.completed} closed={self.closed}>"
+
+
+def _steps(script: Script) -> list[Step]:
+    steps: list[Step] = [script] if isinstance(script, str) else list(script)
+    return steps
+
+
+async def _play(script: Script, record: StreamRecord) -> AsyncGenerator[ModelChunk, None]:
+    index = 0
+    finished = called = False
+    try:
+        for step in _steps(script):
+            if isinstance(step, str):
+                yield TextDelta(step)
+            elif isinstance(step, CallTool):
+                arguments = step.arguments
+                if not isinstance(arguments, str):
+                    arguments = orjson.dumps(arguments).decode()
+                yield ToolCallDelta(index, step.id or f"call_{index}", step.name, arguments)
+                index += 1
+                called = True
+            elif isinstance(step, Delay):
+                await anyio.sleep(step.seconds)
+            elif isinstance(step, Raise):
+                raise step.error
+            elif isinstance(step, Hang):
+                await anyio.sleep_forever()
+            else:
+                if isinstance(step, ToolCallDelta):
+                    called = True
+                elif isinstance(step, Finish):
+                    finished = True
+                yield step
+        if not finished:
+            yield Finish(FinishReason.TOOL_CALLS if called else FinishReason.STOP)
+        record.completed = True
+    finally:
+        record._close()
+
+
+class _RecordedStream:
+    """The stream handed to the pipeline: closing it marks the record closed, started or not."""
+
+    __slots__ = ("_chunks", "_record")
+
+    def __init__(self, chunks: AsyncGenerator[ModelChunk, None], record: StreamRecord) -> None:
+        self._chunks = chunks
+        self._record = record
+
+    def __aiter__(self) -> _RecordedStream:
+        return self
+
+    async def __anext__(self) -> ModelChunk:
+        return await self._chunks.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._chunks.aclose()
+        finally:
+            self._record._close()
+
+
+class _RecordingModel:
+    def __init__(self, name: str, capabilities: Capabilities | None) -> None:
+        self._name = name
+        self._capabilities = capabilities or Capabilities(
+            json_schema=True,
+            image_input=True,
+            audio_input=True,
+            video_input=True,
+            pdf_input=True,
+            thinking=True,
+        )
+        self.requests: list[ModelRequest] = []
+        self.streams: list[StreamRecord] = []
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    def _record(self, request: ModelRequest) -> StreamRecord:
+        record = StreamRecord(len(self.streams), request)
+        self.requests.append(request)
+        self.streams.append(record)
+        return record
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._name!r} requests={len(self.requests)}>"
+
+
+class ScriptedModel(_RecordingModel):
+    """Plays `responses` in order, one per request; `ScriptExhausted` when they run out.
+
+    The default capabilities declare everything (JSON schema, all media inputs); pass `capabilities`
+    to test a less able model.
+    """
+
+    def __init__(
+        self,
+        *responses: Script,
+        name: str = "scripted",
+        capabilities: Capabilities | None = None,
+    ) -> None:
+        super().__init__(name, capabilities)
+        self._responses = list(responses)
+
+    @property
+    def remaining(self) -> int:
+        """Scripted responses not yet played."""
+        return len(self._responses) - len(self.streams)
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        record = self._record(request)
+        if record.index >= len(self._responses):
+            record._close()
+            raise ScriptExhausted(
+                f"{self.name}: request {record.index + 1} has no scripted response "
+                f"(only {len(self._responses)} scripted)"
+            )
+        return _RecordedStream(_play(self._responses[record.index], record), record)
+
+
+ResponseFunction = Callable[[ModelRequest], Script | Awaitable[Script]]
+
+
+class FunctionModel(_RecordingModel):
+    """Answers each request with `function(request)` (sync or async), which returns a script."""
+
+    def __init__(
+        self,
+        function: ResponseFunction,
+        *,
+        name: str = "function",
+        capabilities: Capabilities | None = None,
+    ) -> None:
+        super().__init__(name, capabilities)
+        self._function = function
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        record = self._record(request)
+        return _RecordedStream(self._respond(request, record), record)
+
+    async def _respond(self, request: ModelRequest, record: StreamRecord) -> AsyncGenerator[ModelChunk, None]:
+        script = self._function(request)
+        if inspect.isawaitable(script):
+            script = await script
+        played = _play(script, record)
+        try:
+            async for chunk in played:
+                yield chunk
+        finally:
+            await played.aclose()
