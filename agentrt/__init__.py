@@ -5,7 +5,7 @@ Declare a class of `async def` stubs, `build` it with a model, and await, stream
 
 from __future__ import annotations
 
-from . import models, testing
+from . import models, output, testing
 from ._errors import (
     AgentError,
     AuthenticationError,
@@ -124,6 +124,7 @@ __all__ = [
     "messages_from_json",
     "messages_to_json",
     "models",
+    "output",
     "system_message",
     "testing",
     "user_message",

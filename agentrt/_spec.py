@@ -199,6 +199,8 @@ class MethodSpec:
     system_template: Template | None
     output_kind: str
     parser: OutputParser
+    unbound: tuple[tuple[str, str], ...]
+    """Parameters no template uses (reported by `check`, after unknown template variables)."""
 
     def check(self, static: Mapping[str, str], capabilities: Capabilities, model: str) -> None:
         """Build-time checks that depend on the build's configuration."""
@@ -222,6 +224,10 @@ class MethodSpec:
                         f"{self.qualname}: template variable {{{{{variable}}}}} in {label} matches "
                         "no parameter and no build variable"
                     )
+        for param, variable in self.unbound:
+            raise ConfigurationError(
+                f"{self.qualname}: parameter {param!r} binds to nothing: no template uses {{{{{variable}}}}}"
+            )
         for content in self.contents:
             for cls in content.classes:
                 flag = _CAPABILITY_FOR.get(_CONTENT_CLASSES[cls])
@@ -399,12 +405,7 @@ def _method_spec(cls: type[Any], function: Callable[..., Any]) -> MethodSpec:
             raise ConfigurationError(
                 f"{qualname}: nothing to send: add @user_message or a parameter for the user message"
             )
-    else:
-        for param, variable in variables:
-            if variable not in used:
-                raise ConfigurationError(
-                    f"{qualname}: parameter {param!r} binds to nothing: no template uses {{{{{variable}}}}}"
-                )
+    unbound = tuple((p, v) for p, v in variables if v not in used) if user_template else ()
 
     kind, parser = _output(qualname, hints)
     return MethodSpec(
@@ -420,6 +421,7 @@ def _method_spec(cls: type[Any], function: Callable[..., Any]) -> MethodSpec:
         system_template=system_template,
         output_kind=kind,
         parser=parser,
+        unbound=unbound,
     )
 
 

@@ -8,13 +8,16 @@ an enclosing `async with`. Closing rules:
 - `await stream.aclose()` or `async with stream:`: closes at once;
 - the reading task is cancelled: the cancellation unwinds the pipeline, which closes the model stream
   before the cancellation reaches the reader;
-- `break` out of `async for`: the loop's iterator is dropped, and its finalizer (run by the event loop's
-  async-generator hooks, on asyncio and on trio) closes the pipeline a moment later. Use `aclose()` or
-  `async with` where the close must happen before the next line.
+- `break` out of `async for` (or dropping an unfinished stream): the loop's iterator is dropped, and
+  its finalizer starts a fresh task that closes the pipeline a moment later, as the event loops' own
+  async-generator finalizers do, but without relying on them (trio warns when it has to). Use
+  `aclose()` or `async with` where the close must happen before the next line.
 """
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Self
 
@@ -26,6 +29,77 @@ if TYPE_CHECKING:
 __all__ = ["TokenStream"]
 
 
+def _close_later(events: AsyncGenerator[Event, None]) -> None:
+    """Close an abandoned pipeline from a fresh task of the running event loop (from `__del__`)."""
+    if getattr(events, "ag_frame", None) is None or getattr(events, "ag_running", False):
+        return  # already finished, or being driven right now
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        trio = sys.modules.get("trio")
+        if trio is None:
+            return
+        try:
+            trio.lowlevel.spawn_system_task(events.aclose)
+        except RuntimeError:
+            return  # no trio run in this thread: nothing left to clean up with
+    else:
+        # What asyncio's own async-generator finalizer does, deferred out of `__del__`.
+        loop.call_soon(loop.create_task, events.aclose())
+
+
+class _Tokens(AsyncIterator[str]):
+    """The iterator of one `async for` over a TokenStream; abandoning it closes the stream."""
+
+    __slots__ = ("_done", "_stream")
+
+    def __init__(self, stream: TokenStream) -> None:
+        self._stream = stream
+        self._done = False
+
+    async def __anext__(self) -> str:
+        try:
+            return await self._stream.__anext__()
+        except BaseException:
+            self._done = True
+            raise
+
+    def __del__(self) -> None:
+        if not self._done:
+            self._stream._abandon()
+
+
+class _Events(AsyncIterator[Event]):
+    """`TokenStream.events()`: every remaining event; abandoning it closes the stream."""
+
+    __slots__ = ("_done", "_stream")
+
+    def __init__(self, stream: TokenStream) -> None:
+        self._stream = stream
+        self._done = False
+
+    async def __anext__(self) -> Event:
+        stream = self._stream
+        try:
+            event = await stream._events.__anext__()
+        except BaseException as exc:
+            self._done = True
+            if not isinstance(exc, StopAsyncIteration):
+                stream._error = exc
+            raise
+        if type(event) is Completed:
+            stream._result = event.result
+        return event
+
+    async def aclose(self) -> None:
+        self._done = True
+        await self._stream.aclose()
+
+    def __del__(self) -> None:
+        if not self._done:
+            self._stream._abandon()
+
+
 class TokenStream(AsyncIterator[str]):
     """The text of an answer as it is released, over the invocation's full event stream.
 
@@ -34,12 +108,18 @@ class TokenStream(AsyncIterator[str]):
     reading some tokens and then calling `result()` continues where the tokens stopped.
     """
 
-    __slots__ = ("__weakref__", "_error", "_events", "_result")
+    __slots__ = ("__weakref__", "_abandoned", "_error", "_events", "_result")
 
     def __init__(self, events: AsyncGenerator[Event, None]) -> None:
         self._events = events
         self._result: Result[str] | None = None
         self._error: BaseException | None = None
+        self._abandoned = False
+
+    def _abandon(self) -> None:
+        if not self._abandoned:
+            self._abandoned = True
+            _close_later(self._events)
 
     async def __anext__(self) -> str:
         events = self._events
@@ -58,38 +138,19 @@ class TokenStream(AsyncIterator[str]):
                 self._result = event.result  # type: ignore[union-attr]
 
     def __aiter__(self) -> AsyncIterator[str]:
-        return self._iterate()
+        # A fresh iterator per `async for`: when the loop breaks and drops it, the pipeline is
+        # closed even if the caller still holds this TokenStream.
+        return _Tokens(self)
 
-    async def _iterate(self) -> AsyncGenerator[str, None]:
-        # A fresh generator per `async for`: when the loop breaks and drops it, its finalizer closes
-        # the pipeline even if the caller still holds this TokenStream.
-        try:
-            while True:
-                try:
-                    token = await self.__anext__()
-                except StopAsyncIteration:
-                    return
-                yield token
-        finally:
-            await self._events.aclose()
+    def __del__(self) -> None:
+        self._abandon()
 
-    async def events(self) -> AsyncGenerator[Event, None]:
-        """Every remaining event, in order (the last one is `Completed`). Closing it closes the stream."""
-        events = self._events
-        try:
-            while True:
-                try:
-                    event = await events.__anext__()
-                except StopAsyncIteration:
-                    return
-                except BaseException as exc:
-                    self._error = exc
-                    raise
-                if type(event) is Completed:
-                    self._result = event.result
-                yield event
-        finally:
-            await events.aclose()
+    def events(self) -> AsyncIterator[Event]:
+        """Every remaining event, in order (the last one is `Completed`).
+
+        Closing it (`aclose()`) or abandoning it closes the stream, like the token iterator.
+        """
+        return _Events(self)
 
     async def result(self) -> Result[str]:
         """The final result; reads (and discards) the rest of the stream first.
@@ -98,8 +159,12 @@ class TokenStream(AsyncIterator[str]):
         completed.
         """
         if self._result is None and self._error is None:
-            async for _ in self.events():
-                pass
+            events = _Events(self)
+            try:
+                async for _ in events:
+                    pass
+            finally:
+                await events.aclose()
         if self._error is not None:
             raise self._error
         if self._result is None:
@@ -119,8 +184,9 @@ class TokenStream(AsyncIterator[str]):
         Without `on_error`, errors are raised; with it, an `Exception` is passed to it and `None`
         returned. Cancellation is always raised.
         """
+        events = _Events(self)
         try:
-            async for event in self.events():
+            async for event in events:
                 kind = type(event)
                 if kind is TextDelta:
                     if on_partial is not None:
@@ -134,6 +200,8 @@ class TokenStream(AsyncIterator[str]):
                 raise
             on_error(exc)
             return None
+        finally:
+            await events.aclose()
         if on_complete is not None:
             on_complete(result)
         return result

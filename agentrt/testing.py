@@ -28,7 +28,8 @@ from typing import Any
 import anyio
 import orjson
 
-from ._events import Finish, FinishReason, ModelChunk, TextDelta, ToolCallDelta
+from . import _events
+from ._events import Finish, FinishReason, TextDelta, ToolCallDelta
 from .models._protocol import Capabilities, ModelRequest
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "FunctionModel",
     "Hang",
     "Raise",
+    "ResponseFunction",
     "Script",
     "ScriptExhausted",
     "ScriptedModel",
@@ -73,7 +75,7 @@ class Hang:
     """Block forever at this point (until cancelled or closed)."""
 
 
-Step = ModelChunk | str | CallTool | Delay | Raise | Hang
+Step = _events.ModelChunk | str | CallTool | Delay | Raise | Hang
 Script = str | Sequence[Step]
 
 
@@ -115,7 +117,7 @@ def _steps(script: Script) -> list[Step]:
     return steps
 
 
-async def _play(script: Script, record: StreamRecord) -> AsyncGenerator[ModelChunk, None]:
+async def _play(script: Script, record: StreamRecord) -> AsyncGenerator[_events.ModelChunk, None]:
     index = 0
     finished = called = False
     try:
@@ -153,14 +155,14 @@ class _RecordedStream:
 
     __slots__ = ("_chunks", "_record")
 
-    def __init__(self, chunks: AsyncGenerator[ModelChunk, None], record: StreamRecord) -> None:
+    def __init__(self, chunks: AsyncGenerator[_events.ModelChunk, None], record: StreamRecord) -> None:
         self._chunks = chunks
         self._record = record
 
     def __aiter__(self) -> _RecordedStream:
         return self
 
-    async def __anext__(self) -> ModelChunk:
+    async def __anext__(self) -> _events.ModelChunk:
         return await self._chunks.__anext__()
 
     async def aclose(self) -> None:
@@ -221,9 +223,9 @@ class ScriptedModel(_RecordingModel):
     @property
     def remaining(self) -> int:
         """Scripted responses not yet played."""
-        return len(self._responses) - len(self.streams)
+        return max(0, len(self._responses) - len(self.streams))
 
-    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+    def stream(self, request: ModelRequest) -> AsyncIterator[_events.ModelChunk]:
         record = self._record(request)
         if record.index >= len(self._responses):
             record._close()
@@ -250,11 +252,13 @@ class FunctionModel(_RecordingModel):
         super().__init__(name, capabilities)
         self._function = function
 
-    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+    def stream(self, request: ModelRequest) -> AsyncIterator[_events.ModelChunk]:
         record = self._record(request)
         return _RecordedStream(self._respond(request, record), record)
 
-    async def _respond(self, request: ModelRequest, record: StreamRecord) -> AsyncGenerator[ModelChunk, None]:
+    async def _respond(
+        self, request: ModelRequest, record: StreamRecord
+    ) -> AsyncGenerator[_events.ModelChunk, None]:
         script = self._function(request)
         if inspect.isawaitable(script):
             script = await script

@@ -1,0 +1,152 @@
+"""Acceptance 4: every way of stopping early closes the model's stream, on asyncio and on trio."""
+
+from __future__ import annotations
+
+import gc
+
+import anyio
+import pytest
+
+import agentrt
+from agentrt import Cancelled, LifecycleEvent, TokenStream
+from agentrt.testing import Delay, Hang, ScriptedModel
+
+SCRIPT = ["one ", "two ", Hang()]
+
+
+class Service:
+    async def stream(self, question: str) -> TokenStream: ...
+
+    async def ask(self, question: str) -> str: ...
+
+
+def service(*responses: object) -> tuple[Service, ScriptedModel, list[LifecycleEvent]]:
+    model = ScriptedModel(*responses)  # type: ignore[arg-type]
+    events: list[LifecycleEvent] = []
+    return agentrt.build(Service, model=model, listeners=[events.append]), model, events
+
+
+async def test_break_closes_the_model_stream() -> None:
+    svc, model, events = service(SCRIPT)
+
+    stream = await svc.stream("hi")
+    async for token in stream:
+        assert token == "one "
+        break
+
+    # The loop's iterator is finalized by the event loop's async-generator hooks, in another task.
+    with anyio.fail_after(5):
+        await model.streams[0].wait_closed()
+    assert not model.streams[0].completed
+    assert isinstance(events[-1], Cancelled)
+
+
+async def test_break_closes_even_while_the_caller_keeps_the_stream() -> None:
+    svc, model, _ = service(SCRIPT)
+    stream = await svc.stream("hi")
+
+    async for _token in stream:
+        break
+    gc.collect()
+
+    with anyio.fail_after(5):
+        await model.streams[0].wait_closed()
+    assert stream is not None
+
+
+async def test_aclose_closes_at_once_and_is_idempotent() -> None:
+    svc, model, events = service(SCRIPT)
+
+    stream = await svc.stream("hi")
+    assert await stream.__anext__() == "one "
+    await stream.aclose()
+
+    assert model.streams[0].closed
+    assert isinstance(events[-1], Cancelled)
+    await stream.aclose()
+    assert [t async for t in stream] == []
+
+
+async def test_aclose_before_reading_never_calls_the_model() -> None:
+    svc, model, _ = service(SCRIPT)
+
+    stream = await svc.stream("hi")
+    await stream.aclose()
+
+    assert model.requests == []
+
+
+async def test_cancelling_the_consuming_task_closes_the_model_stream() -> None:
+    svc, model, events = service(SCRIPT)
+    stream = await svc.stream("hi")
+    received: list[str] = []
+    second_token = anyio.Event()
+
+    async def consume() -> None:
+        async for token in stream:
+            received.append(token)
+            if len(received) == 2:
+                second_token.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consume)
+        await second_token.wait()
+        # The consumer is now blocked inside the model's stream (the script hangs).
+        tg.cancel_scope.cancel()
+
+    assert received == ["one ", "two "]
+    assert model.streams[0].closed and not model.streams[0].completed
+    assert isinstance(events[-1], Cancelled)
+
+
+@pytest.mark.virtual_clock
+async def test_a_deadline_around_an_awaited_call_closes_the_model_stream() -> None:
+    svc, model, events = service(["partial", Delay(60), "never"])
+
+    with anyio.move_on_after(10) as scope:
+        await svc.ask("hi")
+
+    assert scope.cancelled_caught
+    assert model.streams[0].closed and not model.streams[0].completed
+    assert isinstance(events[-1], Cancelled)
+
+
+async def test_an_error_mid_stream_closes_the_model_stream() -> None:
+    class Boom(Exception):
+        pass
+
+    def fail(request: object) -> list[object]:
+        return ["a", agentrt.testing.Raise(Boom())]
+
+    model = agentrt.testing.FunctionModel(fail)  # type: ignore[arg-type]
+    svc = agentrt.build(Service, model=model)
+
+    with pytest.raises(Boom):
+        await svc.ask("hi")
+
+    assert model.streams[0].closed
+
+
+async def test_break_out_of_events_closes_the_model_stream() -> None:
+    svc, model, _ = service(SCRIPT)
+    stream = await svc.stream("hi")
+
+    async for event in stream.events():
+        if isinstance(event, agentrt.TextDelta):
+            break
+
+    with anyio.fail_after(5):
+        await model.streams[0].wait_closed()
+    assert not model.streams[0].completed
+
+
+async def test_dropping_an_unfinished_stream_closes_it() -> None:
+    svc, model, _ = service(SCRIPT)
+    stream = await svc.stream("hi")
+    assert await stream.__anext__() == "one "
+
+    del stream
+    gc.collect()
+
+    with anyio.fail_after(5):
+        await model.streams[0].wait_closed()

@@ -1,0 +1,239 @@
+"""Acceptance 2: every declaration mistake is a ConfigurationError at build or decoration time,
+naming `Class.method` and the parameter; none is deferred to the first call."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+import pytest
+
+import agentrt
+from agentrt import (
+    ConfigurationError,
+    ImageContent,
+    MemoryId,
+    Result,
+    TokenStream,
+    V,
+    system_message,
+    user_message,
+)
+from agentrt.testing import ScriptedModel
+
+
+def build(cls: type[object], **kwargs: object) -> object:
+    model = kwargs.pop("model", ScriptedModel())
+    return agentrt.build(cls, model=model, **kwargs)  # type: ignore[arg-type]
+
+
+def test_unknown_template_variable_in_user_message() -> None:
+    class Service:
+        @user_message("Translate {{text}} into {{langauge}}")
+        async def translate(self, text: str, language: str) -> str: ...
+
+    with pytest.raises(ConfigurationError, match=r"Service\.translate") as info:
+        build(Service)
+    assert "{{langauge}}" in str(info.value)
+
+
+def test_unknown_template_variable_in_class_system_message_names_each_method() -> None:
+    @system_message("You work for {{shop}}.")
+    class Service:
+        async def chat(self, question: str) -> str: ...
+
+    with pytest.raises(ConfigurationError, match=r"Service\.chat: template variable \{\{shop\}\}"):
+        build(Service)
+    # The same class builds once the variable is supplied.
+    build(Service, variables={"shop": "Acme"})
+
+
+def test_parameter_that_binds_to_nothing() -> None:
+    class Service:
+        @user_message("Translate {{text}}")
+        async def translate(self, text: str, language: str) -> str: ...
+
+    with pytest.raises(ConfigurationError, match=r"Service\.translate: parameter 'language'"):
+        build(Service)
+
+
+def test_two_free_parameters_without_a_template() -> None:
+    class Service:
+        async def chat(self, question: str, context: str) -> str: ...
+
+    with pytest.raises(ConfigurationError, match=r"Service\.chat: parameters 'question', 'context'"):
+        build(Service)
+
+
+def test_two_memory_ids() -> None:
+    class Service:
+        async def chat(
+            self,
+            user: Annotated[str, MemoryId],
+            session: Annotated[str, MemoryId],
+            question: str,
+        ) -> str: ...
+
+    with pytest.raises(ConfigurationError, match=r"Service\.chat: parameters 'user' and 'session'"):
+        build(Service)
+
+
+def test_non_async_stub_is_rejected_by_build() -> None:
+    class Service:
+        def chat(self, question: str) -> str: ...
+
+    with pytest.raises(ConfigurationError, match=r"Service\.chat: .*async def"):
+        build(Service)
+
+
+def test_non_async_method_is_rejected_by_the_decorator() -> None:
+    with pytest.raises(ConfigurationError, match=r"chat: .*async def"):
+
+        class Service:
+            @user_message("{{it}}")
+            def chat(self, question: str) -> str: ...
+
+
+@pytest.mark.parametrize("annotation", [int, list[str], dict[str, int], "bytes"])
+def test_unsupported_return_annotation(annotation: object) -> None:
+    async def ask(self: object, question: str) -> None: ...
+
+    ask.__annotations__["return"] = annotation
+    service = type("Service", (), {"ask": ask})
+
+    with pytest.raises(ConfigurationError, match=r"Service\.ask: return type .* is not supported"):
+        build(service)
+
+
+def test_missing_return_annotation() -> None:
+    class Service:
+        async def ask(self, question: str): ...  # type: ignore[no-untyped-def]
+
+    with pytest.raises(ConfigurationError, match=r"Service\.ask: declare a return type"):
+        build(Service)
+
+
+def test_result_of_a_stream_is_not_supported() -> None:
+    class Service:
+        async def ask(self, question: str) -> Result[TokenStream]: ...
+
+    with pytest.raises(ConfigurationError, match=r"Service\.ask: return type Result\[TokenStream\]"):
+        build(Service)
+
+
+def test_malformed_placeholder_is_rejected_by_the_decorator() -> None:
+    with pytest.raises(ConfigurationError, match=r"placeholder '\{\{user name\}\}'"):
+        user_message("Hello {{user name}}")
+
+
+def test_variadic_parameters() -> None:
+    class Service:
+        async def ask(self, *questions: str) -> str: ...
+
+    with pytest.raises(ConfigurationError, match=r"Service\.ask: parameter 'questions'"):
+        build(Service)
+
+
+def test_content_parameter_needs_the_model_capability() -> None:
+    class Service:
+        async def describe(self, photo: ImageContent) -> str: ...
+
+    model = ScriptedModel(capabilities=agentrt.Capabilities(image_input=False))
+    with pytest.raises(ConfigurationError, match=r"Service\.describe: parameter 'photo' .*image_input"):
+        build(Service, model=model)
+
+
+def test_v_on_a_content_or_memory_parameter() -> None:
+    class Service:
+        async def chat(self, conversation: Annotated[str, MemoryId, V("c")], q: str) -> str: ...
+
+    with pytest.raises(ConfigurationError, match=r"Service\.chat: parameter 'conversation'"):
+        build(Service)
+
+
+def test_build_variable_that_shadows_a_parameter() -> None:
+    class Service:
+        @user_message("{{question}}")
+        async def ask(self, question: str) -> str: ...
+
+    with pytest.raises(ConfigurationError, match=r"Service\.ask: build variable 'question'"):
+        build(Service, variables={"question": "x"})
+
+
+def test_class_without_stubs() -> None:
+    class Service:
+        async def helper(self) -> str:
+            return "implemented"
+
+    with pytest.raises(ConfigurationError, match="Service declares no service methods"):
+        build(Service)
+
+
+def test_a_decorated_method_with_a_body() -> None:
+    class Service:
+        @user_message("{{it}}")
+        async def ask(self, question: str) -> str:
+            return question
+
+    with pytest.raises(ConfigurationError, match=r"Service\.ask: a service method's body"):
+        build(Service)
+
+
+def test_model_that_is_not_a_chat_model() -> None:
+    class Service:
+        async def ask(self, question: str) -> str: ...
+
+    with pytest.raises(ConfigurationError, match="is not a ChatModel"):
+        agentrt.build(Service, model=object())  # type: ignore[arg-type]
+
+
+def test_nothing_is_checked_at_call_time_that_build_could_check() -> None:
+    # A well-declared service builds; what remains for call time is only about argument values.
+    class Service:
+        async def ask(self, question: str) -> str: ...
+
+        async def stream(self, question: str) -> AsyncIterator[str]: ...
+
+        async def helper(self) -> str:
+            return "kept"
+
+    service = build(Service)
+    assert inspect.iscoroutinefunction(service.ask)  # type: ignore[attr-defined]
+    assert str(inspect.signature(service.ask)) == "(question: 'str') -> 'str'"  # type: ignore[attr-defined]
+
+
+async def test_wrong_arguments_raise_type_error_naming_the_method() -> None:
+    class Service:
+        async def ask(self, question: str) -> str: ...
+
+    service = build(Service)
+    with pytest.raises(TypeError, match=r"Service\.ask\(\): missing a required argument"):
+        await service.ask()  # type: ignore[attr-defined]
+
+
+def test_stub_bodies_that_count_as_stubs() -> None:
+    from agentrt._spec import is_stub
+
+    async def dots() -> None: ...
+
+    async def documented() -> None:
+        """Only a docstring."""
+
+    async def passes() -> None:
+        pass
+
+    async def not_implemented() -> None:
+        raise NotImplementedError
+
+    async def not_implemented_call() -> None:
+        raise NotImplementedError("agentrt implements this")
+
+    async def real() -> int:
+        return 1
+
+    async def raises_other() -> None:
+        raise ValueError
+
+    assert all(map(is_stub, [dots, documented, passes, not_implemented, not_implemented_call]))
+    assert not any(map(is_stub, [real, raises_other]))

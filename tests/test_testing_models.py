@@ -1,0 +1,76 @@
+"""agentrt.testing: scripted and function models record what tests need to assert."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import agentrt
+from agentrt import ModelRequest, TokenStream, ToolCall
+from agentrt.models import FinishReason, TextDelta, complete
+from agentrt.testing import (
+    CallTool,
+    Delay,
+    FunctionModel,
+    ScriptedModel,
+    ScriptExhausted,
+)
+
+
+class Service:
+    async def ask(self, question: str) -> str: ...
+
+    async def stream(self, question: str) -> TokenStream: ...
+
+
+@pytest.mark.virtual_clock
+async def test_delays_run_on_the_virtual_clock() -> None:
+    model = ScriptedModel(["a", Delay(30), "b"])
+    svc = agentrt.build(Service, model=model)
+    start = anyio.current_time()
+    stamps: list[float] = []
+
+    async for _token in await svc.stream("hi"):
+        stamps.append(anyio.current_time() - start)
+
+    assert stamps == [pytest.approx(0, abs=0.01), pytest.approx(30, abs=0.01)]
+
+
+async def test_running_out_of_script_fails_the_test_clearly() -> None:
+    model = ScriptedModel("only one")
+    svc = agentrt.build(Service, model=model)
+    await svc.ask("1")
+
+    with pytest.raises(ScriptExhausted, match="request 2 has no scripted response"):
+        await svc.ask("2")
+    assert model.remaining == 0
+
+
+async def test_call_tool_steps_become_tool_call_deltas_with_a_tool_calls_finish() -> None:
+    model = ScriptedModel([CallTool("lookup", {"q": "x"}), CallTool("time", id="t-1")])
+    request = ModelRequest(messages=(agentrt.UserMessage.of("?"),))
+
+    response = await complete(model, request)
+
+    assert response.message.tool_calls == (
+        ToolCall(id="call_0", name="lookup", arguments='{"q":"x"}'),
+        ToolCall(id="t-1", name="time", arguments="{}"),
+    )
+    assert response.finish_reason is FinishReason.TOOL_CALLS
+
+
+async def test_function_model_answers_from_the_request_sync_or_async() -> None:
+    def echo(request: ModelRequest) -> str:
+        return f"you said: {agentrt.UserMessage.of(*request.messages[-1].contents).text}"  # type: ignore[union-attr]
+
+    async def shout(request: ModelRequest) -> list[object]:
+        await anyio.lowlevel.checkpoint()
+        return [TextDelta("LOUD")]
+
+    echo_model = FunctionModel(echo)
+    shout_model = FunctionModel(shout)  # type: ignore[arg-type]
+
+    assert await agentrt.build(Service, model=echo_model).ask("hi") == "you said: hi"
+    assert await agentrt.build(Service, model=shout_model).ask("hi") == "LOUD"
+    assert len(echo_model.requests) == 1 and echo_model.streams[0].closed
+    assert shout_model.streams[0].completed

@@ -1,0 +1,46 @@
+"""Calling a built service type-checks against the stubs (mypy --strict, as users run it)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from mypy import api
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_built_service_methods_type_check_against_their_stubs(tmp_path: Path) -> None:
+    source = textwrap.dedent(
+        """
+        from __future__ import annotations
+
+        import agentrt
+        from agentrt.testing import ScriptedModel
+        from examples.support import Support, Ticket
+
+
+        async def use() -> None:
+            support = agentrt.build(Support, model=ScriptedModel())
+            answer: str = await support.chat("user-1", "hi")
+            ticket: Ticket = await support.ticket("Bern to Basel")
+            result = await support.chat_result("user-1", "hi")
+            usage: int = result.usage.total_tokens
+            async for token in await support.stream("user-1", "hi"):
+                print(token.upper())
+            wrong: int = await support.chat("user-1", "hi")  # line 17
+            await support.chat("user-1")  # line 18
+        """
+    )
+    target = tmp_path / "use_support.py"
+    target.write_text(source)
+
+    stdout, _, status = api.run(
+        [str(target), "--strict", "--no-incremental", "--config-file", str(ROOT / "pyproject.toml")]
+    )
+
+    errors = [line for line in stdout.splitlines() if ": error:" in line]
+    assert status == 1
+    assert len(errors) == 2, stdout
+    assert ":17: error: Incompatible types in assignment" in errors[0]
+    assert ':18: error: Missing positional argument "question"' in errors[1]
