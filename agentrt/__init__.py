@@ -5,7 +5,7 @@ Declare a class of `async def` stubs, `build` it with a model, and await, stream
 
 from __future__ import annotations
 
-from . import models, output, testing
+from . import models, output, testing, tools
 from ._errors import (
     AgentError,
     AuthenticationError,
@@ -23,6 +23,12 @@ from ._errors import (
     PermissionDeniedError,
     RateLimitError,
     ServerError,
+    ToolArgumentsError,
+    ToolError,
+    ToolExecutionError,
+    ToolLoopLimitError,
+    ToolTimeoutError,
+    UnknownToolError,
 )
 from ._events import (
     Cancelled,
@@ -38,10 +44,13 @@ from ._events import (
     Started,
     TextDelta,
     ThinkingDelta,
+    ToolCallRequested,
+    ToolExecuted,
     ToolExecution,
+    ToolOutcome,
     Usage,
 )
-from ._invocation import Listener, SystemMessageProvider
+from ._invocation import Listener, SystemMessageProvider, ToolProvider, ToolRequest
 from ._messages import (
     AssistantMessage,
     AudioContent,
@@ -62,6 +71,7 @@ from ._service import build, create
 from ._spec import AiService, MemoryId, V, system_message, user_message
 from ._stream import TokenStream
 from .models import Capabilities, ChatModel, ModelRequest, ModelSettings
+from .tools import LoopLimit, P, ToolContext, ToolSettings, tool
 
 __version__ = "0.1.0.dev0"
 
@@ -86,6 +96,7 @@ __all__ = [
     "ImageContent",
     "LifecycleEvent",
     "Listener",
+    "LoopLimit",
     "MemoryId",
     "ModelConnectionError",
     "ModelError",
@@ -96,6 +107,7 @@ __all__ = [
     "ModelTimeoutError",
     "OutputParsingError",
     "OverloadedError",
+    "P",
     "PdfContent",
     "PermissionDeniedError",
     "RateLimitError",
@@ -111,9 +123,22 @@ __all__ = [
     "TextDelta",
     "ThinkingDelta",
     "TokenStream",
+    "ToolArgumentsError",
     "ToolCall",
+    "ToolCallRequested",
+    "ToolContext",
+    "ToolError",
+    "ToolExecuted",
     "ToolExecution",
+    "ToolExecutionError",
+    "ToolLoopLimitError",
+    "ToolOutcome",
+    "ToolProvider",
+    "ToolRequest",
     "ToolResultMessage",
+    "ToolSettings",
+    "ToolTimeoutError",
+    "UnknownToolError",
     "Usage",
     "UserContent",
     "UserMessage",
@@ -127,5 +152,7 @@ __all__ = [
     "output",
     "system_message",
     "testing",
+    "tool",
+    "tools",
     "user_message",
 ]

@@ -18,10 +18,21 @@ it stays the backend's own cancellation exception.
     │   ├── ServerError             5xx
     │   │   └── OverloadedError     503/529 and "overloaded" errors
     │   └── ContentRefusedError     the model refused to produce the requested output
-    └── OutputParsingError          the answer does not parse into the declared return type
+    ├── OutputParsingError          the answer does not parse into the declared return type
+    ├── ToolError                   a tool call failed and the policy for that failure is "raise"
+    │   ├── ToolArgumentsError      the model's arguments do not validate
+    │   ├── UnknownToolError        the model called a tool that does not exist
+    │   ├── ToolTimeoutError        the tool did not finish within its timeout
+    │   └── ToolExecutionError      the tool raised (the original exception is the __cause__)
+    └── ToolLoopLimitError          a limit of the tool loop was reached (carries `reason` and `partial`)
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._events import Result
 
 __all__ = [
     "AgentError",
@@ -40,6 +51,12 @@ __all__ = [
     "PermissionDeniedError",
     "RateLimitError",
     "ServerError",
+    "ToolArgumentsError",
+    "ToolError",
+    "ToolExecutionError",
+    "ToolLoopLimitError",
+    "ToolTimeoutError",
+    "UnknownToolError",
 ]
 
 
@@ -59,8 +76,9 @@ class ModelError(AgentError):
     """The model endpoint failed.
 
     Attributes are whatever the failure offered: the HTTP `status`, the response `body` (text, possibly
-    truncated), the provider's `request_id`, the `endpoint` (URL without credentials) and whether the
-    failure happened after the first byte of the response reached the pipeline (`mid_stream`).
+    truncated), the provider's `request_id`, the `endpoint` (URL without credentials), whether the
+    failure happened after the first byte of the response reached the pipeline (`mid_stream`), and the
+    provider's machine-readable error `code` (e.g. `"context_length_exceeded"`, `"tool_use_failed"`).
     """
 
     def __init__(
@@ -72,6 +90,7 @@ class ModelError(AgentError):
         request_id: str | None = None,
         endpoint: str | None = None,
         mid_stream: bool = False,
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -80,6 +99,7 @@ class ModelError(AgentError):
         self.request_id = request_id
         self.endpoint = endpoint
         self.mid_stream = mid_stream
+        self.code = code
 
     def __str__(self) -> str:
         parts = [self.message]
@@ -129,6 +149,7 @@ class RateLimitError(ModelError):
         request_id: str | None = None,
         endpoint: str | None = None,
         mid_stream: bool = False,
+        code: str | None = None,
     ) -> None:
         super().__init__(
             message,
@@ -137,6 +158,7 @@ class RateLimitError(ModelError):
             request_id=request_id,
             endpoint=endpoint,
             mid_stream=mid_stream,
+            code=code,
         )
         self.retry_after = retry_after
 
@@ -175,3 +197,43 @@ class OutputParsingError(AgentError):
         super().__init__(message)
         self.text = text
         self.target = target
+
+
+class ToolError(AgentError):
+    """A tool call failed and its failure policy is "raise".
+
+    `tool` is the tool name the model used, `call_id` the model's id for the call.
+    """
+
+    def __init__(self, message: str, *, tool: str, call_id: str) -> None:
+        super().__init__(message)
+        self.tool = tool
+        self.call_id = call_id
+
+
+class ToolArgumentsError(ToolError):
+    """The model's arguments for a tool are not valid JSON or do not match its schema."""
+
+
+class UnknownToolError(ToolError):
+    """The model called a tool that this invocation does not offer."""
+
+
+class ToolTimeoutError(ToolError):
+    """A tool did not finish within its timeout."""
+
+
+class ToolExecutionError(ToolError):
+    """A tool raised; the tool's exception is `__cause__`."""
+
+
+class ToolLoopLimitError(AgentError):
+    """The tool loop reached a limit; `reason` says which, `partial` is the `Result` so far.
+
+    `partial.value` is `None`; `partial.tool_executions` lists every call that ran.
+    """
+
+    def __init__(self, message: str, *, reason: str, partial: Result[Any]) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.partial = partial

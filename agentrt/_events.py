@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from ._messages import AssistantMessage, ChatMessage
+    from ._messages import AssistantMessage, ChatMessage, ToolCall
     from .models._protocol import ModelRequest
 
 __all__ = [
@@ -37,7 +37,10 @@ __all__ = [
     "TextDelta",
     "ThinkingDelta",
     "ToolCallDelta",
+    "ToolCallRequested",
+    "ToolExecuted",
     "ToolExecution",
+    "ToolOutcome",
     "Usage",
 ]
 
@@ -175,16 +178,55 @@ class ResponseReceived:
     round: int
 
 
+class ToolOutcome(enum.StrEnum):
+    """How a tool call ended."""
+
+    SUCCESS = "success"
+    INVALID_ARGUMENTS = "invalid_arguments"
+    UNKNOWN_TOOL = "unknown_tool"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+
+
 @dataclass(frozen=True, slots=True)
 class ToolExecution:
-    """One executed tool call (filled in by the tool loop)."""
+    """One tool call as it ran: what the model saw (`result`) and how it went.
+
+    `arguments_hash` identifies the arguments without revealing them; `error_kind` is the exception
+    type name of a failure; `value` is what the tool returned (not compared, not shown).
+    """
 
     name: str
     call_id: str
     arguments_hash: str
     result: str
-    is_error: bool = False
+    outcome: ToolOutcome = ToolOutcome.SUCCESS
+    error_kind: str | None = None
+    round: int = 1
     duration: float = field(default=0.0, compare=False)
+    value: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def is_error(self) -> bool:
+        return self.outcome is not ToolOutcome.SUCCESS
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRequested:
+    """The model asked for a tool call; `arguments_hash` stands in for the arguments."""
+
+    invocation_id: str
+    call: ToolCall
+    arguments_hash: str
+    round: int
+
+
+@dataclass(frozen=True, slots=True)
+class ToolExecuted:
+    """A tool call finished (in the model's order, once the round's calls have all finished)."""
+
+    invocation_id: str
+    execution: ToolExecution
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,9 +280,20 @@ Event = (
     | RefusalDelta
     | Usage
     | ResponseReceived
+    | ToolCallRequested
+    | ToolExecuted
     | Completed[Any]
 )
 """What an invocation's event stream yields."""
 
-LifecycleEvent = Started | RequestIssued | ResponseReceived | Completed[Any] | Failed | Cancelled
+LifecycleEvent = (
+    Started
+    | RequestIssued
+    | ResponseReceived
+    | ToolCallRequested
+    | ToolExecuted
+    | Completed[Any]
+    | Failed
+    | Cancelled
+)
 """What listeners receive."""

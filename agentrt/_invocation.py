@@ -15,13 +15,13 @@ from __future__ import annotations
 import inspect
 import logging
 import uuid
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 
-from ._errors import ContentRefusedError
+from ._errors import ConfigurationError, ContentRefusedError, ToolLoopLimitError
 from ._events import (
     Cancelled,
     Completed,
@@ -36,9 +36,12 @@ from ._events import (
     Started,
     TextDelta,
     ThinkingDelta,
+    ToolCallRequested,
+    ToolExecuted,
+    ToolExecution,
     Usage,
 )
-from ._messages import ChatMessage, SystemMessage, TextContent, UserMessage
+from ._messages import ChatMessage, SystemMessage, TextContent, ToolCall, UserMessage
 from .models._protocol import (
     ChatModel,
     ModelRequest,
@@ -46,11 +49,20 @@ from .models._protocol import (
     ResponseAccumulator,
     aclose_iterator,
 )
+from .tools._declare import ToolContext, ToolDefinition, collect_tools
+from .tools._run import FINAL_ANSWER_PROMPT, LoopLimit, ToolLoop, ToolSettings, arguments_hash
 
 if TYPE_CHECKING:
     from ._spec import MethodSpec
 
-__all__ = ["Invocation", "Listener", "Runtime", "SystemMessageProvider"]
+__all__ = [
+    "Invocation",
+    "Listener",
+    "Runtime",
+    "SystemMessageProvider",
+    "ToolProvider",
+    "ToolRequest",
+]
 
 logger = logging.getLogger("agentrt")
 
@@ -69,6 +81,19 @@ _FORWARD: Final = frozenset({TextDelta, ThinkingDelta, RefusalDelta, Usage})
 
 
 @dataclass(frozen=True, slots=True)
+class ToolRequest:
+    """What a dynamic tool provider is asked with, once per invocation."""
+
+    method: str
+    user_message: UserMessage
+    memory_id: Any
+
+
+ToolProvider = Callable[[ToolRequest], "Iterable[object] | Awaitable[Iterable[object]]"]
+"""Returns extra tools (functions or objects with @tool methods) for one invocation; may be async."""
+
+
+@dataclass(frozen=True, slots=True)
 class Runtime:
     """The typed configuration of one built service, shared by all its invocations."""
 
@@ -77,6 +102,9 @@ class Runtime:
     system_message: SystemMessageProvider | None = None
     variables: Mapping[str, str] | None = None
     settings: ModelSettings | None = None
+    tools: Mapping[str, ToolDefinition] = field(default_factory=dict)
+    tool_provider: ToolProvider | None = None
+    tool_settings: ToolSettings = field(default_factory=ToolSettings)
 
 
 def _notify(listeners: Sequence[Listener], event: LifecycleEvent) -> None:
@@ -87,6 +115,16 @@ def _notify(listeners: Sequence[Listener], event: LifecycleEvent) -> None:
             logger.exception(
                 "listener %r raised on %s; the invocation goes on", listener, type(event).__name__
             )
+
+
+def _final_request(request: ModelRequest) -> ModelRequest:
+    """The last request of a stopped tool loop: no tools, and a request for an answer.
+
+    The unanswered tool calls of the last response are not sent: an assistant message with tool calls
+    must be followed by their results, and those calls never ran.
+    """
+    prompt = UserMessage.of(FINAL_ANSWER_PROMPT)
+    return replace(request, messages=(*request.messages, prompt), tools=(), tool_choice=None)
 
 
 def _with_instructions(message: UserMessage, instructions: str) -> UserMessage:
@@ -144,6 +182,7 @@ class Invocation:
             user = await self._input_guardrails(user)
             history = await self._load_memory(memory_id)
             user = await self._augment(user)
+            tools = await self._tools(user, memory_id)
             # output format
             capabilities = runtime.model.capabilities
             instructions = spec.parser.instructions(capabilities)
@@ -153,12 +192,16 @@ class Invocation:
             messages.append(outgoing)
             request = ModelRequest(
                 messages=tuple(messages),
+                tools=tuple(definition.spec for definition in tools.values()),
                 response_format=spec.parser.response_format(capabilities),
                 settings=runtime.settings,
             )
             # model ⇄ tools
+            loop = ToolLoop(tools, runtime.tool_settings, self._tool_context(memory_id)) if tools else None
             usage = Usage()
             round_ = 0
+            final = False  # the last request: no tools offered, tool calls ignored
+            immediate: list[ToolExecution] | None = None
             while True:
                 round_ += 1
                 issued = RequestIssued(self.id, request, round_)
@@ -182,16 +225,56 @@ class Invocation:
                 if listeners:
                     _notify(listeners, received)
                 yield received
-                next_request = await self._tool_round(request, response)
-                if next_request is None:
+                calls = response.message.tool_calls
+                if loop is None or not calls or final:
                     break
-                request = next_request
+                limit = loop.limit_before(calls)
+                if limit is not None:
+                    self._on_limit(limit, loop, response, usage)
+                    request = _final_request(request)
+                    final = True
+                    continue
+                for call in calls:
+                    requested = ToolCallRequested(self.id, call, arguments_hash(call.arguments), round_)
+                    if listeners:
+                        _notify(listeners, requested)
+                    yield requested
+                executions = await loop.run_round(calls)
+                for execution in executions:
+                    executed = ToolExecuted(self.id, execution)
+                    if listeners:
+                        _notify(listeners, executed)
+                    yield executed
+                request = replace(
+                    request,
+                    messages=(
+                        *request.messages,
+                        response.message,
+                        *loop.result_messages(executions),
+                    ),
+                )
+                if all(not e.is_error and tools[e.name].immediate for e in executions):
+                    immediate = executions
+                    break
+                limit = loop.limit_after()
+                if limit is not None:
+                    self._on_limit(limit, loop, response, usage)
+                    request = _final_request(request)
+                    final = True
             # output guardrails, parse, commit
-            text = await self._output_guardrails(response)
             message = response.message
-            if message.refusal and not text:
-                raise ContentRefusedError(message.refusal)
-            value = spec.parser.parse(text)
+            if immediate is not None:
+                text = "\n".join(e.result for e in immediate)
+                if spec.output_kind == "stream":
+                    delta = TextDelta(text)
+                    yield delta
+                only = immediate[0].value if len(immediate) == 1 else None
+                value = only if spec.parser.accepts(only) else spec.parser.parse(text)
+            else:
+                text = await self._output_guardrails(response)
+                if message.refusal and not text:
+                    raise ContentRefusedError(message.refusal)
+                value = spec.parser.parse(text)
             await self._commit(memory_id, user, response)
             result: Result[Any] = Result(
                 value=value,
@@ -199,8 +282,9 @@ class Invocation:
                 usage=usage,
                 finish_reason=response.finish_reason,
                 thinking=message.thinking,
+                tool_executions=tuple(loop.executions) if loop else (),
                 model=response.model or runtime.model.name,
-                messages=(*request.messages, message),
+                messages=(*request.messages, message) if immediate is None else request.messages,
                 invocation_id=self.id,
             )
             completed: Completed[Any] = Completed(self.id, result)
@@ -212,6 +296,52 @@ class Invocation:
                 cancelled = isinstance(exc, GeneratorExit | anyio.get_cancelled_exc_class())
                 _notify(listeners, Cancelled(self.id) if cancelled else Failed(self.id, exc))
             raise
+
+    def _on_limit(self, limit: LoopLimit, loop: ToolLoop, response: ModelResponse, usage: Usage) -> None:
+        """Raise `ToolLoopLimitError`, unless the settings ask for a final answer instead."""
+        if self._runtime.tool_settings.on_limit == "final_answer":
+            logger.info("invocation %s: tool loop limit %s; asking for a final answer", self.id, limit)
+            return
+        partial: Result[Any] = Result(
+            value=None,
+            text=response.message.text or "",
+            usage=usage,
+            finish_reason=response.finish_reason,
+            thinking=response.message.thinking,
+            tool_executions=tuple(loop.executions),
+            model=response.model or self._runtime.model.name,
+            invocation_id=self.id,
+        )
+        raise ToolLoopLimitError(
+            f"{self._spec.qualname}: the tool loop stopped at its limit {limit.value!r} "
+            f"after {loop.rounds} round(s) and {len(loop.executions)} call(s)",
+            reason=limit,
+            partial=partial,
+        )
+
+    def _tool_context(self, memory_id: Any) -> Callable[[ToolCall, int], ToolContext]:
+        def context(call: ToolCall, round_: int) -> ToolContext:
+            return ToolContext(self.id, self._spec.qualname, memory_id, call.id, round_)
+
+        return context
+
+    async def _tools(self, user: UserMessage, memory_id: Any) -> Mapping[str, ToolDefinition]:
+        """The build's tools plus what the dynamic tool provider adds for this invocation."""
+        runtime = self._runtime
+        provider = runtime.tool_provider
+        if provider is None:
+            return runtime.tools
+        extra = provider(ToolRequest(self._spec.qualname, user, memory_id))
+        if inspect.isawaitable(extra):
+            extra = await extra
+        added = collect_tools(extra, where=f"{self._spec.qualname}: the tool provider")
+        clash = set(added) & set(runtime.tools)
+        if clash:
+            raise ConfigurationError(
+                f"{self._spec.qualname}: the tool provider returned {sorted(clash)}, "
+                "which the build already has"
+            )
+        return {**runtime.tools, **added} if added else runtime.tools
 
     # --- stages ---------------------------------------------------------------------------------
 
@@ -239,10 +369,6 @@ class Invocation:
     async def _augment(self, user: UserMessage) -> UserMessage:
         """Seam: retrieval-augmented generation (the augmented message is not stored)."""
         return user
-
-    async def _tool_round(self, request: ModelRequest, response: ModelResponse) -> ModelRequest | None:
-        """Seam: run the tool calls of `response`; return the next request, or None when final."""
-        return None
 
     async def _output_guardrails(self, response: ModelResponse) -> str:
         """Seam: output guardrails over the final answer (retry and reprompt replay the model)."""

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._errors import ConfigurationError
-from ._invocation import Invocation, Listener, Runtime, SystemMessageProvider
+from ._invocation import Invocation, Listener, Runtime, SystemMessageProvider, ToolProvider
 from ._spec import MethodSpec, OutputKind, service_spec
 from ._stream import TokenStream
+from .tools._declare import collect_tools
+from .tools._run import ToolSettings
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Mapping
 
     from .models._protocol import ChatModel, ModelSettings
 
@@ -67,6 +70,9 @@ def build(
     variables: Mapping[str, str] | None = None,
     listeners: Sequence[Listener] = (),
     settings: ModelSettings | None = None,
+    tools: Sequence[object] = (),
+    tool_provider: ToolProvider | None = None,
+    tool_settings: ToolSettings | None = None,
 ) -> S:
     """Build a service: an instance of `cls` whose stub methods call `model`.
 
@@ -75,6 +81,9 @@ def build(
     - `variables`: fixed template values (e.g. `{"shop": "Acme"}`) visible to every template.
     - `listeners`: receive lifecycle events of every invocation; a raising listener is logged.
     - `settings`: request parameters (temperature, max_tokens, ...) for every request.
+    - `tools`: functions and objects with `@tool` methods the model may call.
+    - `tool_provider`: called once per invocation with a `ToolRequest`; returns extra tools.
+    - `tool_settings`: timeouts, concurrency, loop limits and failure policies (`ToolSettings`).
 
     Raises `ConfigurationError`, naming `Class.method` and the parameter, for every declaration
     mistake; nothing is deferred to the first call.
@@ -95,6 +104,16 @@ def build(
     capabilities = model.capabilities
     for method_spec in spec.methods.values():
         method_spec.check(static, capabilities, model.name)
+    if isinstance(tools, str | bytes) or not isinstance(tools, Sequence):
+        raise ConfigurationError(f"{cls.__name__}: tools must be a list of functions or objects")
+    definitions = collect_tools(tools, where=cls.__name__)
+    if (definitions or tool_provider is not None) and not capabilities.tools:
+        raise ConfigurationError(
+            f"{cls.__name__}: tools are configured but model {model.name!r} does not declare "
+            "Capabilities.tools"
+        )
+    if tool_provider is not None and not callable(tool_provider):
+        raise ConfigurationError(f"{cls.__name__}: tool_provider must be callable")
 
     runtime = Runtime(
         model=model,
@@ -102,6 +121,9 @@ def build(
         system_message=system_message,
         variables=MappingProxyType(static),
         settings=settings,
+        tools=MappingProxyType(definitions),
+        tool_provider=tool_provider,
+        tool_settings=tool_settings or ToolSettings(),
     )
     namespace: dict[str, Any] = {
         name: _implement(method_spec, runtime) for name, method_spec in spec.methods.items()

@@ -36,6 +36,10 @@ class OutputParser(Protocol):
 
     def parse(self, text: str) -> Any: ...
 
+    def accepts(self, value: Any) -> bool:
+        """Whether `value` already is of the declared type (e.g. an immediate tool's return value)."""
+        ...
+
 
 class TextParser:
     """`-> str`: the answer text as it is."""
@@ -50,6 +54,9 @@ class TextParser:
 
     def parse(self, text: str) -> str:
         return text
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, str)
 
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
@@ -94,6 +101,9 @@ class ModelParser:
             "You must answer strictly with a JSON object that matches this JSON schema, "
             f"and nothing else:\n{schema}"
         )
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, self.model)
 
     def parse(self, text: str) -> BaseModel:
         try:

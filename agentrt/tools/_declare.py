@@ -1,0 +1,314 @@
+"""Declaring tools: `@tool`, parameter descriptions, JSON schemas from type hints.
+
+A tool is a function or a method of an object passed to `build(..., tools=[...])`. Its arguments are
+described by a pydantic model generated from the signature, once, at build time; the model's arguments
+are validated against it before every call. Parameters the model never sees (the memory id, the
+`ToolContext`) are injected by agentrt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import re
+import typing
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, TypeVar, get_args, get_origin, overload
+
+from pydantic import BaseModel, ConfigDict, Field, PydanticSchemaGenerationError, TypeAdapter, create_model
+
+from .._errors import ConfigurationError
+from .._spec import MemoryId
+from ..models._protocol import ToolSpec
+
+__all__ = ["P", "ToolContext", "ToolDefinition", "collect_tools", "tool"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_TOOL_ATTR: Final = "__agentrt_tool__"
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class P:
+    """Describes a tool parameter for the model: `Annotated[str, P("order number, e.g. SO-1")]`."""
+
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """Injected into a tool parameter annotated `ToolContext`: where this call comes from."""
+
+    invocation_id: str
+    method: str
+    memory_id: Any
+    call_id: str
+    round: int
+
+
+@dataclass(frozen=True, slots=True)
+class _ToolMarker:
+    description: str | None
+    name: str | None
+    immediate: bool
+    timeout: float | None
+
+
+@overload
+def tool(function: _F, /) -> _F: ...
+
+
+@overload
+def tool(
+    description: str | None = None,
+    /,
+    *,
+    name: str | None = None,
+    immediate: bool = False,
+    timeout: float | None = None,
+) -> Callable[[_F], _F]: ...
+
+
+def tool(
+    description: str | Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    immediate: bool = False,
+    timeout: float | None = None,
+) -> Any:
+    """Mark a function or method as a tool.
+
+    - `description`: what the tool does, for the model (default: the docstring's first paragraph).
+    - `name`: the name the model uses (default: the function name).
+    - `immediate`: when every tool the model calls in a round is immediate, the invocation ends with
+      their results instead of asking the model again.
+    - `timeout`: seconds before the call counts as timed out (overrides `ToolSettings.timeout`).
+    """
+    if callable(description):
+        setattr(description, _TOOL_ATTR, _ToolMarker(None, None, False, None))
+        return description
+    marker = _ToolMarker(description, name, immediate, timeout)
+
+    def decorate(function: _F) -> _F:
+        if not callable(function):
+            raise ConfigurationError(f"@tool applies to functions and methods, not {function!r}")
+        setattr(function, _TOOL_ATTR, marker)
+        return function
+
+    return decorate
+
+
+# --- docstrings ----------------------------------------------------------------------------------
+
+_SPHINX_PARAM = re.compile(r"^\s*:param\s+(?:\S+\s+)?(\w+):\s*(.+)$")
+
+
+def _docstring_parts(doc: str | None) -> tuple[str | None, dict[str, str]]:
+    """(summary paragraph, parameter descriptions) from a Google- or Sphinx-style docstring."""
+    if not doc:
+        return None, {}
+    doc = inspect.cleandoc(doc)
+    summary = doc.split("\n\n", 1)[0].strip()
+    if summary.startswith((":param", "Args:")):
+        summary = ""
+    params: dict[str, str] = {}
+    in_args = False
+    current: str | None = None
+    for line in doc.splitlines():
+        stripped = line.strip()
+        sphinx = _SPHINX_PARAM.match(line)
+        if sphinx:
+            params[sphinx.group(1)] = sphinx.group(2).strip()
+            continue
+        if stripped in ("Args:", "Arguments:", "Parameters:"):
+            in_args = True
+            continue
+        if in_args:
+            if not stripped:
+                current = None
+                continue
+            if not line.startswith((" ", "\t")):
+                in_args = False
+                continue
+            match = re.match(r"^\s+(\w+)\s*(?:\([^)]*\))?:\s*(.*)$", line)
+            if match and (current is None or len(line) - len(line.lstrip()) <= 4):
+                current = match.group(1)
+                params[current] = match.group(2).strip()
+            elif current is not None:
+                params[current] = f"{params[current]} {stripped}".strip()
+    return summary or None, params
+
+
+# --- schemas -------------------------------------------------------------------------------------
+
+
+def _strip_titles(node: Any) -> Any:
+    """A JSON schema without pydantic's `title` keys (they cost tokens and tell the model nothing)."""
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key == "title" and isinstance(value, str):
+                continue
+            if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+                out[key] = {name: _strip_titles(schema) for name, schema in value.items()}
+            else:
+                out[key] = _strip_titles(value)
+        return out
+    if isinstance(node, list):
+        return [_strip_titles(item) for item in node]
+    return node
+
+
+class _Injected:
+    MEMORY_ID: Final = "memory_id"
+    CONTEXT: Final = "context"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDefinition:
+    """A tool ready to run: its spec for the model, its arguments model, and how to call it."""
+
+    name: str
+    description: str
+    function: Callable[..., Any]
+    arguments: type[BaseModel]
+    parameters: Mapping[str, Any]
+    injected: Mapping[str, str]
+    is_async: bool
+    immediate: bool = False
+    timeout: float | None = None
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+
+
+def _unwrap(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
+    if get_origin(annotation) is Annotated:
+        base, *metadata = get_args(annotation)
+        return base, tuple(metadata)
+    return annotation, ()
+
+
+def define_tool(function: Callable[..., Any], *, owner: str | None = None) -> ToolDefinition:
+    """The definition of one tool (`ConfigurationError` naming the tool when it cannot be one)."""
+    marker: _ToolMarker = getattr(function, _TOOL_ATTR, None) or _ToolMarker(None, None, False, None)
+    label = f"tool {owner + '.' if owner else ''}{getattr(function, '__name__', function)!r}"
+    name: str = marker.name or str(getattr(function, "__name__", ""))
+    if not _NAME.match(name):
+        raise ConfigurationError(f"{label}: name {name!r} must match [a-zA-Z0-9_-]{{1,64}}")
+    summary, param_docs = _docstring_parts(inspect.getdoc(function))
+    description = marker.description or summary
+    if not description:
+        raise ConfigurationError(f"{label}: give a description (@tool('...') or a docstring)")
+    if marker.timeout is not None and marker.timeout <= 0:
+        raise ConfigurationError(f"{label}: timeout must be positive, got {marker.timeout}")
+    target = inspect.unwrap(function)
+    try:
+        hints = typing.get_type_hints(target, include_extras=True)
+    except Exception as exc:
+        raise ConfigurationError(f"{label}: cannot resolve its annotations: {exc}") from exc
+
+    fields: dict[str, Any] = {}
+    injected: dict[str, str] = {}
+    for parameter in inspect.signature(function).parameters.values():
+        pname = parameter.name
+        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            raise ConfigurationError(f"{label}: parameter {pname!r}: *args/**kwargs are not supported")
+        if pname not in hints:
+            raise ConfigurationError(f"{label}: parameter {pname!r} needs a type annotation")
+        base, metadata = _unwrap(hints[pname])
+        if any(m is MemoryId for m in metadata):
+            injected[pname] = _Injected.MEMORY_ID
+            continue
+        if base is ToolContext:
+            injected[pname] = _Injected.CONTEXT
+            continue
+        described = [m.description for m in metadata if isinstance(m, P)]
+        kept = [m for m in metadata if not isinstance(m, P)]
+        annotation: Any = Annotated[(base, *kept)] if kept else base
+        try:
+            TypeAdapter[Any](annotation).json_schema()
+        except (PydanticSchemaGenerationError, TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"{label}: parameter {pname!r} of type {base!r} has no JSON schema: {exc}"
+            ) from exc
+        default = ... if parameter.default is inspect.Parameter.empty else parameter.default
+        about = described[0] if described else param_docs.get(pname)
+        fields[pname] = (annotation, Field(default, description=about))
+
+    model_name = "".join(part.capitalize() for part in re.split(r"[_-]", name)) + "Arguments"
+    arguments: type[BaseModel] = create_model(model_name, __config__=ConfigDict(extra="forbid"), **fields)
+    schema = _strip_titles(arguments.model_json_schema())
+    schema.setdefault("properties", {})
+    return ToolDefinition(
+        name=name,
+        description=description,
+        function=function,
+        arguments=arguments,
+        parameters=schema,
+        injected=injected,
+        is_async=inspect.iscoroutinefunction(target),
+        immediate=marker.immediate,
+        timeout=marker.timeout,
+    )
+
+
+_DEFINITIONS: weakref.WeakKeyDictionary[Any, ToolDefinition] = weakref.WeakKeyDictionary()
+
+
+def _definition(item: Callable[..., Any], owner: str | None = None) -> ToolDefinition:
+    """`define_tool`, computed once per underlying function and rebound to `item`."""
+    function = getattr(item, "__func__", item)
+    try:
+        cached = _DEFINITIONS.get(function)
+    except TypeError:
+        cached = None
+    if cached is None:
+        cached = define_tool(item, owner=owner)
+        with contextlib.suppress(TypeError):
+            _DEFINITIONS[function] = cached
+    return cached if cached.function is item else dataclasses.replace(cached, function=item)
+
+
+def collect_tools(items: Iterable[object], *, where: str) -> dict[str, ToolDefinition]:
+    """Tool definitions by name from functions and objects with `@tool` methods.
+
+    Raises `ConfigurationError` for duplicate names, an object without tools, or something that is
+    neither.
+    """
+    tools: dict[str, ToolDefinition] = {}
+
+    def add(definition: ToolDefinition) -> None:
+        if definition.name in tools:
+            raise ConfigurationError(f"{where}: two tools are named {definition.name!r}")
+        tools[definition.name] = definition
+
+    for item in items:
+        if (
+            inspect.isroutine(item)
+            or isinstance(item, functools.partial)
+            or (callable(item) and not inspect.isclass(item) and hasattr(item, _TOOL_ATTR))
+        ):
+            add(_definition(item))
+            continue
+        if inspect.isclass(item) or not hasattr(type(item), "__dict__"):
+            raise ConfigurationError(
+                f"{where}: {item!r} is not a tool: pass functions or objects with @tool methods"
+            )
+        found = False
+        for attr in dir(type(item)):
+            member = inspect.getattr_static(type(item), attr, None)
+            function = getattr(member, "__func__", member)
+            if function is None or not hasattr(function, _TOOL_ATTR):
+                continue
+            found = True
+            add(_definition(getattr(item, attr), owner=type(item).__name__))
+        if not found:
+            raise ConfigurationError(f"{where}: {type(item).__name__} object has no @tool methods")
+    return tools

@@ -1,0 +1,354 @@
+"""Running tools: one round of calls in a task group, failure policies, and the loop's limits.
+
+A round's calls run concurrently; their results go back to the model in the model's order. A failing
+tool never cancels its siblings (its failure becomes a tool-result message, or a typed error once the
+round is over when its policy is "raise"); cancellation always propagates. The task group is opened and
+closed inside `ToolLoop.run_round`, never across a yield of the pipeline.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import inspect
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import anyio
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from .._errors import (
+    ToolArgumentsError,
+    ToolError,
+    ToolExecutionError,
+    ToolTimeoutError,
+    UnknownToolError,
+)
+from .._events import ToolExecution, ToolOutcome
+from .._messages import ToolCall, ToolResultMessage
+from ._declare import ToolContext, ToolDefinition, _Injected
+
+__all__ = [
+    "FailurePolicy",
+    "LoopLimit",
+    "ToolFailure",
+    "ToolLoop",
+    "ToolSettings",
+    "arguments_hash",
+    "result_text",
+]
+
+logger = logging.getLogger("agentrt.tools")
+
+SUCCESS_TEXT: Final = "Success"
+"""What the model sees when a tool returns None."""
+
+
+class LoopLimit(enum.StrEnum):
+    """Which limit of the tool loop stopped it."""
+
+    MAX_ROUNDS = "max_rounds"
+    MAX_CALLS = "max_calls"
+    REPEATED_CALL = "repeated_call"
+    FAILED_ROUNDS = "failed_rounds"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFailure:
+    """A failed tool call, as given to a failure handler."""
+
+    outcome: ToolOutcome
+    tool: str
+    call: ToolCall
+    error: BaseException | None
+    timeout: float | None = None
+
+
+FailureHandler = Callable[[ToolFailure], "str | Awaitable[str]"]
+FailurePolicy = Literal["report", "raise"] | FailureHandler
+"""`"report"`: the model gets a tool-result text (sanitized unless `error_detail`); `"raise"`: the
+invocation fails with the typed error; a handler: its text is what the model gets."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSettings:
+    """How the tool loop runs and when it stops.
+
+    - `timeout`: seconds per call (a tool's own `@tool(timeout=...)` wins); `None` for none.
+    - `max_concurrency`: calls of one round running at once (`None`: all of them).
+    - `max_rounds`, `max_calls`: tool rounds and tool calls per invocation.
+    - `max_identical_calls`: how often the same tool with identical arguments may run.
+    - `max_failed_rounds`: consecutive rounds in which every call failed.
+    - `on_limit`: `"raise"` a `ToolLoopLimitError` carrying the partial result, or `"final_answer"`:
+      one more request without tools that asks the model to answer with what it has.
+    - `on_invalid_arguments`, `on_unknown_tool`, `on_timeout`, `on_error`: the failure policies.
+    - `error_detail`: report the exception's message to the model (off: only the tool name and the
+      exception type, because messages can carry data the model should not see).
+    """
+
+    timeout: float | None = None
+    max_concurrency: int | None = None
+    max_rounds: int = 10
+    max_calls: int = 50
+    max_identical_calls: int = 3
+    max_failed_rounds: int = 3
+    on_limit: Literal["raise", "final_answer"] = "raise"
+    on_invalid_arguments: FailurePolicy = "report"
+    on_unknown_tool: FailurePolicy = "report"
+    on_timeout: FailurePolicy = "report"
+    on_error: FailurePolicy = "report"
+    error_detail: bool = False
+
+    def policy(self, outcome: ToolOutcome) -> FailurePolicy:
+        if outcome is ToolOutcome.INVALID_ARGUMENTS:
+            return self.on_invalid_arguments
+        if outcome is ToolOutcome.UNKNOWN_TOOL:
+            return self.on_unknown_tool
+        if outcome is ToolOutcome.TIMEOUT:
+            return self.on_timeout
+        return self.on_error
+
+
+FINAL_ANSWER_PROMPT: Final = (
+    "The tool budget for this request is used up. Do not call any more tools: answer now, "
+    "as well as you can, with the information you already have."
+)
+
+
+def arguments_hash(arguments: str) -> str:
+    """A short, stable digest of a call's arguments (logged and reported instead of the arguments)."""
+    return hashlib.sha256(arguments.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, set | frozenset):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def result_text(value: Any) -> str:
+    """What the model sees for a tool's return value: str as is, None as a success text, else JSON."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return SUCCESS_TEXT
+    if isinstance(value, BaseModel):
+        return value.model_dump_json()
+    return orjson.dumps(value, default=_default, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def _canonical(arguments: str) -> str:
+    try:
+        return orjson.dumps(orjson.loads(arguments or "{}"), option=orjson.OPT_SORT_KEYS).decode()
+    except orjson.JSONDecodeError:
+        return arguments
+
+
+def _report(failure: ToolFailure, detail: bool) -> str:
+    error = failure.error
+    kind = type(error).__name__ if error is not None else None
+    message = f": {error}" if detail and error is not None and str(error) else ""
+    if failure.outcome is ToolOutcome.UNKNOWN_TOOL:
+        return f"Error: there is no tool named {failure.tool!r}."
+    if failure.outcome is ToolOutcome.INVALID_ARGUMENTS:
+        return f"Error: tool {failure.tool!r} was called with invalid arguments ({kind}){message}."
+    if failure.outcome is ToolOutcome.TIMEOUT:
+        return f"Error: tool {failure.tool!r} timed out after {failure.timeout:g} s."
+    return f"Error: tool {failure.tool!r} failed ({kind}){message}."
+
+
+_ERRORS: Final[Mapping[ToolOutcome, type[ToolError]]] = {
+    ToolOutcome.INVALID_ARGUMENTS: ToolArgumentsError,
+    ToolOutcome.UNKNOWN_TOOL: UnknownToolError,
+    ToolOutcome.TIMEOUT: ToolTimeoutError,
+    ToolOutcome.ERROR: ToolExecutionError,
+}
+
+
+class ToolLoop:
+    """The tool state of one invocation: its tools, its settings, and what has run so far."""
+
+    __slots__ = (
+        "_calls",
+        "_failed_rounds",
+        "_identical",
+        "context",
+        "executions",
+        "rounds",
+        "settings",
+        "tools",
+    )
+
+    def __init__(
+        self,
+        tools: Mapping[str, ToolDefinition],
+        settings: ToolSettings,
+        context: Callable[[ToolCall, int], ToolContext],
+    ) -> None:
+        self.tools = tools
+        self.settings = settings
+        self.context = context
+        self.executions: list[ToolExecution] = []
+        self.rounds = 0
+        self._calls = 0
+        self._failed_rounds = 0
+        self._identical: Counter[tuple[str, str]] = Counter()
+
+    def limit_before(self, calls: Sequence[ToolCall]) -> LoopLimit | None:
+        """The limit that running `calls` as the next round would break, if any."""
+        settings = self.settings
+        if self.rounds >= settings.max_rounds:
+            return LoopLimit.MAX_ROUNDS
+        if self._calls + len(calls) > settings.max_calls:
+            return LoopLimit.MAX_CALLS
+        seen = self._identical.copy()
+        for call in calls:
+            key = (call.name, _canonical(call.arguments))
+            seen[key] += 1
+            if seen[key] > settings.max_identical_calls:
+                return LoopLimit.REPEATED_CALL
+        return None
+
+    def limit_after(self) -> LoopLimit | None:
+        """The limit the round that just ran broke, if any."""
+        if self._failed_rounds >= self.settings.max_failed_rounds:
+            return LoopLimit.FAILED_ROUNDS
+        return None
+
+    async def run_round(self, calls: Sequence[ToolCall]) -> list[ToolExecution]:
+        """Run one round of calls concurrently; returns their executions in the model's order.
+
+        Raises the first typed `ToolError` (in the model's order) of a failure whose policy is "raise",
+        after every call of the round has finished.
+        """
+        self.rounds += 1
+        self._calls += len(calls)
+        for call in calls:
+            self._identical[(call.name, _canonical(call.arguments))] += 1
+        results: list[tuple[ToolExecution, ToolError | None] | None] = [None] * len(calls)
+        limit = self.settings.max_concurrency
+        limiter = anyio.CapacityLimiter(limit) if limit else None
+
+        async def run(index: int, call: ToolCall) -> None:
+            if limiter is None:
+                results[index] = await self._execute(call)
+            else:
+                async with limiter:
+                    results[index] = await self._execute(call)
+
+        if len(calls) == 1:
+            await run(0, calls[0])
+        else:
+            async with anyio.create_task_group() as group:
+                for index, call in enumerate(calls):
+                    group.start_soon(run, index, call)
+
+        done = [r for r in results if r is not None]
+        executions = [execution for execution, _ in done]
+        self.executions.extend(executions)
+        if executions and all(e.is_error for e in executions):
+            self._failed_rounds += 1
+        else:
+            self._failed_rounds = 0
+        for _, error in done:
+            if error is not None:
+                raise error
+        return executions
+
+    def result_messages(self, executions: Sequence[ToolExecution]) -> list[ToolResultMessage]:
+        return [
+            ToolResultMessage(tool_call_id=e.call_id, tool_name=e.name, text=e.result, is_error=e.is_error)
+            for e in executions
+        ]
+
+    async def _execute(self, call: ToolCall) -> tuple[ToolExecution, ToolError | None]:
+        digest = arguments_hash(call.arguments)
+        started = time.perf_counter()
+        definition = self.tools.get(call.name)
+        timeout: float | None = None
+        outcome = ToolOutcome.SUCCESS
+        error: BaseException | None = None
+        value: Any = None
+        if definition is None:
+            outcome = ToolOutcome.UNKNOWN_TOOL
+        else:
+            timeout = definition.timeout if definition.timeout is not None else self.settings.timeout
+            try:
+                arguments = definition.arguments.model_validate_json(call.arguments or "{}")
+            except ValidationError as exc:
+                outcome, error = ToolOutcome.INVALID_ARGUMENTS, exc
+            else:
+                kwargs = dict(arguments)
+                for name, kind in definition.injected.items():
+                    context = self.context(call, self.rounds)
+                    kwargs[name] = context.memory_id if kind == _Injected.MEMORY_ID else context
+                try:
+                    if timeout is None:
+                        value = await _call(definition, kwargs)
+                    else:
+                        with anyio.move_on_after(timeout) as scope:
+                            value = await _call(definition, kwargs)
+                        if scope.cancelled_caught:
+                            outcome = ToolOutcome.TIMEOUT
+                except Exception as exc:
+                    outcome, error = ToolOutcome.ERROR, exc
+        duration = time.perf_counter() - started
+        raised: ToolError | None = None
+        if outcome is ToolOutcome.SUCCESS:
+            text = result_text(value)
+        else:
+            text, raised = await self._failure_text(ToolFailure(outcome, call.name, call, error, timeout))
+        logger.debug(
+            "tool %s call %s arguments #%s: %s in %.3f s",
+            call.name,
+            call.id,
+            digest,
+            outcome,
+            duration,
+        )
+        execution = ToolExecution(
+            name=call.name,
+            call_id=call.id,
+            arguments_hash=digest,
+            result=text,
+            outcome=outcome,
+            error_kind=type(error).__name__ if error is not None else None,
+            round=self.rounds,
+            duration=duration,
+            value=value,
+        )
+        return execution, raised
+
+    async def _failure_text(self, failure: ToolFailure) -> tuple[str, ToolError | None]:
+        """The text the model gets for a failure, and the error to raise when the policy says so."""
+        policy = self.settings.policy(failure.outcome)
+        if policy == "raise":
+            error = _ERRORS[failure.outcome](
+                _report(failure, detail=True), tool=failure.tool, call_id=failure.call.id
+            )
+            error.__cause__ = failure.error
+            return _report(failure, self.settings.error_detail), error
+        if policy == "report":
+            return _report(failure, self.settings.error_detail), None
+        text = policy(failure)
+        if inspect.isawaitable(text):
+            text = await text
+        return str(text), None
+
+
+async def _call(definition: ToolDefinition, kwargs: dict[str, Any]) -> Any:
+    if definition.is_async:
+        return await definition.function(**kwargs)
+    # Sync tools run in a worker thread (anyio's default limiter); anyio copies the context, so
+    # context variables reach them. A thread cannot be interrupted: on cancellation it is abandoned.
+    return await anyio.to_thread.run_sync(
+        functools.partial(definition.function, **kwargs), abandon_on_cancel=True
+    )

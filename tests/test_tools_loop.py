@@ -1,0 +1,526 @@
+"""The tool round-trip loop: one loop for await, Result and stream; concurrency, failures, limits,
+cancellation."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from typing import Annotated, Any
+
+import anyio
+import pytest
+from pydantic import BaseModel
+
+import agentrt
+from agentrt import (
+    AssistantMessage,
+    Completed,
+    MemoryId,
+    RequestIssued,
+    ResponseReceived,
+    Result,
+    Started,
+    SystemMessage,
+    TextDelta,
+    TokenStream,
+    ToolArgumentsError,
+    ToolCall,
+    ToolCallRequested,
+    ToolContext,
+    ToolExecuted,
+    ToolExecutionError,
+    ToolLoopLimitError,
+    ToolOutcome,
+    ToolRequest,
+    ToolResultMessage,
+    ToolSettings,
+    ToolTimeoutError,
+    UnknownToolError,
+    Usage,
+    UserMessage,
+    system_message,
+    tool,
+)
+from agentrt.testing import CallTool, ScriptedModel
+from agentrt.tools import LoopLimit, ToolFailure
+
+REQUEST_CONTEXT: contextvars.ContextVar[str] = contextvars.ContextVar("request", default="-")
+
+
+class Weather:
+    def __init__(self) -> None:
+        self.seen_context: list[str] = []
+
+    @tool("Current temperature in a city, in °C.")
+    async def temperature(self, city: str) -> float:
+        return {"Bern": 21.5, "Basel": 23.0}[city]
+
+    @tool("Convert °C to °F.")
+    def to_fahrenheit(self, celsius: float) -> float:
+        # A sync tool: runs in a worker thread, and still sees the caller's context variables.
+        self.seen_context.append(REQUEST_CONTEXT.get())
+        return round(celsius * 9 / 5 + 32, 1)
+
+
+@system_message("You answer weather questions.")
+class Assistant:
+    async def ask(self, question: str) -> str: ...
+
+    async def ask_result(self, question: str) -> Result[str]: ...
+
+    async def ask_stream(self, question: str) -> TokenStream: ...
+
+
+TWO_ROUNDS = (
+    [
+        "Let me check.",
+        CallTool("temperature", {"city": "Bern"}, id="c1"),
+        CallTool("temperature", {"city": "Basel"}, id="c2"),
+        Usage(20, 10),
+    ],
+    [CallTool("to_fahrenheit", {"celsius": 23.0}, id="c3"), Usage(40, 5)],
+    ["Basel is warmer: ", "73.4 °F.", Usage(60, 8)],
+)
+
+EXPECTED_LAST_REQUEST = (
+    SystemMessage(text="You answer weather questions."),
+    UserMessage.of("Which city is warmer, in °F?"),
+    AssistantMessage(
+        text="Let me check.",
+        tool_calls=(
+            ToolCall(id="c1", name="temperature", arguments='{"city":"Bern"}'),
+            ToolCall(id="c2", name="temperature", arguments='{"city":"Basel"}'),
+        ),
+    ),
+    ToolResultMessage(tool_call_id="c1", tool_name="temperature", text="21.5"),
+    ToolResultMessage(tool_call_id="c2", tool_name="temperature", text="23.0"),
+    AssistantMessage(tool_calls=(ToolCall(id="c3", name="to_fahrenheit", arguments='{"celsius":23.0}'),)),
+    ToolResultMessage(tool_call_id="c3", tool_name="to_fahrenheit", text="73.4"),
+)
+
+
+def assistant(
+    *script: Any, settings: ToolSettings | None = None, **kw: Any
+) -> tuple[Assistant, ScriptedModel]:
+    model = ScriptedModel(*script)
+    built = agentrt.build(
+        Assistant, model=model, tools=kw.pop("tools", [Weather()]), tool_settings=settings, **kw
+    )
+    return built, model
+
+
+async def test_two_round_transcript_is_identical_for_str_result_and_stream() -> None:
+    question = "Which city is warmer, in °F?"
+    as_str, str_model = assistant(*TWO_ROUNDS)
+    as_result, result_model = assistant(*TWO_ROUNDS)
+    as_stream, stream_model = assistant(*TWO_ROUNDS)
+
+    REQUEST_CONTEXT.set("req-7")
+    text = await as_str.ask(question)
+    result = await as_result.ask_result(question)
+    stream = await as_stream.ask_stream(question)
+    tokens = [token async for token in stream]
+    streamed = await stream.result()
+
+    assert text == "Basel is warmer: 73.4 °F."
+    assert result == streamed
+    assert result.value == text
+    assert tokens == ["Let me check.", "Basel is warmer: ", "73.4 °F."]
+    for model in (str_model, result_model, stream_model):
+        assert len(model.requests) == 3
+        assert model.requests[2].messages == EXPECTED_LAST_REQUEST
+        assert model.requests[1].messages == EXPECTED_LAST_REQUEST[:5]
+        assert [t.name for t in model.requests[0].tools] == ["temperature", "to_fahrenheit"]
+        assert all(stream.closed for stream in model.streams)
+    assert str_model.requests == result_model.requests == stream_model.requests
+    assert [(e.name, e.call_id, e.round, e.outcome) for e in result.tool_executions] == [
+        ("temperature", "c1", 1, ToolOutcome.SUCCESS),
+        ("temperature", "c2", 1, ToolOutcome.SUCCESS),
+        ("to_fahrenheit", "c3", 2, ToolOutcome.SUCCESS),
+    ]
+    assert result.usage == Usage(120, 23)
+
+
+async def test_tool_events_appear_between_rounds_in_the_stream() -> None:
+    svc, _ = assistant(*TWO_ROUNDS)
+
+    stream = await svc.ask_stream("Which city is warmer, in °F?")
+    events = [type(e).__name__ for e in [e async for e in stream.events()] if not isinstance(e, Usage)]
+
+    assert events == [
+        "Started",
+        "RequestIssued",
+        "TextDelta",
+        "ResponseReceived",
+        "ToolCallRequested",
+        "ToolCallRequested",
+        "ToolExecuted",
+        "ToolExecuted",
+        "RequestIssued",
+        "ResponseReceived",
+        "ToolCallRequested",
+        "ToolExecuted",
+        "RequestIssued",
+        "TextDelta",
+        "TextDelta",
+        "ResponseReceived",
+        "Completed",
+    ]
+
+
+async def test_listeners_see_tool_events_with_hashes_and_logs_never_show_arguments(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[object] = []
+    svc, _ = assistant(
+        [CallTool("temperature", {"city": "Bern"}, id="c1")], "21.5 °C", listeners=[seen.append]
+    )
+
+    with caplog.at_level(logging.DEBUG, logger="agentrt"):
+        await svc.ask("Bern?")
+
+    requested = next(e for e in seen if isinstance(e, ToolCallRequested))
+    executed = next(e for e in seen if isinstance(e, ToolExecuted))
+    assert requested.round == 1 and requested.call.name == "temperature"
+    assert requested.arguments_hash == executed.execution.arguments_hash
+    assert len(requested.arguments_hash) == 16
+    assert executed.execution.duration >= 0 and executed.execution.error_kind is None
+    log = "\n".join(r.getMessage() for r in caplog.records)
+    assert requested.arguments_hash in log
+    assert "Bern" not in log
+
+
+@pytest.mark.virtual_clock
+async def test_calls_of_a_round_run_concurrently_and_the_limit_serializes_them() -> None:
+    class Slow:
+        @tool("Wait a second.")
+        async def wait(self, label: str) -> str:
+            await anyio.sleep(1)
+            return label
+
+    script = ([CallTool("wait", {"label": "a"}), CallTool("wait", {"label": "b"})], "done")
+    together, _ = assistant(*script, tools=[Slow()])
+    serial, serial_model = assistant(*script, tools=[Slow()], settings=ToolSettings(max_concurrency=1))
+
+    start = anyio.current_time()
+    await together.ask("go")
+    parallel_time = anyio.current_time() - start
+    start = anyio.current_time()
+    await serial.ask("go")
+    serial_time = anyio.current_time() - start
+
+    assert parallel_time == pytest.approx(1, abs=0.05)
+    assert serial_time == pytest.approx(2, abs=0.05)
+    results = serial_model.requests[1].messages[-2:]
+    assert [m.text for m in results] == ["a", "b"]  # type: ignore[union-attr]
+
+
+class Faulty:
+    @tool("Look up a record.")
+    def lookup(self, record_id: int) -> str:
+        raise ValueError("database password is hunter2")
+
+    @tool("Slow report.", timeout=1)
+    async def report(self) -> str:
+        await anyio.sleep(10)
+        return "late"
+
+    @tool("Fine.")
+    async def fine(self) -> str:
+        await anyio.sleep(2)
+        return "fine"
+
+
+FAILING_ROUND = [
+    CallTool("lookup", {"record_id": "not a number"}, id="f1"),
+    CallTool("missing_tool", {}, id="f2"),
+    CallTool("lookup", {"record_id": 7}, id="f3"),
+    CallTool("report", {}, id="f4"),
+    CallTool("fine", {}, id="f5"),
+]
+
+
+@pytest.mark.virtual_clock
+async def test_failures_become_sanitized_tool_results_and_the_loop_continues() -> None:
+    svc, model = assistant(FAILING_ROUND, "Sorry.", tools=[Faulty()])
+
+    result = await svc.ask_result("go")
+
+    results = model.requests[1].messages[-5:]
+    texts = [m.text for m in results]  # type: ignore[union-attr]
+    assert texts == [
+        "Error: tool 'lookup' was called with invalid arguments (ValidationError).",
+        "Error: there is no tool named 'missing_tool'.",
+        "Error: tool 'lookup' failed (ValueError).",
+        "Error: tool 'report' timed out after 1 s.",
+        "fine",
+    ]
+    assert [m.is_error for m in results] == [True, True, True, True, False]  # type: ignore[union-attr]
+    assert [e.outcome for e in result.tool_executions] == [
+        ToolOutcome.INVALID_ARGUMENTS,
+        ToolOutcome.UNKNOWN_TOOL,
+        ToolOutcome.ERROR,
+        ToolOutcome.TIMEOUT,
+        ToolOutcome.SUCCESS,
+    ]
+    assert result.tool_executions[2].error_kind == "ValueError"
+    assert result.value == "Sorry."
+
+
+@pytest.mark.virtual_clock
+async def test_error_detail_is_opt_in() -> None:
+    svc, model = assistant(
+        FAILING_ROUND, "Sorry.", tools=[Faulty()], settings=ToolSettings(error_detail=True)
+    )
+
+    await svc.ask("go")
+
+    texts = [m.text for m in model.requests[1].messages[-5:]]  # type: ignore[union-attr]
+    assert "Input should be a valid integer" in texts[0]
+    assert texts[2] == "Error: tool 'lookup' failed (ValueError): database password is hunter2."
+
+
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize(
+    ("setting", "error", "tool_name"),
+    [
+        ("on_invalid_arguments", ToolArgumentsError, "lookup"),
+        ("on_unknown_tool", UnknownToolError, "missing_tool"),
+        ("on_error", ToolExecutionError, "lookup"),
+        ("on_timeout", ToolTimeoutError, "report"),
+    ],
+)
+async def test_raise_policy_raises_the_typed_error(
+    setting: str, error: type[Exception], tool_name: str
+) -> None:
+    svc, model = assistant(FAILING_ROUND, tools=[Faulty()], settings=ToolSettings(**{setting: "raise"}))
+
+    with pytest.raises(error) as info:
+        await svc.ask("go")
+
+    assert info.value.tool == tool_name  # type: ignore[attr-defined]
+    assert len(model.requests) == 1
+    if error is ToolExecutionError:
+        assert isinstance(info.value.__cause__, ValueError)
+
+
+@pytest.mark.virtual_clock
+async def test_handler_policy_replaces_the_text() -> None:
+    failures: list[ToolFailure] = []
+
+    async def explain(failure: ToolFailure) -> str:
+        failures.append(failure)
+        return f"{failure.tool} is unavailable, try later"
+
+    svc, model = assistant(FAILING_ROUND, "ok", tools=[Faulty()], settings=ToolSettings(on_error=explain))
+
+    await svc.ask("go")
+
+    assert model.requests[1].messages[-3].text == "lookup is unavailable, try later"  # type: ignore[union-attr]
+    assert [f.call.id for f in failures] == ["f3"]
+    assert isinstance(failures[0].error, ValueError)
+
+
+def repeating(*, distinct: bool, rounds: int = 20) -> list[list[Any]]:
+    return [
+        [CallTool("temperature", {"city": "Bern" if not distinct or i % 2 else "Basel"}, id=f"r{i}")]
+        for i in range(rounds)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("settings", "script", "reason", "executed"),
+    [
+        (ToolSettings(max_rounds=2), repeating(distinct=True), LoopLimit.MAX_ROUNDS, 2),
+        (
+            ToolSettings(max_calls=3),
+            [[CallTool("temperature", {"city": "Bern"}), CallTool("temperature", {"city": "Basel"})]] * 2,
+            LoopLimit.MAX_CALLS,
+            2,
+        ),
+        (ToolSettings(max_identical_calls=2), repeating(distinct=False), LoopLimit.REPEATED_CALL, 2),
+        (
+            ToolSettings(max_failed_rounds=2),
+            [[CallTool("temperature", {"city": "Paris"})]] * 5,
+            LoopLimit.FAILED_ROUNDS,
+            2,
+        ),
+    ],
+)
+async def test_every_loop_limit_raises_its_reason_with_the_partial_result(
+    settings: ToolSettings, script: list[Any], reason: LoopLimit, executed: int
+) -> None:
+    svc, model = assistant(*script, settings=settings)
+
+    with pytest.raises(ToolLoopLimitError) as info:
+        await svc.ask("loop")
+
+    assert info.value.reason is reason
+    partial = info.value.partial
+    assert partial.value is None
+    assert len(partial.tool_executions) == executed
+    assert partial.usage.output_tokens > 0
+    assert len(model.requests) == len(model.streams)
+    assert all(s.closed for s in model.streams)
+
+
+async def test_final_answer_policy_makes_exactly_one_more_request_without_tools() -> None:
+    svc, model = assistant(
+        *repeating(distinct=True, rounds=2),
+        "Bern is 21.5 °C.",
+        settings=ToolSettings(max_rounds=1, on_limit="final_answer"),
+    )
+
+    result = await svc.ask_result("Bern?")
+
+    assert result.value == "Bern is 21.5 °C."
+    assert len(model.requests) == 3
+    final = model.requests[2]
+    assert final.tools == ()
+    assert final.messages[:-1] == model.requests[1].messages
+    assert final.messages[-1] == UserMessage.of(agentrt.tools._run.FINAL_ANSWER_PROMPT)
+    assert len(result.tool_executions) == 1
+
+
+async def test_cancelling_the_invocation_cancels_running_tools_and_ends_the_stream() -> None:
+    started = anyio.Event()
+    observed: list[str] = []
+
+    class Blocking:
+        @tool("Wait for a signal that never comes.")
+        async def wait(self) -> str:
+            started.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                observed.append("cancelled")
+            return "never"  # pragma: no cover
+
+    svc, model = assistant([CallTool("wait"), CallTool("wait")], tools=[Blocking()])
+    stream = await svc.ask_stream("go")
+    seen: list[object] = []
+
+    async def consume() -> None:
+        async for event in stream.events():
+            seen.append(event)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(consume)
+        await started.wait()
+        group.cancel_scope.cancel()
+
+    assert observed == ["cancelled", "cancelled"]
+    assert not any(isinstance(e, ToolExecuted | Completed) for e in seen)
+    assert model.streams[0].closed
+    assert [t async for t in stream] == []
+
+
+class Ticket(BaseModel):
+    code: str
+
+
+async def test_immediate_tools_end_the_invocation_with_their_result() -> None:
+    class Booking:
+        @tool("Book a ticket.", immediate=True)
+        async def book(self, destination: str) -> Ticket:
+            return Ticket(code=f"T-{destination}")
+
+    class Service:
+        async def book(self, request: str) -> Ticket: ...
+
+        async def book_text(self, request: str) -> TokenStream: ...
+
+    model = ScriptedModel(
+        [CallTool("book", {"destination": "Basel"})], [CallTool("book", {"destination": "Bern"})]
+    )
+    svc = agentrt.build(Service, model=model, tools=[Booking()])
+
+    ticket = await svc.book("Basel please")
+    stream = await svc.book_text("Bern please")
+    tokens = [t async for t in stream]
+
+    assert ticket == Ticket(code="T-Basel")
+    assert tokens == ['{"code":"T-Bern"}']
+    assert (await stream.result()).tool_executions[0].value == Ticket(code="T-Bern")
+    assert len(model.requests) == 2
+
+
+async def test_memory_id_and_context_are_injected_and_hidden_from_the_model() -> None:
+    calls: list[tuple[str, ToolContext]] = []
+
+    class Orders:
+        @tool("List the user's orders.")
+        async def orders(self, user: Annotated[str, MemoryId], context: ToolContext) -> list[str]:
+            calls.append((user, context))
+            return ["SO-1"]
+
+    class Service:
+        async def chat(self, user: Annotated[str, MemoryId], question: str) -> str: ...
+
+    model = ScriptedModel([CallTool("orders", id="o1")], "You have SO-1.")
+    svc = agentrt.build(Service, model=model, tools=[Orders()])
+
+    await svc.chat("user-42", "my orders?")
+
+    assert model.requests[0].tools[0].parameters["properties"] == {}
+    ((user, context),) = calls
+    assert user == "user-42"
+    assert (context.memory_id, context.call_id, context.round, context.method) == (
+        "user-42",
+        "o1",
+        1,
+        "Service.chat",
+    )
+    assert model.requests[1].messages[-1].text == '["SO-1"]'  # type: ignore[union-attr]
+
+
+async def test_dynamic_tool_provider_is_consulted_once_per_invocation() -> None:
+    asked: list[ToolRequest] = []
+
+    @tool("Secret admin tool.")
+    async def admin() -> str:
+        return "admin"
+
+    async def provider(request: ToolRequest) -> list[object]:
+        asked.append(request)
+        return [admin] if request.memory_id == "root" else []
+
+    class Service:
+        async def chat(self, user: Annotated[str, MemoryId], question: str) -> str: ...
+
+    model = ScriptedModel("hi", [CallTool("admin")], "done")
+    svc = agentrt.build(Service, model=model, tools=[Weather()], tool_provider=provider)
+
+    await svc.chat("guest", "hello")
+    await svc.chat("root", "hello")
+
+    assert [r.memory_id for r in asked] == ["guest", "root"]
+    assert asked[0].user_message == UserMessage.of("hello")
+    assert [t.name for t in model.requests[0].tools] == ["temperature", "to_fahrenheit"]
+    assert [t.name for t in model.requests[1].tools] == ["temperature", "to_fahrenheit", "admin"]
+    assert model.requests[2].messages[-1].text == "admin"  # type: ignore[union-attr]
+
+
+async def test_sync_tools_get_context_variables() -> None:
+    weather = Weather()
+    svc, _ = assistant(*TWO_ROUNDS, tools=[weather])
+    token = REQUEST_CONTEXT.set("req-42")
+    try:
+        await svc.ask("go")
+    finally:
+        REQUEST_CONTEXT.reset(token)
+
+    assert weather.seen_context == ["req-42"]
+
+
+async def test_no_tools_configured_sends_none_and_treats_tool_calls_as_final() -> None:
+    model = ScriptedModel(["text", CallTool("temperature", {"city": "Bern"})])
+    svc = agentrt.build(Assistant, model=model)
+
+    stream = await svc.ask_stream("?")
+    kinds = [type(e) async for e in stream.events()]
+    result = await stream.result()
+
+    assert model.requests[0].tools == ()
+    assert result.value == "text"
+    assert kinds == [Started, RequestIssued, TextDelta, ResponseReceived, Completed]
