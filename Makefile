@@ -37,6 +37,7 @@ check: lint typecheck test
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_pipeline.py
+	$(BIN)/python benchmarks/bench_decode.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,4 +1,9 @@
-"""Chat models: the protocol every adapter implements, and the non-streaming fold."""
+"""Chat models: the protocol every adapter implements, the non-streaming fold, and the adapters.
+
+`OpenAIChatModel` talks to OpenAI-compatible Chat Completions endpoints, `OllamaChatModel` to Ollama's
+native `/api/chat`; both share `RetryPolicy` and report HTTP exchanges to listeners as
+`HttpRequestEvent`, `HttpResponseEvent` and `HttpErrorEvent`.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from .._events import (
     ToolCallDelta,
     Usage,
 )
+from ._http import HttpErrorEvent, HttpRequestEvent, HttpResponseEvent
 from ._protocol import (
     Capabilities,
     ChatModel,
@@ -28,22 +34,31 @@ from ._protocol import (
     complete,
     estimate_tokens,
 )
+from ._retry import RetryPolicy
+from .ollama import OllamaChatModel
+from .openai import OpenAIChatModel
 
 __all__ = [
     "Capabilities",
     "ChatModel",
     "Finish",
     "FinishReason",
+    "HttpErrorEvent",
+    "HttpRequestEvent",
+    "HttpResponseEvent",
     "JsonObjectFormat",
     "JsonSchemaFormat",
     "ModelChunk",
     "ModelRequest",
     "ModelResponse",
     "ModelSettings",
+    "OllamaChatModel",
+    "OpenAIChatModel",
     "RefusalDelta",
     "ResponseAccumulator",
     "ResponseFormat",
     "ResponseMeta",
+    "RetryPolicy",
     "TextDelta",
     "ThinkingDelta",
     "ToolCallDelta",
@@ -52,4 +67,6 @@ __all__ = [
     "Usage",
     "complete",
     "estimate_tokens",
+    "ollama",
+    "openai",
 ]

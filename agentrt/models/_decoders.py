@@ -1,0 +1,249 @@
+"""Response bodies to model chunks: framing (SSE, NDJSON, one JSON document) over a payload mapper.
+
+A decoder is fed the body's bytes as they arrive and returns the chunks they complete. It never raises:
+an error the body reports, or a body that does not follow the protocol, is stored in `error` (and
+`done` set) so that the chunks decoded before it still reach the caller, in the same order however the
+body was split into network reads. The mapper (one per protocol) turns one parsed payload into chunks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import orjson
+
+from .._errors import ModelError
+from .._events import FinishReason
+from ._ndjson import NDJSONDecoder
+from ._sse import SSEDecoder
+
+if TYPE_CHECKING:
+    from .._events import ModelChunk
+
+__all__ = [
+    "FINISH_REASONS",
+    "JSONChunkDecoder",
+    "NDJSONChunkDecoder",
+    "PayloadMapper",
+    "SSEChunkDecoder",
+    "finish_reason",
+]
+
+FINISH_REASONS: Final[dict[str, FinishReason]] = {
+    "stop": FinishReason.STOP,
+    "end_turn": FinishReason.STOP,
+    "stop_sequence": FinishReason.STOP,
+    "eos": FinishReason.STOP,
+    "length": FinishReason.LENGTH,
+    "max_tokens": FinishReason.LENGTH,
+    "tool_calls": FinishReason.TOOL_CALLS,
+    "function_call": FinishReason.TOOL_CALLS,
+    "tool_use": FinishReason.TOOL_CALLS,
+    "content_filter": FinishReason.CONTENT_FILTER,
+}
+
+
+def finish_reason(raw: str, *, called_tools: bool) -> FinishReason:
+    """A provider's finish reason as agentrt's; a "stop" that ended with tool calls is `TOOL_CALLS`
+    (OpenAI with a forced tool choice, Ollama always)."""
+    reason = FINISH_REASONS.get(raw, FinishReason.OTHER)
+    if called_tools and reason is FinishReason.STOP:
+        return FinishReason.TOOL_CALLS
+    return reason
+
+
+_loads: Final = orjson.loads
+
+_PROBLEMS: Final = (ValueError, TypeError, AttributeError, LookupError, ArithmeticError)
+"""What reading a payload of the wrong shape raises (orjson's decode error is a ValueError)."""
+
+
+class PayloadMapper(Protocol):
+    """Maps a protocol's parsed payloads to chunks."""
+
+    @property
+    def finished(self) -> bool:
+        """The response's end was seen (a finish reason, `done: true`)."""
+        ...
+
+    def feed(self, payload: Any, out: list[ModelChunk], *, mid_stream: bool = True) -> None:
+        """Append the chunks of one payload; raise `ModelError` for an error payload. A whole
+        (non-streamed) response is fed with `mid_stream=False`."""
+
+    def flush(self, out: list[ModelChunk]) -> None:
+        """The answer ended: append what was held back."""
+
+    def error(self, payload: Any, *, mid_stream: bool) -> ModelError: ...
+
+    def unreadable(self, what: str, *, mid_stream: bool, data: bytes | None = None) -> ModelError: ...
+
+
+class SSEChunkDecoder:
+    """An SSE body of JSON chunks ending with `data: [DONE]`; `event: error` fails the call.
+
+    Named events other than `message` and `error` are skipped. A stream that ends without `[DONE]`
+    is accepted once the response finished; one that ends before is an error (a cut connection).
+    """
+
+    __slots__ = ("_mapper", "_sse", "done", "error")
+
+    def __init__(self, mapper: PayloadMapper) -> None:
+        self._mapper = mapper
+        self._sse = SSEDecoder()
+        self.done = False
+        self.error: ModelError | None = None
+
+    def feed(self, raw: bytes) -> list[ModelChunk]:
+        out: list[ModelChunk] = []
+        sse = self._sse
+        if (
+            sse.idle
+            and raw.startswith(b"data: {")
+            and raw.endswith(b"\n\n")
+            and raw.find(b"\n", 7) == len(raw) - 2
+        ):
+            # The common read: exactly one event of one JSON data line, between events. Same result
+            # as the SSE decoder's, without its bookkeeping.
+            try:
+                self._mapper.feed(_loads(raw[6:-2]), out)
+            except ModelError as exc:
+                self.error, self.done = exc, True
+            except _PROBLEMS:
+                self._fail(raw[6:-2], error_event=False)
+            return out
+        events = sse.feed(raw)
+        if events:
+            self._events(events, out)
+        return out
+
+    def close(self) -> list[ModelChunk]:
+        out: list[ModelChunk] = []
+        if not self.done:
+            self._events(self._sse.close(), out)
+        _finish(self, self._mapper, out)
+        return out
+
+    def _events(self, events: list[tuple[str, bytes]], out: list[ModelChunk]) -> None:
+        feed = self._mapper.feed
+        loads = orjson.loads
+        for event, data in events:
+            if event and event != "message":
+                if event == "error":
+                    self._fail(data, error_event=True)
+                    return
+                continue  # pings and other named events carry no chunk
+            if data.startswith(b"[DONE]"):
+                self.done = True
+                return
+            try:
+                feed(loads(data), out)
+            except ModelError as exc:
+                self.error, self.done = exc, True
+                return
+            except _PROBLEMS:
+                self._fail(data, error_event=False)
+                return
+
+    def _fail(self, data: bytes, *, error_event: bool) -> None:
+        mapper = self._mapper
+        self.done = True
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            payload = None
+        if error_event:
+            reported = payload if payload is not None else data.decode("utf-8", "replace")
+            self.error = mapper.error(reported, mid_stream=True)
+        else:
+            self.error = mapper.unreadable("a stream event is not a valid chunk", mid_stream=True, data=data)
+
+
+class NDJSONChunkDecoder:
+    """A newline-delimited JSON body (Ollama): one payload a line, until the mapper has finished."""
+
+    __slots__ = ("_lines", "_mapper", "done", "error")
+
+    def __init__(self, mapper: PayloadMapper) -> None:
+        self._mapper = mapper
+        self._lines = NDJSONDecoder()
+        self.done = False
+        self.error: ModelError | None = None
+
+    def feed(self, raw: bytes) -> list[ModelChunk]:
+        out: list[ModelChunk] = []
+        lines = self._lines.feed(raw)
+        if lines:
+            self._payloads(lines, out)
+        return out
+
+    def close(self) -> list[ModelChunk]:
+        out: list[ModelChunk] = []
+        if not self.done:
+            self._payloads(self._lines.close(), out)
+        _finish(self, self._mapper, out)
+        return out
+
+    def _payloads(self, lines: list[bytes], out: list[ModelChunk]) -> None:
+        mapper = self._mapper
+        feed = mapper.feed
+        loads = orjson.loads
+        for line in lines:
+            try:
+                feed(loads(line), out)
+            except ModelError as exc:
+                self.error, self.done = exc, True
+                return
+            except _PROBLEMS:
+                if line.isspace():
+                    continue  # a blank line holding a "\r" or spaces
+                self.error = mapper.unreadable(
+                    "a stream line is not a valid chunk", mid_stream=True, data=line
+                )
+                self.done = True
+                return
+            if mapper.finished:
+                self.done = True
+                return
+
+
+def _finish(
+    decoder: SSEChunkDecoder | NDJSONChunkDecoder, mapper: PayloadMapper, out: list[ModelChunk]
+) -> None:
+    mapper.flush(out)
+    if decoder.error is None and not mapper.finished and not decoder.done:
+        decoder.error = mapper.unreadable(
+            "the stream ended before the response was complete", mid_stream=True
+        )
+    decoder.done = True
+
+
+class JSONChunkDecoder:
+    """A whole JSON response (a non-streaming request): read to the end, then mapped in one go."""
+
+    __slots__ = ("_mapper", "_parts", "done", "error")
+
+    def __init__(self, mapper: PayloadMapper) -> None:
+        self._mapper = mapper
+        self._parts: list[bytes] = []
+        self.done = False
+        self.error: ModelError | None = None
+
+    def feed(self, raw: bytes) -> list[ModelChunk]:
+        self._parts.append(raw)
+        return []
+
+    def close(self) -> list[ModelChunk]:
+        out: list[ModelChunk] = []
+        body = b"".join(self._parts)
+        mapper = self._mapper
+        self.done = True
+        try:
+            mapper.feed(orjson.loads(body), out, mid_stream=False)
+        except ModelError as exc:
+            self.error = exc
+            return []
+        except _PROBLEMS:
+            self.error = mapper.unreadable("the response is not valid", mid_stream=False, data=body)
+            return []
+        mapper.flush(out)
+        return out

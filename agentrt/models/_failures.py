@@ -1,0 +1,366 @@
+"""How a failed model call becomes an agentrt error: HTTP status and body, in-stream error payloads,
+transport exceptions, and the headers that describe a failure (`retry-after`, request ids).
+
+Classification is by HTTP status first (OpenAI sends its 401 with `type: invalid_request_error`), then by
+the provider's `code`/`type`, then by message where a provider has no dedicated code (Anthropic's
+`prompt is too long: N tokens > M maximum`). The envelopes understood are OpenAI's
+`{"error": {"message", "type", "code", "param"}}` (also vLLM, Groq, OpenRouter with an integer code and
+`metadata.raw`), Anthropic's `{"type": "error", "error": {"type", "message"}}`, Gemini's
+`{"error": {"code", "message", "status"}}`, Ollama's `{"error": "..."}` and bare
+`{"message"|"detail": ...}` bodies. Secrets given by the caller are scrubbed from every message and body.
+
+This module and the adapters are the only places in agentrt that know httpx exceptions.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any, Final
+
+import httpx
+import orjson
+
+from .._errors import (
+    AuthenticationError,
+    BadRequestError,
+    ContextLengthExceededError,
+    ModelConnectionError,
+    ModelError,
+    ModelNotFoundError,
+    ModelResponseError,
+    ModelTimeoutError,
+    OverloadedError,
+    PermissionDeniedError,
+    RateLimitError,
+    ServerError,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = [
+    "ErrorContext",
+    "error_from_payload",
+    "error_from_response",
+    "parse_retry_after",
+    "redact_url",
+    "request_id_of",
+    "transport_error",
+    "unreadable",
+]
+
+MAX_BODY: Final = 16 * 1024
+"""Characters of a failed response's body kept on the error."""
+
+_CONTEXT_CODES: Final = frozenset(
+    {"context_length_exceeded", "exceed_context_size_error", "model_max_prompt_tokens_exceeded"}
+)
+# Real messages this recognises: OpenAI/OpenRouter/Mistral "maximum context length is N tokens",
+# Anthropic "prompt is too long: N tokens > M maximum", vLLM "longer than the maximum model length",
+# llama.cpp "exceeds the available context size", Bedrock "exceed context limit", Gemini "exceeds the
+# maximum number of tokens allowed", Ollama "the input length exceeds the context length".
+_CONTEXT_MESSAGE: Final = re.compile(
+    r"context[ _-]?(?:length|window|size|limit)|maximum (?:context|model) length|prompt is too long"
+    r"|too many tokens|input (?:is )?too long|exceeds? the maximum number of tokens",
+    re.IGNORECASE,
+)
+_KINDS: Final[dict[str, type[ModelError]]] = {
+    # OpenAI / Anthropic `type` and `code` values
+    "authentication_error": AuthenticationError,
+    "invalid_api_key": AuthenticationError,
+    "permission_error": PermissionDeniedError,
+    "permission_denied": PermissionDeniedError,
+    "not_found_error": ModelNotFoundError,
+    "model_not_found": ModelNotFoundError,
+    "rate_limit_error": RateLimitError,
+    "rate_limit_exceeded": RateLimitError,
+    "overloaded_error": OverloadedError,
+    "invalid_request_error": BadRequestError,
+    "api_error": ServerError,
+    "server_error": ServerError,
+    # Google status names
+    "UNAUTHENTICATED": AuthenticationError,
+    "PERMISSION_DENIED": PermissionDeniedError,
+    "NOT_FOUND": ModelNotFoundError,
+    "RESOURCE_EXHAUSTED": RateLimitError,
+    "INVALID_ARGUMENT": BadRequestError,
+    "FAILED_PRECONDITION": BadRequestError,
+    "UNAVAILABLE": OverloadedError,
+    "INTERNAL": ServerError,
+    "DEADLINE_EXCEEDED": ModelTimeoutError,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorContext:
+    """What every error of one endpoint carries: the redacted endpoint and the secrets to scrub."""
+
+    endpoint: str
+    secrets: tuple[str, ...] = ()
+
+    def scrub(self, text: str) -> str:
+        for secret in self.secrets:
+            if secret and secret in text:
+                text = text.replace(secret, "***")
+        return text
+
+
+def redact_url(url: httpx.URL | str) -> str:
+    """The URL without credentials, query or fragment (a query may carry an API key)."""
+    url = httpx.URL(url)
+    return str(url.copy_with(userinfo=b"", query=None, fragment=None))
+
+
+def request_id_of(headers: Mapping[str, str]) -> str | None:
+    """The provider's request id from the response headers."""
+    return headers.get("x-request-id") or headers.get("request-id") or None
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: datetime | None = None) -> float | None:
+    """Seconds the server asked to wait: `retry-after-ms`, or `retry-after` in seconds or as HTTP-date."""
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        seconds = _seconds(millis)
+        if seconds is not None:
+            return seconds / 1000
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    seconds = _seconds(value)
+    if seconds is not None:
+        return seconds
+    try:
+        when = email.utils.parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max((when - (now or datetime.now(UTC))).total_seconds(), 0.0)
+
+
+def _seconds(value: str) -> float | None:
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
+
+
+@dataclass(slots=True)
+class _Details:
+    message: str | None = None
+    code: str | None = None
+    kind: str | None = None
+    status: int | None = None
+    request_id: str | None = None
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value or None
+    return orjson.dumps(value, default=str).decode()
+
+
+def _details(payload: Any) -> _Details:
+    """The message, code, type and status hint of an error envelope (any of the known shapes)."""
+    details = _Details()
+    if isinstance(payload, list) and payload:
+        payload = payload[0]
+    if not isinstance(payload, dict):
+        return details
+    if isinstance(payload.get("request_id"), str):
+        details.request_id = payload["request_id"]
+    error = payload.get("error", payload)
+    if isinstance(error, str):
+        details.message = error
+        return details
+    if not isinstance(error, dict):
+        return details
+    details.message = _text(error.get("message")) or _text(error.get("detail"))
+    code, kind = error.get("code"), error.get("type") or error.get("status")
+    for hint in (error.get("status_code"), code, error.get("status")):
+        if isinstance(hint, int) and not isinstance(hint, bool) and 100 <= hint <= 599:
+            details.status = hint
+            break
+    if isinstance(code, str) and code:
+        details.code = code
+    if isinstance(kind, str) and kind:
+        details.kind = kind
+    metadata = error.get("metadata")
+    raw = metadata.get("raw") if isinstance(metadata, dict) else None
+    if isinstance(raw, str) and raw and raw not in (details.message or ""):
+        # OpenRouter: "Provider returned error" says nothing; the upstream's own words are in `raw`.
+        details.message = f"{details.message}: {raw}" if details.message else raw
+    if details.request_id is None and isinstance(error.get("request_id"), str):
+        details.request_id = error["request_id"]
+    return details
+
+
+def _is_context_length(details: _Details) -> bool:
+    if details.code in _CONTEXT_CODES:
+        return True
+    return bool(details.message and _CONTEXT_MESSAGE.search(details.message))
+
+
+def _is_overloaded(details: _Details) -> bool:
+    return details.kind == "overloaded_error" or "overloaded" in (details.message or "").lower()
+
+
+def _classify(status: int | None, details: _Details) -> type[ModelError]:
+    if status is not None:
+        if status == 401:
+            return AuthenticationError
+        if status == 403:
+            return PermissionDeniedError
+        if status == 404:
+            return ModelNotFoundError
+        if status == 429:
+            return RateLimitError
+        if status == 408:
+            return ModelTimeoutError
+        if status in (400, 413, 422):
+            return ContextLengthExceededError if _is_context_length(details) else BadRequestError
+        if status in (503, 529) or (status >= 500 and _is_overloaded(details)):
+            return OverloadedError
+        if status >= 500:
+            return ServerError
+        return ModelError
+    for hint in (details.code, details.kind):
+        kind = _KINDS.get(hint or "")
+        if kind is not None:
+            if kind is BadRequestError and _is_context_length(details):
+                return ContextLengthExceededError
+            return kind
+    if _is_context_length(details):
+        return ContextLengthExceededError
+    return OverloadedError if _is_overloaded(details) else ServerError
+
+
+def _build(
+    kind: type[ModelError],
+    message: str,
+    *,
+    status: int | None,
+    body: str | None,
+    request_id: str | None,
+    code: str | None,
+    context: ErrorContext,
+    mid_stream: bool,
+    retry_after: float | None = None,
+) -> ModelError:
+    message = context.scrub(message)
+    body = context.scrub(body[:MAX_BODY]) if body else None
+    if kind is RateLimitError:
+        return RateLimitError(
+            message,
+            retry_after=retry_after,
+            status=status,
+            body=body,
+            request_id=request_id,
+            endpoint=context.endpoint,
+            mid_stream=mid_stream,
+            code=code,
+        )
+    return kind(
+        message,
+        status=status,
+        body=body,
+        request_id=request_id,
+        endpoint=context.endpoint,
+        mid_stream=mid_stream,
+        code=code,
+    )
+
+
+def error_from_response(
+    status: int,
+    headers: Mapping[str, str],
+    body: bytes,
+    context: ErrorContext,
+) -> ModelError:
+    """The error for a failed HTTP response (status ≥ 400, body read)."""
+    text = body.decode("utf-8", "replace")
+    try:
+        payload = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        payload = None
+    details = _details(payload)
+    message = details.message or text.strip()[:500] or _reason(status)
+    kind = _classify(status, details)
+    return _build(
+        kind,
+        message,
+        status=status,
+        body=text,
+        request_id=request_id_of(headers) or details.request_id,
+        code=details.code,
+        context=context,
+        mid_stream=False,
+        retry_after=parse_retry_after(headers) if kind is RateLimitError else None,
+    )
+
+
+def error_from_payload(
+    payload: Any,
+    context: ErrorContext,
+    *,
+    request_id: str | None,
+    mid_stream: bool,
+) -> ModelError:
+    """The error for an error object the endpoint sent inside a successful response or stream."""
+    details = _details(payload)
+    body = _text(payload)
+    return _build(
+        _classify(details.status, details),
+        details.message or body or "the endpoint reported an error",
+        status=details.status,
+        body=body,
+        request_id=request_id or details.request_id,
+        code=details.code,
+        context=context,
+        mid_stream=mid_stream,
+    )
+
+
+def transport_error(exc: httpx.HTTPError, context: ErrorContext, *, mid_stream: bool) -> ModelError:
+    """The error for an httpx exception (connection, timeout, protocol)."""
+    detail = context.scrub(str(exc)) or type(exc).__name__
+    where = "while the response streamed" if mid_stream else "before a response arrived"
+    kind: type[ModelError]
+    if isinstance(exc, httpx.TimeoutException):
+        kind, message = ModelTimeoutError, f"the endpoint timed out {where} ({type(exc).__name__})"
+    elif isinstance(exc, httpx.DecodingError):
+        kind, message = ModelResponseError, f"the response could not be decoded: {detail}"
+    elif isinstance(exc, httpx.TransportError):
+        kind, message = ModelConnectionError, f"the connection failed {where}: {detail}"
+    else:
+        kind, message = ModelConnectionError, f"the request failed {where}: {detail}"
+    return kind(message, endpoint=context.endpoint, mid_stream=mid_stream)
+
+
+def unreadable(
+    what: str, context: ErrorContext, *, request_id: str | None, mid_stream: bool, body: bytes | None = None
+) -> ModelResponseError:
+    """The error for a response that does not follow the protocol."""
+    text = context.scrub(body.decode("utf-8", "replace")[:MAX_BODY]) if body else None
+    return ModelResponseError(
+        context.scrub(what),
+        body=text,
+        request_id=request_id,
+        endpoint=context.endpoint,
+        mid_stream=mid_stream,
+    )
+
+
+def _reason(status: int) -> str:
+    try:
+        return f"HTTP {status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"HTTP {status}"

@@ -1,0 +1,386 @@
+"""HTTP plumbing shared by the adapters: the pooled client, sending with retries, listener events.
+
+`HttpSession` owns (or borrows) one `httpx.AsyncClient` and sends JSON requests to one endpoint.
+`open` returns a response whose status is 2xx and whose body has not been read: everything before that
+point (connection failures, error statuses) is mapped to agentrt errors and retried per the
+`RetryPolicy`; everything after it belongs to the adapter, which must close the response.
+
+The API key lives in a `SecretStr` and is put into the `Authorization` header of each request only;
+listener events carry the request body and the redacted endpoint, never headers, and every error
+message and body is scrubbed of the key.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import anyio
+import httpx
+import orjson
+
+from .._errors import ModelError
+from ._failures import (
+    ErrorContext,
+    error_from_response,
+    parse_retry_after,
+    redact_url,
+    request_id_of,
+    transport_error,
+)
+from ._retry import Retryable, RetryPolicy
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+
+    import tenacity
+    from pydantic import SecretStr
+
+    from .._events import ModelChunk
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "ChunkDecoder",
+    "Exchange",
+    "HttpErrorEvent",
+    "HttpRequestEvent",
+    "HttpResponseEvent",
+    "HttpSession",
+    "stream_chunks",
+]
+
+logger = logging.getLogger("agentrt.models")
+
+DEFAULT_TIMEOUT: Final = httpx.Timeout(600.0, connect=10.0)
+"""Connect within 10 s; then up to 10 minutes between bytes (long generations, slow first tokens)."""
+
+_ERROR_BODY_LIMIT: Final = 64 * 1024
+_DRAIN_LIMIT: Final = 64 * 1024
+_DRAIN_SECONDS: Final = 1.0
+_USER_AGENT: Final = "agentrt/0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequestEvent:
+    """A request is being sent (`attempt` counts from 1; retries repeat the same body)."""
+
+    endpoint: str
+    body: Mapping[str, Any]
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class HttpResponseEvent:
+    """A successful response started: its status and headers arrived, its body is about to stream."""
+
+    endpoint: str
+    body: Mapping[str, Any]
+    attempt: int
+    status: int
+    request_id: str | None
+    headers: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class HttpErrorEvent:
+    """A request failed; `will_retry` tells whether another attempt follows after `delay` seconds."""
+
+    endpoint: str
+    body: Mapping[str, Any]
+    attempt: int
+    error: ModelError
+    will_retry: bool = False
+    delay: float | None = None
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One accepted response and what errors raised while reading it need to know."""
+
+    response: httpx.Response
+    body: Mapping[str, Any]
+    attempt: int
+    request_id: str | None
+
+
+def _retryable_transport(exc: httpx.HTTPError) -> bool:
+    # Nothing reached the server (connect, pool) or the server dropped a pooled connection before
+    # answering; a read timeout is not retried: the model may be generating, at the user's expense.
+    return isinstance(
+        exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout | httpx.RemoteProtocolError
+    )
+
+
+class HttpSession:
+    """Sends JSON requests to one endpoint, with a pooled client, retries and listener events."""
+
+    __slots__ = (
+        "_client",
+        "_headers",
+        "_owned",
+        "_secret",
+        "_timeout",
+        "context",
+        "endpoint",
+        "on_error",
+        "on_request",
+        "on_response",
+        "retry",
+        "url",
+    )
+
+    def __init__(
+        self,
+        base_url: str,
+        path: str,
+        *,
+        secret: SecretStr | None,
+        headers: Mapping[str, str] | None,
+        timeout: httpx.Timeout | float | None,
+        retry: RetryPolicy,
+        client: httpx.AsyncClient | None,
+        on_request: Callable[[HttpRequestEvent], None] | None,
+        on_response: Callable[[HttpResponseEvent], None] | None,
+        on_error: Callable[[HttpErrorEvent], None] | None,
+    ) -> None:
+        base = httpx.URL(base_url)
+        if base.scheme not in ("http", "https") or not base.host:
+            raise ValueError("the URL must be absolute, with an http or https scheme")
+        # The query stays (Azure wants its `api-version` on every request); the shown endpoint drops it.
+        self.url = base.copy_with(path=base.path.rstrip("/") + path, fragment=None)
+        self.endpoint = redact_url(self.url)
+        self._secret = secret
+        self.context = ErrorContext(self.endpoint, (secret.get_secret_value(),) if secret else ())
+        self._headers = {"content-type": "application/json", "accept": "application/json"}
+        self._headers.update({k.lower(): v for k, v in (headers or {}).items()})
+        self._timeout = httpx.Timeout(timeout) if timeout is not None else None
+        self.retry = retry
+        self._client = client
+        self._owned = client is None
+        self.on_request = on_request
+        self.on_response = on_response
+        self.on_error = on_error
+
+    def client(self) -> httpx.AsyncClient:
+        """The pooled client, created on first use unless the user gave one."""
+        client = self._client
+        if client is None:
+            client = self._client = httpx.AsyncClient(
+                timeout=self._timeout or DEFAULT_TIMEOUT, headers={"user-agent": _USER_AGENT}
+            )
+        return client
+
+    async def aclose(self) -> None:
+        """Close the client if this session created it (a user's own client stays open). Idempotent."""
+        if self._owned and self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    def _request_headers(self) -> dict[str, str]:
+        headers = dict(self._headers)
+        if self._secret is not None:
+            headers["authorization"] = f"Bearer {self._secret.get_secret_value()}"
+        return headers
+
+    async def open(self, body: Mapping[str, Any]) -> Exchange:
+        """Send `body` and return the accepted (2xx) response, its body unread.
+
+        Raises the `ModelError` kind for the failure once retries are over. The caller closes the
+        response. Cancellation while waiting or retrying propagates unchanged.
+        """
+        client = self.client()
+        request = client.build_request(
+            "POST",
+            self.url,
+            content=orjson.dumps(body),
+            headers=self._request_headers(),
+            timeout=self._timeout if self._timeout is not None else httpx.USE_CLIENT_DEFAULT,
+        )
+        attempt = 0
+
+        async def send() -> httpx.Response:
+            nonlocal attempt
+            attempt += 1
+            if self.on_request is not None:
+                _notify(self.on_request, HttpRequestEvent(self.endpoint, body, attempt))
+            try:
+                response = await client.send(request, stream=True)
+            except httpx.HTTPError as exc:
+                error = transport_error(exc, self.context, mid_stream=False)
+                if _retryable_transport(exc):
+                    raise Retryable(error) from exc
+                raise error from exc
+            status = response.status_code
+            if 200 <= status < 300:
+                return response
+            try:
+                content = await _read_limited(response)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await response.aclose()
+            headers = response.headers
+            error = error_from_response(status, headers, content, self.context)
+            hint = headers.get("x-should-retry")
+            retry = hint == "true" if hint in ("true", "false") else RetryPolicy.retries_status(status)
+            if retry and error.code != "insufficient_quota":
+                raise Retryable(error, parse_retry_after(headers))
+            raise error
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            failure = state.outcome.exception() if state.outcome is not None else None
+            assert isinstance(failure, Retryable)
+            delay = state.upcoming_sleep
+            logger.info(
+                "model request failed (%s); retrying in %.2f s (attempt %d of %d)",
+                failure.error,
+                delay,
+                attempt + 1,
+                self.retry.max_attempts,
+            )
+            if self.on_error is not None:
+                _notify(
+                    self.on_error,
+                    HttpErrorEvent(self.endpoint, body, attempt, failure.error, will_retry=True, delay=delay),
+                )
+
+        try:
+            response: httpx.Response = await self.retry.retrying(before_sleep)(send)
+        except Retryable as exc:
+            self.report(exc.error, body, attempt)
+            raise exc.error from exc.__cause__
+        except ModelError as error:
+            self.report(error, body, attempt)
+            raise
+        request_id = request_id_of(response.headers)
+        if self.on_response is not None:
+            _notify(
+                self.on_response,
+                HttpResponseEvent(
+                    self.endpoint, body, attempt, response.status_code, request_id, response.headers
+                ),
+            )
+        return Exchange(response, body, attempt, request_id)
+
+    def report(self, error: ModelError, body: Mapping[str, Any], attempt: int) -> None:
+        """Tell `on_error` about a final failure (also used for errors inside a streamed response)."""
+        if self.on_error is not None:
+            _notify(self.on_error, HttpErrorEvent(self.endpoint, body, attempt, error))
+
+    def stream_error(self, exc: httpx.HTTPError) -> ModelError:
+        """The error for a transport failure while a response body streams."""
+        return transport_error(exc, self.context, mid_stream=True)
+
+
+async def _read_limited(response: httpx.Response) -> bytes:
+    """The start of an error response's body (error bodies are small; a huge one is cut)."""
+    parts: list[bytes] = []
+    size = 0
+    body = response.aiter_bytes()
+    try:
+        async for part in body:
+            parts.append(part)
+            size += len(part)
+            if size >= _ERROR_BODY_LIMIT:
+                break
+    except httpx.HTTPError:
+        pass  # the status says enough; a body cut short is still worth keeping
+    finally:
+        with anyio.CancelScope(shield=True):
+            await _release(body)
+    return b"".join(parts)
+
+
+class ChunkDecoder(Protocol):
+    """Turns a response body, fed as it arrives, into model chunks (one per protocol and mode)."""
+
+    done: bool
+    """The body said its last word (`[DONE]`, `done: true`, an error): stop reading."""
+    error: ModelError | None
+    """An error the body reported; raised once the chunks decoded before it were yielded."""
+
+    def feed(self, raw: bytes) -> list[ModelChunk]: ...
+
+    def close(self) -> list[ModelChunk]:
+        """The body ended (or `done`): the chunks still held back. May set `error`."""
+        ...
+
+
+async def stream_chunks(
+    session: HttpSession,
+    build: Callable[[], Mapping[str, Any]],
+    decoder_for: Callable[[Exchange], ChunkDecoder],
+) -> AsyncGenerator[ModelChunk, None]:
+    """The chunks of one model call: build the body, open (with retries), decode, close.
+
+    Closing this generator (the pipeline does, when it stops reading, is cancelled or fails) closes
+    the HTTP response; the close is shielded so that it completes on trio too, where a cancelled
+    task's every await would raise again. After the body's last event, the rest of the body is read
+    (briefly, bounded) so that the connection can go back to the pool.
+    """
+    body = build()
+    exchange = await session.open(body)
+    response = exchange.response
+    raw_chunks = response.aiter_bytes()
+    try:
+        decoder = decoder_for(exchange)
+        feed = decoder.feed
+        try:
+            async for raw in raw_chunks:
+                chunks = feed(raw)
+                for chunk in chunks:
+                    yield chunk
+                if decoder.done:
+                    break
+            for chunk in decoder.close():
+                yield chunk
+        except httpx.HTTPError as exc:
+            error = session.stream_error(exc)
+            session.report(error, body, exchange.attempt)
+            raise error from exc
+        if decoder.error is not None:
+            session.report(decoder.error, body, exchange.attempt)
+            raise decoder.error
+        await _drain(raw_chunks)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await _release(raw_chunks)
+            await response.aclose()
+
+
+async def _drain(raw_chunks: AsyncIterator[bytes]) -> None:
+    """Read what is left of a body whose last event arrived (usually nothing but its end)."""
+    size = 0
+    with anyio.move_on_after(_DRAIN_SECONDS):
+        try:
+            async for part in raw_chunks:
+                size += len(part)
+                if size > _DRAIN_LIMIT:
+                    return
+        except httpx.HTTPError:
+            return
+
+
+async def _release(raw_chunks: AsyncIterator[bytes]) -> None:
+    """Let httpx's chain of body generators end from the inside, without waiting for the network.
+
+    Closing only the outermost generator would leave the inner ones to the garbage collector, which
+    trio reports with a ResourceWarning (encode/httpx#3686). Reading on under an expired deadline
+    takes only what is already buffered: the first wait for the network is cancelled, and that
+    cancellation unwinds every generator of the chain. A finished chain returns at once.
+    """
+    with anyio.move_on_after(0):
+        try:
+            async for _ in raw_chunks:
+                pass
+        except httpx.HTTPError:
+            pass
+
+
+def _notify(listener: Callable[[Any], None], event: object) -> None:
+    try:
+        listener(event)
+    except Exception:
+        logger.exception(
+            "model listener %r raised on %s; the request goes on", listener, type(event).__name__
+        )

@@ -1,0 +1,152 @@
+"""An incremental Server-Sent Events decoder over bytes.
+
+The decoder follows the SSE parsing rules (WHATWG HTML, "event stream interpretation"): lines end with
+`\\r\\n`, `\\n` or a lone `\\r`; lines starting with `:` are comments; `data:` lines of one event are
+joined with `\\n`; a blank line dispatches the event; an event without data is not dispatched; a leading
+byte-order mark is dropped. It works on bytes and never decodes text itself: a data payload is handed
+over whole (as bytes) once its event is complete, so a chunk boundary inside a line, inside a UTF-8
+character or between `\\r` and `\\n` changes nothing.
+
+One deliberate difference from the spec: at the end of the stream, a pending event (one whose closing
+blank line never came) is dispatched instead of dropped, and an unterminated last line counts as a line.
+A client of a model endpoint would rather see a truncated JSON payload fail to parse (a typed error)
+than lose the last event silently.
+
+`feed` and `close` never raise: any byte sequence decodes to some list of events.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["SSEDecoder", "SSEEvent"]
+
+SSEEvent = tuple[str, bytes]
+"""`(event type, data)`; the type is `""` when the event named none (the spec's "message")."""
+
+_BOM: Final = b"\xef\xbb\xbf"
+
+
+class SSEDecoder:
+    """Feed bytes as they arrive; get back the events they complete, in order."""
+
+    __slots__ = ("_buf", "_data", "_event", "_skip_lf", "_started", "idle")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[bytes] = []
+        self._event = ""
+        self._skip_lf = False
+        self._started = False
+        self.idle = False
+        """Between events: nothing buffered or pending (a caller may then take a whole event itself)."""
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """The events completed by `chunk` (often none or one)."""
+        events: list[SSEEvent] = []
+        if not chunk:
+            return events
+        if self._skip_lf:
+            # The previous chunk ended in "\r": a "\n" starting this one belongs to the same line end.
+            self._skip_lf = False
+            if chunk[0] == 10:
+                chunk = chunk[1:]
+                if not chunk:
+                    return events
+        buf = self._buf + chunk if self._buf else chunk
+        if not self._started:
+            if len(buf) < 3 and _BOM.startswith(buf):
+                self._buf = buf
+                return events
+            self._started = True
+            if buf.startswith(_BOM):
+                buf = buf[3:]
+        if 13 in buf:
+            self._buf = self._lines(buf, events)
+        else:
+            self._buf = self._newlines(buf, events)
+        self.idle = not (self._buf or self._data or self._event or self._skip_lf)
+        return events
+
+    def close(self) -> list[SSEEvent]:
+        """End of stream: the events still pending (see the module docstring). Resets the decoder."""
+        events: list[SSEEvent] = []
+        if self._buf and self._started:
+            for line in self._buf.splitlines():
+                self._line(line, events)
+        if self._data:
+            data = self._data
+            events.append((self._event, data[0] if len(data) == 1 else b"\n".join(data)))
+        self._buf = b""
+        self._data = []
+        self._event = ""
+        self._skip_lf = self._started = self.idle = False
+        return events
+
+    def _newlines(self, buf: bytes, events: list[SSEEvent]) -> bytes:
+        """Line by line, "\\n" line ends only (what nearly every server sends). Returns the rest."""
+        data = self._data
+        find = buf.find
+        startswith = buf.startswith
+        start = 0
+        while True:
+            end = find(b"\n", start)
+            if end < 0:
+                break
+            if end == start:
+                if data:
+                    events.append((self._event, data[0] if len(data) == 1 else b"\n".join(data)))
+                    data.clear()
+                self._event = ""
+            elif startswith(b"data:", start):
+                value = start + 5
+                if buf[value] == 32:  # one optional space after the colon
+                    value += 1
+                data.append(buf[value:end])
+            else:
+                self._field(buf[start:end], events)
+            start = end + 1
+        return buf[start:] if start else buf
+
+    def _lines(self, buf: bytes, events: list[SSEEvent]) -> bytes:
+        """Line by line, any mix of line ends. Returns the unterminated rest."""
+        lines = buf.splitlines(keepends=True)
+        rest = b""
+        last = lines[-1]
+        if last[-1] not in (10, 13):
+            rest = lines.pop()
+        elif last[-1] == 13:
+            self._skip_lf = True
+        for line in lines:
+            if line[-1] == 10:
+                line = line[:-2] if line[-2:-1] == b"\r" else line[:-1]
+            else:
+                line = line[:-1]
+            self._line(line, events)
+        return rest
+
+    def _line(self, line: bytes, events: list[SSEEvent]) -> None:
+        if not line:
+            if self._data:
+                data = self._data
+                events.append((self._event, data[0] if len(data) == 1 else b"\n".join(data)))
+                data.clear()
+            self._event = ""
+        else:
+            self._field(line, events)
+
+    def _field(self, line: bytes, events: list[SSEEvent]) -> None:
+        if line[0] == 58:  # ":" starts a comment
+            return
+        colon = line.find(b":")
+        if colon < 0:
+            name, value = line, b""
+        else:
+            name, value = line[:colon], line[colon + 1 :]
+            if value[:1] == b" ":
+                value = value[1:]
+        if name == b"data":
+            self._data.append(value)
+        elif name == b"event":
+            self._event = value.decode("utf-8", "replace")
+        # "id" and "retry" matter to reconnecting browsers, not to one model response; others are ignored.

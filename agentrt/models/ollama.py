@@ -1,0 +1,407 @@
+"""Ollama's native chat API (`POST {base_url}/api/chat`) over httpx.
+
+Ollama streams newline-delimited JSON: one object per line, no `data:` prefix, no `[DONE]`; the last
+line has `done: true`, the `done_reason` and the token counts (`prompt_eval_count`, `eval_count`).
+Tool calls arrive whole, with `arguments` as a JSON object (re-encoded here to JSON text, as the
+chunk protocol carries arguments as text), thinking text in `message.thinking`, images as a list of
+base64 strings, structured output as a JSON schema in `format`. A non-streaming response is the same
+object as the last line of a stream, and is mapped by the same `OllamaChatMapper`.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final, Literal, Self
+
+import httpx
+import orjson
+from pydantic import SecretStr
+
+from .._errors import BadRequestError, ConfigurationError
+from .._events import Finish, ResponseMeta, TextDelta, ThinkingDelta, ToolCallDelta, Usage
+from .._messages import (
+    AssistantMessage,
+    ImageContent,
+    SystemMessage,
+    TextContent,
+    ToolResultMessage,
+    UserMessage,
+)
+from ._decoders import JSONChunkDecoder, NDJSONChunkDecoder, finish_reason
+from ._failures import error_from_payload, unreadable
+from ._http import HttpSession, stream_chunks
+from ._protocol import (
+    Capabilities,
+    JsonSchemaFormat,
+    ModelSettings,
+    _tokens_for_chars,
+    request_text_chars,
+)
+from ._retry import RetryPolicy
+from ._think import ThinkTagSplitter
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Mapping
+    from types import TracebackType
+
+    from .._errors import ModelError
+    from .._events import ModelChunk
+    from .._messages import ChatMessage
+    from ._failures import ErrorContext
+    from ._http import Exchange, HttpErrorEvent, HttpRequestEvent, HttpResponseEvent
+    from ._protocol import ModelRequest
+
+__all__ = ["OllamaChatMapper", "OllamaChatModel"]
+
+DEFAULT_BASE_URL: Final = "http://localhost:11434"
+
+DEFAULT_CAPABILITIES: Final = Capabilities(
+    tool_choice_required=False,
+    json_schema=True,
+    json_object=True,
+    image_input=True,
+    thinking=True,
+)
+"""What Ollama's API accepts (whether the loaded model can use it is the model's business)."""
+
+
+class OllamaChatModel:
+    """A model served by Ollama, through its native `/api/chat` endpoint.
+
+    - `model`: the model name (e.g. `"qwen3:8b"`).
+    - `base_url`: defaults to `OLLAMA_HOST` (with `http://` added when it has no scheme), then to
+      `http://localhost:11434`. `api_key` (or `OLLAMA_API_KEY`) is sent as a bearer token, for
+      ollama.com and authenticating proxies; it is kept as a `SecretStr`.
+    - `settings`: default request parameters (`max_tokens` becomes `options.num_predict`).
+    - `think`: Ollama's `think` switch (`True`/`False`, or a level such as `"high"`); `None` leaves
+      the model's default. `think_tags` reads a leading `<think>…</think>` in content as thinking.
+    - `keep_alive`: how long Ollama keeps the model loaded after the request (e.g. `"10m"`, `0`).
+    - `streaming`, `capabilities`, `headers`, `timeout`, `retry`, `client`, listeners: as for
+      `OpenAIChatModel`.
+
+    Ollama cannot force a tool call: a request with `tool_choice` `"required"` or a tool name raises
+    `BadRequestError` (`Capabilities.tool_choice_required` is false); `"none"` sends no tools.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: SecretStr | str | None = None,
+        settings: ModelSettings | None = None,
+        capabilities: Capabilities | None = None,
+        streaming: bool = True,
+        think: bool | Literal["low", "medium", "high"] | None = None,
+        think_tags: bool = True,
+        keep_alive: str | float | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: httpx.Timeout | float | None = None,
+        retry: RetryPolicy | None = None,
+        client: httpx.AsyncClient | None = None,
+        on_request: Callable[[HttpRequestEvent], None] | None = None,
+        on_response: Callable[[HttpResponseEvent], None] | None = None,
+        on_error: Callable[[HttpErrorEvent], None] | None = None,
+    ) -> None:
+        if not model:
+            raise ConfigurationError("OllamaChatModel needs a model name")
+        base = base_url or os.environ.get("OLLAMA_HOST") or DEFAULT_BASE_URL
+        if "://" not in base:
+            base = f"http://{base}"
+        if api_key is None:
+            env_key = os.environ.get("OLLAMA_API_KEY")
+            api_key = SecretStr(env_key) if env_key else None
+        elif isinstance(api_key, str):
+            api_key = SecretStr(api_key)
+        self._model = model
+        self._settings = settings or ModelSettings()
+        self._capabilities = capabilities or DEFAULT_CAPABILITIES
+        self._streaming = streaming
+        self._think = think
+        self._think_tags = think_tags
+        self._keep_alive = keep_alive
+        try:
+            self._session = HttpSession(
+                base,
+                "/api/chat",
+                secret=api_key or None,
+                headers=headers,
+                timeout=timeout,
+                retry=retry or RetryPolicy(),
+                client=client,
+                on_request=on_request,
+                on_response=on_response,
+                on_error=on_error,
+            )
+        except (httpx.InvalidURL, ValueError, TypeError) as exc:
+            raise ConfigurationError(f"OllamaChatModel: invalid base_url {base!r}: {exc}") from None
+
+    @property
+    def name(self) -> str:
+        return self._model
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint URL (without credentials or query)."""
+        return self._session.endpoint
+
+    def __repr__(self) -> str:
+        return f"OllamaChatModel(model={self._model!r}, endpoint={self._session.endpoint!r})"
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        """The response's chunks as they arrive. Closing the iterator closes the HTTP response."""
+        return stream_chunks(
+            self._session, partial(self.request_body, request), partial(self._decoder, request)
+        )
+
+    async def aclose(self) -> None:
+        """Close the pooled HTTP client (not a client you passed in). Idempotent."""
+        await self._session.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # --- request ---------------------------------------------------------------------------------
+
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The JSON body for `request` (what listeners see)."""
+        body: dict[str, Any] = {
+            "model": self._model,
+            "messages": [_message(m) for m in request.messages],
+            "stream": self._streaming,
+        }
+        options = _options(self._settings.merge(request.settings))
+        if options:
+            body["options"] = options
+        choice = request.tool_choice
+        if request.tools and choice != "none":
+            if choice not in (None, "auto"):
+                raise BadRequestError(
+                    f"Ollama cannot force a tool call (tool_choice={choice!r}); "
+                    "Capabilities.tool_choice_required is false for this model"
+                )
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": spec.name,
+                        "description": spec.description,
+                        "parameters": dict(spec.parameters),
+                    },
+                }
+                for spec in request.tools
+            ]
+        response_format = request.response_format
+        if isinstance(response_format, JsonSchemaFormat):
+            body["format"] = dict(response_format.schema)
+        elif response_format is not None:
+            body["format"] = dict(response_format.schema) if response_format.schema else "json"
+        if self._think is not None:
+            body["think"] = self._think
+        if self._keep_alive is not None:
+            body["keep_alive"] = self._keep_alive
+        return body
+
+    # --- response --------------------------------------------------------------------------------
+
+    def _decoder(self, request: ModelRequest, exchange: Exchange) -> NDJSONChunkDecoder | JSONChunkDecoder:
+        content_type = exchange.response.headers.get("content-type", "")
+        mapper = OllamaChatMapper(
+            self._session.context, exchange.request_id, request, think_tags=self._think_tags
+        )
+        if "ndjson" in content_type:
+            return NDJSONChunkDecoder(mapper)
+        if "json" in content_type or not self._streaming:
+            return JSONChunkDecoder(mapper)
+        return NDJSONChunkDecoder(mapper)
+
+
+# --- request mapping -------------------------------------------------------------------------------
+
+
+def _options(settings: ModelSettings) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if settings.temperature is not None:
+        options["temperature"] = settings.temperature
+    if settings.max_tokens is not None:
+        options["num_predict"] = settings.max_tokens
+    if settings.top_p is not None:
+        options["top_p"] = settings.top_p
+    if settings.seed is not None:
+        options["seed"] = settings.seed
+    if settings.stop:
+        options["stop"] = list(settings.stop)
+    if settings.presence_penalty is not None:
+        options["presence_penalty"] = settings.presence_penalty
+    if settings.frequency_penalty is not None:
+        options["frequency_penalty"] = settings.frequency_penalty
+    return options
+
+
+def _message(message: ChatMessage) -> dict[str, Any]:
+    if isinstance(message, UserMessage):
+        return _user_message(message)
+    if isinstance(message, AssistantMessage):
+        result: dict[str, Any] = {"role": "assistant", "content": message.text or ""}
+        if message.thinking:
+            result["thinking"] = message.thinking
+        if message.tool_calls:
+            result["tool_calls"] = [
+                {"id": call.id, "function": {"name": call.name, "arguments": _arguments(call.arguments)}}
+                for call in message.tool_calls
+            ]
+        return result
+    if isinstance(message, ToolResultMessage):
+        return {
+            "role": "tool",
+            "content": message.text,
+            "tool_name": message.tool_name,
+            "tool_call_id": message.tool_call_id,
+        }
+    assert isinstance(message, SystemMessage)
+    return {"role": "system", "content": message.text}
+
+
+def _user_message(message: UserMessage) -> dict[str, Any]:
+    texts: list[str] = []
+    images: list[str] = []
+    for content in message.contents:
+        if isinstance(content, TextContent):
+            texts.append(content.text)
+        elif isinstance(content, ImageContent):
+            images.append(_image_data(content))
+        else:
+            raise BadRequestError(f"Ollama's chat API takes text and images, not {type(content).__name__}")
+    result: dict[str, Any] = {"role": "user", "content": "\n".join(texts)}
+    if images:
+        result["images"] = images
+    return result
+
+
+def _image_data(image: ImageContent) -> str:
+    if image.data is not None:
+        return image.data
+    url = image.url or ""
+    if url.startswith("data:") and ";base64," in url:
+        return url.partition(";base64,")[2]
+    raise BadRequestError("Ollama takes images as inline data (base64), not by URL")
+
+
+def _arguments(arguments: str) -> Any:
+    try:
+        return orjson.loads(arguments) if arguments.strip() else {}
+    except orjson.JSONDecodeError:
+        raise BadRequestError(f"tool call arguments are not valid JSON: {arguments[:200]!r}") from None
+
+
+# --- response mapping ------------------------------------------------------------------------------
+
+
+class OllamaChatMapper:
+    """Maps `/api/chat` objects (stream lines or one whole response) to model chunks.
+
+    Each tool call arrives whole and gets the next index. `done_reason: "stop"` after tool calls
+    becomes `TOOL_CALLS`. When Ollama omits `prompt_eval_count` (a fully cached prompt), the input
+    tokens are estimated and the usage marked `estimated`; without `eval_count` no usage is reported.
+    """
+
+    __slots__ = ("_calls", "_context", "_meta", "_request", "_request_id", "_think", "finished")
+
+    def __init__(
+        self,
+        context: ErrorContext,
+        request_id: str | None,
+        request: ModelRequest,
+        *,
+        think_tags: bool = True,
+    ) -> None:
+        self._context = context
+        self._request_id = request_id
+        self._request = request
+        self._think: ThinkTagSplitter | None = ThinkTagSplitter() if think_tags else None
+        self._meta = False
+        self._calls = 0
+        self.finished = False
+
+    def error(self, payload: Any, *, mid_stream: bool) -> ModelError:
+        return error_from_payload(payload, self._context, request_id=self._request_id, mid_stream=mid_stream)
+
+    def unreadable(self, what: str, *, mid_stream: bool, data: bytes | None = None) -> ModelError:
+        return unreadable(what, self._context, request_id=self._request_id, mid_stream=mid_stream, body=data)
+
+    def feed(self, payload: Any, out: list[ModelChunk], *, mid_stream: bool = True) -> None:
+        """Append the chunks of one object to `out`; raises `ModelError` for an error object."""
+        if payload.__class__ is not dict:
+            raise self.unreadable("a response object is not a JSON object", mid_stream=mid_stream)
+        if payload.get("error"):
+            raise self.error(payload, mid_stream=mid_stream)
+        if not mid_stream and not payload.get("done"):
+            raise self.unreadable("the response is not complete (no `done: true`)", mid_stream=False)
+        if not self._meta:
+            self._meta = True
+            model = payload.get("model")
+            out.append(ResponseMeta(None, model if model.__class__ is str else None))
+        message = payload.get("message")
+        if message:
+            thinking = message.get("thinking")
+            if thinking and thinking.__class__ is str:
+                out.append(ThinkingDelta(thinking))
+            content = message.get("content")
+            if content and content.__class__ is str:
+                think = self._think
+                if think is None:
+                    out.append(TextDelta(content))
+                else:
+                    think.feed(content, out)
+                    if think.settled:
+                        self._think = None
+            calls = message.get("tool_calls")
+            if calls:
+                for call in calls:
+                    function = call.get("function") or {}
+                    arguments = function.get("arguments")
+                    if arguments is None:
+                        arguments = "{}"
+                    elif arguments.__class__ is not str:
+                        arguments = orjson.dumps(arguments).decode()
+                    call_id = call.get("id") or None
+                    out.append(ToolCallDelta(self._calls, call_id, function.get("name") or None, arguments))
+                    self._calls += 1
+        if payload.get("done"):
+            self.finished = True
+            self.flush(out)
+            usage = self._usage(payload)
+            if usage is not None:
+                out.append(usage)
+            raw = str(payload.get("done_reason") or "stop")
+            out.append(Finish(finish_reason(raw, called_tools=self._calls > 0), raw))
+
+    def _usage(self, payload: dict[str, Any]) -> Usage | None:
+        output = payload.get("eval_count")
+        if output is None:
+            return None
+        prompt = payload.get("prompt_eval_count")
+        if prompt is None:
+            estimate = _tokens_for_chars(request_text_chars(self._request.messages))
+            return Usage(estimate, int(output), estimated=True)
+        return Usage(int(prompt), int(output))
+
+    def flush(self, out: list[ModelChunk]) -> None:
+        """The answer ended: release text held back by the `<think>` splitter."""
+        think = self._think
+        if think is not None:
+            self._think = None
+            think.close(out)

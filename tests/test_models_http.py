@@ -1,0 +1,318 @@
+"""The HTTP side of the adapters: client lifecycle, cancellation, secrecy, transport failures."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+import pytest
+from cassettes import Parts, load
+
+import agentrt
+from agentrt import (
+    AuthenticationError,
+    ModelConnectionError,
+    ModelError,
+    ModelTimeoutError,
+    TextDelta,
+    TokenStream,
+    UserMessage,
+)
+from agentrt.models import (
+    ModelRequest,
+    OllamaChatModel,
+    OpenAIChatModel,
+    RetryPolicy,
+    complete,
+)
+
+REQUEST = ModelRequest(messages=(UserMessage.of("hi"),))
+KEY = "sk-proj-SECRET-4f9a2b7c1d"
+FIRST = b'data: {"id":"c1","model":"m","choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\n'
+REST = (
+    b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"stop"}]}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+class Endless(httpx.AsyncByteStream):
+    """Sends one event, then waits forever (a model still generating); records when it is closed."""
+
+    def __init__(self, first: bytes = FIRST) -> None:
+        self.first: bytes | None = first
+        self.closed = False
+
+    def __aiter__(self) -> Endless:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.first is not None:
+            first, self.first = self.first, None
+            return first
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def serve(stream: httpx.AsyncByteStream, content_type: str = "text/event-stream") -> httpx.MockTransport:
+    return httpx.MockTransport(
+        lambda request: httpx.Response(200, headers={"content-type": content_type}, stream=stream)
+    )
+
+
+def openai(client: httpx.AsyncClient, **options: Any) -> OpenAIChatModel:
+    return OpenAIChatModel("m", base_url="https://llm.test/v1", api_key=KEY, client=client, **options)
+
+
+# --- cancellation (acceptance item 5) -------------------------------------------------------------
+
+
+async def test_cancelling_mid_stream_closes_the_response_at_once() -> None:
+    body = Endless()
+    async with httpx.AsyncClient(transport=serve(body)) as client:
+        model = openai(client)
+        received: list[Any] = []
+        with anyio.CancelScope() as scope:
+            async for chunk in model.stream(REQUEST):
+                received.append(chunk)
+                if isinstance(chunk, TextDelta):
+                    scope.cancel()
+        # No await between the cancellation unwinding and this line: closed within the same turn.
+        assert body.closed
+        assert scope.cancelled_caught
+        assert [c.text for c in received if isinstance(c, TextDelta)] == ["Hel"]
+
+
+async def test_cancelling_a_service_token_stream_closes_the_response() -> None:
+    class Chat:
+        async def stream(self, question: str) -> TokenStream: ...
+
+    body = Endless()
+    async with httpx.AsyncClient(transport=serve(body)) as client:
+        service = agentrt.build(Chat, model=openai(client))
+        tokens: list[str] = []
+        with anyio.CancelScope() as scope:
+            stream = await service.stream("hi")
+            async for token in stream:
+                tokens.append(token)
+                scope.cancel()
+        assert body.closed
+        assert tokens == ["Hel"]
+
+
+async def test_cancelling_from_another_task_closes_the_response() -> None:
+    body = Endless()
+    got_first = anyio.Event()
+    async with httpx.AsyncClient(transport=serve(body)) as client:
+        model = openai(client)
+
+        async def read() -> None:
+            async for chunk in model.stream(REQUEST):
+                if isinstance(chunk, TextDelta):
+                    got_first.set()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(read)
+            await got_first.wait()
+            group.cancel_scope.cancel()
+        assert body.closed
+
+
+async def test_closing_the_iterator_early_closes_the_response() -> None:
+    body = Endless()
+    async with httpx.AsyncClient(transport=serve(body)) as client:
+        stream = openai(client).stream(REQUEST)
+        async for chunk in stream:
+            if isinstance(chunk, TextDelta):
+                break
+        await stream.aclose()  # type: ignore[attr-defined]
+        assert body.closed
+
+
+async def test_a_finished_stream_has_closed_its_response() -> None:
+    body = Parts([FIRST, REST])
+    async with httpx.AsyncClient(transport=serve(body)) as client:
+        response = await complete(openai(client), REQUEST)
+    assert response.message.text == "Hello"
+    assert body.closed
+
+
+# --- client lifecycle -----------------------------------------------------------------------------
+
+
+async def test_the_pooled_client_is_created_lazily_and_closed_by_aclose() -> None:
+    model = OpenAIChatModel("m", base_url="http://llm.test/v1")
+    session = model._session
+    assert session._client is None
+    first = session.client()
+    assert session.client() is first  # one pooled client per model
+    async with model:
+        pass
+    assert first.is_closed
+    await model.aclose()  # idempotent
+    assert not session.client().is_closed  # a closed model opens a fresh client when used again
+    await model.aclose()
+
+
+async def test_a_client_passed_in_is_left_open() -> None:
+    async with httpx.AsyncClient(transport=serve(Parts([FIRST, REST]))) as client:
+        async with OllamaChatModel("m", base_url="http://o.test", client=client) as model:
+            assert model._session.client() is client
+        assert not client.is_closed
+
+
+# --- secrecy (acceptance item 4) ------------------------------------------------------------------
+
+
+async def test_a_401_names_endpoint_and_status_and_never_the_key(caplog: pytest.LogCaptureFixture) -> None:
+    cassette = load("37")
+    events: list[Any] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.headers["authorization"] == f"Bearer {KEY}"  # the key is sent, only here
+        return httpx.Response(cassette.status, headers=cassette.headers, content=cassette.body)
+
+    caplog.set_level(logging.DEBUG)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        model = openai(client, on_request=events.append, on_response=events.append, on_error=events.append)
+        with pytest.raises(AuthenticationError) as info:
+            await complete(model, REQUEST)
+    error = info.value
+    assert error.status == 401
+    assert error.endpoint == "https://llm.test/v1/chat/completions"
+    assert "status 401" in str(error)
+    assert "https://llm.test/v1/chat/completions" in str(error)
+    assert len(events) == 2
+    leaks = [
+        str(error),
+        repr(error),
+        repr(error.args),
+        error.body or "",
+        "".join(traceback.format_exception(error)),
+        repr(model),
+        repr(vars(error)),
+        caplog.text,
+        *map(repr, events),
+    ]
+    assert not [text for text in leaks if KEY in text]
+    assert "sk-proj" not in repr(model)
+
+
+async def test_a_key_echoed_by_the_server_is_scrubbed() -> None:
+    body = orjson.dumps({"error": {"message": f"bad key {KEY} for org", "type": "invalid_request_error"}})
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(403, headers={"content-type": "application/json"}, content=body)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(ModelError) as info:
+            await complete(openai(client), REQUEST)
+    assert KEY not in str(info.value)
+    assert KEY not in (info.value.body or "")
+    assert "bad key *** for org" in info.value.message
+
+
+async def test_retries_log_without_the_key(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    responses = [
+        httpx.Response(503, content=b"busy"),
+        httpx.Response(200, headers={"content-type": "text/event-stream"}, content=FIRST + REST),
+    ]
+    async with httpx.AsyncClient(transport=httpx.MockTransport(lambda r: responses.pop(0))) as client:
+        model = openai(client, retry=RetryPolicy(initial_delay=0, jitter=0))
+        assert (await complete(model, REQUEST)).message.text == "Hello"
+    assert "retrying" in caplog.text
+    assert KEY not in caplog.text
+
+
+async def test_the_endpoint_keeps_its_query_but_shows_neither_query_nor_credentials() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(401, content=b"{}")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        model = OpenAIChatModel(
+            "m", base_url="https://user:pass@llm.test/v1/?api-version=2024#x", client=client
+        )
+        assert model.endpoint == "https://llm.test/v1/chat/completions"
+        assert "pass" not in repr(model)
+        assert "2024" not in repr(model)
+        with pytest.raises(AuthenticationError) as info:
+            await complete(model, REQUEST)
+    assert str(seen[0].url) == "https://user:pass@llm.test/v1/chat/completions?api-version=2024"
+    assert "pass" not in str(info.value)
+
+
+# --- transport failures ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("failure", "kind"),
+    [
+        (httpx.ConnectError("[Errno 111] Connection refused"), ModelConnectionError),
+        (httpx.ConnectTimeout("timed out"), ModelTimeoutError),
+        (httpx.ReadTimeout("timed out"), ModelTimeoutError),
+        (httpx.RemoteProtocolError("Server disconnected without sending a response."), ModelConnectionError),
+    ],
+)
+async def test_transport_failures_are_translated(failure: Exception, kind: type[ModelError]) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise failure
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(kind) as info:
+            await complete(openai(client, retry=RetryPolicy.never()), REQUEST)
+    assert info.value.endpoint == "https://llm.test/v1/chat/completions"
+    assert not info.value.mid_stream
+    assert isinstance(info.value.__cause__, httpx.HTTPError)
+
+
+class BreaksAfterFirst(httpx.AsyncByteStream):
+    def __init__(self, failure: Exception) -> None:
+        self.failure = failure
+        self.sent = False
+
+    def __aiter__(self) -> BreaksAfterFirst:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.sent:
+            raise self.failure
+        self.sent = True
+        return FIRST
+
+
+@pytest.mark.parametrize(
+    ("failure", "kind"),
+    [
+        (httpx.ReadError("connection reset"), ModelConnectionError),
+        (httpx.ReadTimeout("idle"), ModelTimeoutError),
+    ],
+)
+async def test_failures_while_streaming_are_mid_stream_errors(
+    failure: Exception, kind: type[ModelError]
+) -> None:
+    errors: list[Any] = []
+    async with httpx.AsyncClient(transport=serve(BreaksAfterFirst(failure))) as client:
+        with pytest.raises(kind) as info:
+            await complete(openai(client, on_error=errors.append), REQUEST)
+    assert info.value.mid_stream
+    assert [e.error for e in errors] == [info.value]
+
+
+async def test_a_raising_listener_is_logged_and_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(event: object) -> None:
+        raise RuntimeError("listener bug")
+
+    async with httpx.AsyncClient(transport=serve(Parts([FIRST, REST]))) as client:
+        response = await complete(openai(client, on_request=broken, on_response=broken), REQUEST)
+    assert response.message.text == "Hello"
+    assert "listener bug" in caplog.text
