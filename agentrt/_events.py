@@ -6,6 +6,8 @@ token) and adds lifecycle events (`Started`, `RequestIssued`, `ResponseReceived`
 `Failed` and `Cancelled` only reach listeners: in the event stream, errors are raised, never yielded.
 
 Everything here is a slotted dataclass: these objects are created per token and must stay cheap.
+The per-token ones (`TextDelta`, `ThinkingDelta`, `ToolCallDelta`) are not frozen, because a frozen
+dataclass's `__init__` costs twice as much; treat them as immutable all the same.
 """
 
 from __future__ import annotations
@@ -60,14 +62,14 @@ class FinishReason(enum.StrEnum):
 # --- chunks (from the model; the public ones are also events) ------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TextDelta:
     """A piece of answer text."""
 
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ThinkingDelta:
     """A piece of reasoning text; `signature` is set on the chunk that closes a signed block."""
 
@@ -82,7 +84,7 @@ class RefusalDelta:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ToolCallDelta:
     """A fragment of a tool call. Fragments with the same `index` belong to one call; `id` and `name`
     usually arrive on the first fragment only, `arguments` is a piece of JSON text split anywhere."""

@@ -190,9 +190,14 @@ class Invocation:
             messages: list[ChatMessage] = [SystemMessage(text=system)] if system else []
             messages.extend(history)
             messages.append(outgoing)
+            specs = tuple(definition.spec for definition in tools.values())
+            choice = runtime.tool_settings.tool_choice
+            forced = choice is not None and choice not in ("auto", "none")
+            offered = specs if capabilities.tool_choice_auto or forced else ()
             request = ModelRequest(
                 messages=tuple(messages),
-                tools=tuple(definition.spec for definition in tools.values()),
+                tools=offered,
+                tool_choice=choice if offered else None,
                 response_format=spec.parser.response_format(capabilities),
                 settings=runtime.settings,
             )
@@ -252,6 +257,9 @@ class Invocation:
                         response.message,
                         *loop.result_messages(executions),
                     ),
+                    # The model chooses from now on; a model that cannot gets no more tools.
+                    tools=specs if capabilities.tool_choice_auto else (),
+                    tool_choice=None,
                 )
                 if all(not e.is_error and tools[e.name].immediate for e in executions):
                     immediate = executions

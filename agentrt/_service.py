@@ -114,6 +114,18 @@ def build(
         )
     if tool_provider is not None and not callable(tool_provider):
         raise ConfigurationError(f"{cls.__name__}: tool_provider must be callable")
+    choice = tool_settings.tool_choice if tool_settings else None
+    if choice == "required" and not capabilities.tool_choice_required:
+        raise ConfigurationError(
+            f"{cls.__name__}: tool_choice 'required', but model {model.name!r} does not declare "
+            "Capabilities.tool_choice_required"
+        )
+    if (
+        choice not in (None, "auto", "none", "required")
+        and tool_provider is None
+        and choice not in definitions
+    ):
+        raise ConfigurationError(f"{cls.__name__}: tool_choice {choice!r} names no configured tool")
 
     runtime = Runtime(
         model=model,

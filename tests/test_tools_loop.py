@@ -100,9 +100,12 @@ EXPECTED_LAST_REQUEST = (
 
 
 def assistant(
-    *script: Any, settings: ToolSettings | None = None, **kw: Any
+    *script: Any,
+    settings: ToolSettings | None = None,
+    capabilities: agentrt.Capabilities | None = None,
+    **kw: Any,
 ) -> tuple[Assistant, ScriptedModel]:
-    model = ScriptedModel(*script)
+    model = ScriptedModel(*script, capabilities=capabilities)
     built = agentrt.build(
         Assistant, model=model, tools=kw.pop("tools", [Weather()]), tool_settings=settings, **kw
     )
@@ -524,3 +527,45 @@ async def test_no_tools_configured_sends_none_and_treats_tool_calls_as_final() -
     assert model.requests[0].tools == ()
     assert result.value == "text"
     assert kinds == [Started, RequestIssued, TextDelta, ResponseReceived, Completed]
+
+
+async def test_a_forced_tool_choice_applies_to_the_first_request_only() -> None:
+    svc, model = assistant(
+        [CallTool("temperature", {"city": "Bern"})],
+        "21.5 °C",
+        settings=ToolSettings(tool_choice="temperature"),
+    )
+
+    await svc.ask("Bern?")
+
+    assert model.requests[0].tool_choice == "temperature"
+    assert model.requests[1].tool_choice is None
+    assert [t.name for t in model.requests[1].tools] == ["temperature", "to_fahrenheit"]
+
+
+async def test_a_model_without_auto_tool_choice_gets_tools_only_while_one_is_forced() -> None:
+    capabilities = agentrt.Capabilities(tool_choice_auto=False, tool_choice_required=False)
+    forced, forced_model = assistant(
+        [CallTool("temperature", {"city": "Bern"})],
+        "21.5 °C",
+        settings=ToolSettings(tool_choice="temperature"),
+        capabilities=capabilities,
+    )
+    free, free_model = assistant("no tools for me", capabilities=capabilities)
+
+    assert await forced.ask("Bern?") == "21.5 °C"
+    assert await free.ask("Bern?") == "no tools for me"
+
+    assert forced_model.requests[0].tool_choice == "temperature"
+    assert forced_model.requests[1].tools == ()
+    assert free_model.requests[0].tools == ()
+
+
+def test_tool_choice_is_checked_at_build() -> None:
+    with pytest.raises(agentrt.ConfigurationError, match="tool_choice 'nope' names no configured tool"):
+        assistant(settings=ToolSettings(tool_choice="nope"))
+    model = ScriptedModel(capabilities=agentrt.Capabilities(tool_choice_required=False))
+    with pytest.raises(agentrt.ConfigurationError, match=r"Capabilities\.tool_choice_required"):
+        agentrt.build(
+            Assistant, model=model, tools=[Weather()], tool_settings=ToolSettings(tool_choice="required")
+        )

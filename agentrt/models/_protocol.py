@@ -65,6 +65,10 @@ class Capabilities:
     tools: bool = True
     parallel_tool_calls: bool = True
     tool_choice_required: bool = True
+    """`tool_choice: "required"` works."""
+    tool_choice_auto: bool = True
+    """The model may be offered tools and choose itself; when false, tools are offered only while one
+    is forced by name (`ToolSettings.tool_choice`)."""
     json_schema: bool = False
     """`response_format` with a JSON schema (structured output)."""
     json_object: bool = False

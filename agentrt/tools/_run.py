@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
 import orjson
@@ -33,6 +33,9 @@ from .._errors import (
 from .._events import ToolExecution, ToolOutcome
 from .._messages import ToolCall, ToolResultMessage
 from ._declare import ToolContext, ToolDefinition, _Injected
+
+if TYPE_CHECKING:
+    from ..models._protocol import ToolChoice
 
 __all__ = [
     "FailurePolicy",
@@ -80,6 +83,9 @@ invocation fails with the typed error; a handler: its text is what the model get
 class ToolSettings:
     """How the tool loop runs and when it stops.
 
+    - `tool_choice`: for the first request of an invocation, `"auto"`, `"required"`, `"none"` or the
+      name of the tool the model must call. Later requests let the model choose (so a forced tool
+      cannot loop), or offer no tools to a model without `Capabilities.tool_choice_auto`.
     - `timeout`: seconds per call (a tool's own `@tool(timeout=...)` wins); `None` for none.
     - `max_concurrency`: calls of one round running at once (`None`: all of them).
     - `max_rounds`, `max_calls`: tool rounds and tool calls per invocation.
@@ -92,6 +98,7 @@ class ToolSettings:
       exception type, because messages can carry data the model should not see).
     """
 
+    tool_choice: ToolChoice | None = None
     timeout: float | None = None
     max_concurrency: int | None = None
     max_rounds: int = 10
