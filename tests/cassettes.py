@@ -30,7 +30,8 @@ from agentrt import (
 )
 from agentrt.models import FinishReason
 
-CASSETTES = Path(__file__).resolve().parents[2] / "shared" / "conformance" / "cassettes"
+# A copy of ../shared/conformance/cassettes, kept in the repository so that a clean clone (CI) has them.
+CASSETTES = Path(__file__).resolve().parent / "conformance" / "cassettes"
 
 # --- classification ------------------------------------------------------------------------------
 
