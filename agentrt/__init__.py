@@ -5,7 +5,7 @@ Declare a class of `async def` stubs, `build` it with a model, and await, stream
 
 from __future__ import annotations
 
-from . import models, output, testing, tools
+from . import local, models, output, testing, tools
 from ._errors import (
     AgentError,
     AuthenticationError,
@@ -146,6 +146,7 @@ __all__ = [
     "VideoContent",
     "build",
     "create",
+    "local",
     "messages_from_json",
     "messages_to_json",
     "models",

@@ -1,55 +1,103 @@
-"""`make demo`: await, stream and Result on one declared service.
+"""`make demo`: a streamed answer, a structured extraction and a tool round trip, with usage.
 
-For now the demo runs on agentrt's scripted test model (no network, no model server), and says so.
+With `OPENAI_BASE_URL` set (and `OPENAI_API_KEY`, `OPENAI_MODEL` as needed) the demo talks to that
+endpoint. Otherwise it starts a real local model (agentrt.local: llama-cpp-python's server with Gemma
+3 270M), runs against it, and stops it.
 """
 
 from __future__ import annotations
 
+import os
+import time
+
 import anyio
 
 import agentrt
-from agentrt.models import Usage
-from agentrt.testing import ScriptedModel
+from agentrt import ChatModel, ToolSettings
+from agentrt.local import LocalModelServer
+from agentrt.models import ModelSettings, OpenAIChatModel
 
-from .support import Support, Ticket
+from .support import OrderTools, Support
+
+SHOP = {"shop": "Acme Rail"}
 
 
-def scripted_model() -> ScriptedModel:
-    return ScriptedModel(
-        ["Order SO-2026-0001 ", "left our warehouse ", "yesterday.", Usage(41, 9)],
-        '{"origin": "Bern", "destination": "Basel"}',
-        ["It ", "should ", "arrive ", "on ", "Friday.", Usage(58, 5)],
-        ["You're welcome!", Usage(70, 3)],
-        name="scripted-demo",
+def rule(title: str) -> None:
+    print(f"\n── {title} " + "─" * max(0, 66 - len(title)))
+
+
+async def run(model: ChatModel) -> None:
+    support = agentrt.build(Support, model=model, variables=SHOP)
+
+    rule("1. tokens streaming (await support.stream(...), then async for)")
+    started = time.perf_counter()
+    stream = await support.stream("user-42", "Hello! Can you help me with my order?")
+    stamps: list[float] = []
+    async for token in stream:
+        stamps.append(time.perf_counter() - started)
+        print(token, end="", flush=True)
+    result = await stream.result()
+    print(
+        f"\n   {len(stamps)} text deltas; first after {stamps[0] * 1000:.0f} ms, last after "
+        f"{stamps[-1] * 1000:.0f} ms"
+        if stamps
+        else "\n   (no text)"
+    )
+    print(
+        f"   usage: {result.usage.input_tokens} in, {result.usage.output_tokens} out"
+        f"{' (estimated: the server sent none in the stream)' if result.usage.estimated else ''}"
+    )
+
+    rule("2. structured extraction into a pydantic model (-> Result[Ticket])")
+    extracted = await support.ticket("I need a ticket from Bern to Basel on Friday morning.")
+    print(f"   {extracted.value!r}")
+    print(
+        f"   a validated Ticket instance: {type(extracted.value).__name__}; "
+        f"usage {extracted.usage.input_tokens} in, {extracted.usage.output_tokens} out"
+    )
+
+    rule("3. a tool round trip (the model is made to call order_status)")
+    tools = OrderTools()
+    helpdesk = agentrt.build(
+        Support,
+        model=model,
+        variables=SHOP,
+        tools=[tools],
+        tool_settings=ToolSettings(tool_choice="order_status", max_rounds=2),
+    )
+    answer = await helpdesk.chat("user-42", "Where is my order SO-2026-0001?")
+    for execution in answer.tool_executions:
+        print(f"   tool {execution.name} (arguments #{execution.arguments_hash}) -> {execution.result!r}")
+    print(f"   the tool saw order_id={tools.looked_up[0]!r}" if tools.looked_up else "")
+    print(f"   final answer: {answer.value[:200]!r}")
+    print(
+        f"   usage over {len(answer.tool_executions) + 1} requests: "
+        f"{answer.usage.input_tokens} in, {answer.usage.output_tokens} out"
     )
 
 
 async def main() -> None:
-    model = scripted_model()
-    print("agentrt demo: running on the SCRIPTED test model (agentrt.testing.ScriptedModel).")
-    print("Its answers are canned; no model server is contacted.\n")
-    support = agentrt.build(Support, model=model, variables={"shop": "Acme Rail"})
-
-    answer: str = await support.chat("user-42", "Where is order SO-2026-0001?")
-    print(f"await support.chat(...)   -> {answer!r}")
-
-    ticket: Ticket = await support.ticket("I need to get from Bern to Basel on Friday.")
-    print(f"await support.ticket(...) -> {ticket!r}")
-
-    print("async for token in await support.stream(...):")
-    stream = await support.stream("user-42", "When will it arrive?")
-    async for token in stream:
-        print(f"    token {token!r}")
-    streamed = await stream.result()
-    print(f"    final Result: text={streamed.text!r} usage={streamed.usage}")
-
-    result = await support.chat_result("user-42", "Thanks!")
-    print(f"await support.chat_result(...) -> value={result.value!r}")
-    print(f"    finish_reason={result.finish_reason} usage={result.usage} model={result.model!r}")
-
-    print("\nWhat the model received (the transcript of the first request):")
-    for message in model.requests[0].messages:
-        print(f"    {message.role:9} {message.model_dump(exclude={'role'})}")
+    base_url = os.environ.get("OPENAI_BASE_URL")
+    if base_url:
+        model = OpenAIChatModel(
+            os.environ.get("OPENAI_MODEL", "gpt-4o-mini"), settings=ModelSettings(max_tokens=300)
+        )
+        print(f"agentrt demo against {model.endpoint} (model {model.name!r}).")
+        async with model:
+            await run(model)
+        return
+    print("agentrt demo against a REAL local model: llama-cpp-python's OpenAI-compatible server")
+    print("running Gemma 3 270M on this machine (no network).")
+    print("NOTE: this is a tiny *base* model, not a chat model: its words are meaningless. What is")
+    print("real is the machinery: tokens streamed over SSE, JSON constrained to a schema and parsed")
+    print("into a pydantic model, a forced tool call run by agentrt and answered, and usage numbers.")
+    started = time.perf_counter()
+    async with LocalModelServer() as server:
+        print(f"local model server ready at {server.base_url} in {time.perf_counter() - started:.1f} s")
+        model = server.chat_model(settings=ModelSettings(max_tokens=80, temperature=0.7, seed=7))
+        async with model:
+            await run(model)
+    print("\nlocal model server stopped.")
 
 
 if __name__ == "__main__":

@@ -261,6 +261,13 @@ async def test_json_schema_is_strict_only_when_the_schema_allows() -> None:
     }
     body = await body_for(ModelRequest(messages=messages, response_format=JsonObjectFormat()))
     assert body["response_format"] == {"type": "json_object"}
+    with_schema = JsonObjectFormat(schema=Loose.model_json_schema())
+    body = await body_for(ModelRequest(messages=messages, response_format=with_schema))
+    assert body["response_format"] == {"type": "json_object"}
+    body = await body_for(
+        ModelRequest(messages=messages, response_format=with_schema), json_object_schema=True
+    )
+    assert body["response_format"] == {"type": "json_object", "schema": Loose.model_json_schema()}
 
 
 def test_strict_schema_rules() -> None:

@@ -22,13 +22,13 @@ def test_built_service_methods_type_check_against_their_stubs(tmp_path: Path) ->
 
         async def use() -> None:
             support = agentrt.build(Support, model=ScriptedModel())
-            answer: str = await support.chat("user-1", "hi")
-            ticket: Ticket = await support.ticket("Bern to Basel")
-            result = await support.chat_result("user-1", "hi")
+            answer: str = (await support.chat("user-1", "hi")).value
+            ticket: Ticket = (await support.ticket("Bern to Basel")).value
+            result = await support.chat("user-1", "hi")
             usage: int = result.usage.total_tokens
             async for token in await support.stream("user-1", "hi"):
                 print(token.upper())
-            wrong: int = await support.chat("user-1", "hi")  # line 17
+            wrong: int = (await support.chat("user-1", "hi")).value  # line 17
             await support.chat("user-1")  # line 18
         """
     )

@@ -201,6 +201,7 @@ class ResponseAccumulator:
 
     __slots__ = (
         "_calls",
+        "_deltas",
         "_finish",
         "_meta",
         "_refusal",
@@ -212,6 +213,7 @@ class ResponseAccumulator:
 
     def __init__(self) -> None:
         self._text: list[str] = []
+        self._deltas = 0
         self._thinking: list[str] = []
         self._refusal: list[str] = []
         self._signature: str | None = None
@@ -224,9 +226,11 @@ class ResponseAccumulator:
         kind = type(chunk)
         if kind is TextDelta:
             self._text.append(chunk.text)  # type: ignore[union-attr]
+            self._deltas += 1
         elif kind is ThinkingDelta:
             assert isinstance(chunk, ThinkingDelta)
             self._thinking.append(chunk.text)
+            self._deltas += 1
             if chunk.signature is not None:
                 self._signature = chunk.signature
         elif kind is ToolCallDelta:
@@ -260,7 +264,11 @@ class ResponseAccumulator:
         return "".join(self._text)
 
     def build(self, request: ModelRequest) -> ModelResponse:
-        """The response so far; usage is estimated (and marked so) when the model reported none."""
+        """The response so far; usage is estimated (and marked so) when the model reported none.
+
+        The estimate is about four characters a token, and never fewer output tokens than text and
+        thinking deltas received.
+        """
         text = "".join(self._text)
         thinking = "".join(self._thinking)
         calls = tuple(
@@ -278,7 +286,8 @@ class ResponseAccumulator:
         if usage is None:
             usage = Usage(
                 input_tokens=_tokens_for_chars(request_text_chars(request.messages)),
-                output_tokens=_tokens_for_chars(_message_chars(message)),
+                # Servers that stream send about one token a delta: never estimate fewer.
+                output_tokens=max(_tokens_for_chars(_message_chars(message)), self._deltas),
                 estimated=True,
             )
         finish = self._finish

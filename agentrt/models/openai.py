@@ -93,6 +93,8 @@ class OpenAIChatModel:
     - `max_tokens_field`: `"max_completion_tokens"` for OpenAI's reasoning models.
     - `parallel_tool_calls`: sent with tools when not `None`.
     - `think_tags`: read a leading `<think>…</think>` in the answer as thinking (default on).
+    - `json_object_schema`: send the schema inside a `json_object` response format (llama-cpp-python's
+      dialect for grammar-constrained JSON); OpenAI itself rejects the extra field.
     - `extra_body`: extra top-level request fields for a server's own parameters (e.g. vLLM's `top_k`).
     - `headers`, `timeout`, `retry`: extra request headers, the httpx timeout, the `RetryPolicy`.
     - `client`: your own `httpx.AsyncClient` (not closed by this model); otherwise one pooled client is
@@ -116,6 +118,7 @@ class OpenAIChatModel:
         max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens",
         parallel_tool_calls: bool | None = None,
         think_tags: bool = True,
+        json_object_schema: bool = False,
         extra_body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: httpx.Timeout | float | None = None,
@@ -141,6 +144,7 @@ class OpenAIChatModel:
         self._max_tokens_field = max_tokens_field
         self._parallel_tool_calls = parallel_tool_calls
         self._think_tags = think_tags
+        self._json_object_schema = json_object_schema
         self._extra_body = dict(extra_body or {})
         try:
             self._session = HttpSession(
@@ -223,7 +227,7 @@ class OpenAIChatModel:
             if self._parallel_tool_calls is not None:
                 body["parallel_tool_calls"] = self._parallel_tool_calls
         if request.response_format is not None:
-            body["response_format"] = _response_format(request.response_format)
+            body["response_format"] = _response_format(request.response_format, self._json_object_schema)
         if self._streaming:
             body["stream"] = True
             if self._capabilities.usage_in_stream:
@@ -332,7 +336,7 @@ def _tool_choice(choice: str) -> Any:
     return {"type": "function", "function": {"name": choice}}
 
 
-def _response_format(response_format: ResponseFormat) -> dict[str, Any]:
+def _response_format(response_format: ResponseFormat, json_object_schema: bool) -> dict[str, Any]:
     if isinstance(response_format, JsonSchemaFormat):
         # Strict whenever the schema allows it (see `_schema`): the server then guarantees the shape.
         strict = strict_schema(response_format.schema)
@@ -343,6 +347,8 @@ def _response_format(response_format: ResponseFormat) -> dict[str, Any]:
         if strict is not None:
             schema["strict"] = True
         return {"type": "json_schema", "json_schema": schema}
+    if json_object_schema and response_format.schema is not None:
+        return {"type": "json_object", "schema": dict(response_format.schema)}
     return {"type": "json_object"}
 
 
