@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import os
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Literal, Self
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-import httpx
 import orjson
-from pydantic import SecretStr
 
-from .._errors import BadRequestError, ConfigurationError
+from .._errors import BadRequestError
 from .._events import Finish, ResponseMeta, TextDelta, ThinkingDelta, ToolCallDelta, Usage
 from .._messages import (
     AssistantMessage,
@@ -28,9 +26,10 @@ from .._messages import (
     ToolResultMessage,
     UserMessage,
 )
+from ._base import HttpChatModel
 from ._decoders import JSONChunkDecoder, NDJSONChunkDecoder, finish_reason
 from ._failures import error_from_payload, unreadable
-from ._http import HttpSession, stream_chunks
+from ._http import stream_chunks
 from ._protocol import (
     Capabilities,
     JsonSchemaFormat,
@@ -38,12 +37,13 @@ from ._protocol import (
     _tokens_for_chars,
     request_text_chars,
 )
-from ._retry import RetryPolicy
 from ._think import ThinkTagSplitter
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping
-    from types import TracebackType
+
+    import httpx
+    from pydantic import SecretStr
 
     from .._errors import ModelError
     from .._events import ModelChunk
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from ._failures import ErrorContext
     from ._http import Exchange, HttpErrorEvent, HttpRequestEvent, HttpResponseEvent
     from ._protocol import ModelRequest
+    from ._retry import RetryPolicy
 
 __all__ = ["OllamaChatMapper", "OllamaChatModel"]
 
@@ -66,7 +67,7 @@ DEFAULT_CAPABILITIES: Final = Capabilities(
 """What Ollama's API accepts (whether the loaded model can use it is the model's business)."""
 
 
-class OllamaChatModel:
+class OllamaChatModel(HttpChatModel):
     """A model served by Ollama, through its native `/api/chat` endpoint.
 
     - `model`: the model name (e.g. `"qwen3:8b"`).
@@ -104,75 +105,35 @@ class OllamaChatModel:
         on_response: Callable[[HttpResponseEvent], None] | None = None,
         on_error: Callable[[HttpErrorEvent], None] | None = None,
     ) -> None:
-        if not model:
-            raise ConfigurationError("OllamaChatModel needs a model name")
         base = base_url or os.environ.get("OLLAMA_HOST") or DEFAULT_BASE_URL
         if "://" not in base:
             base = f"http://{base}"
-        if api_key is None:
-            env_key = os.environ.get("OLLAMA_API_KEY")
-            api_key = SecretStr(env_key) if env_key else None
-        elif isinstance(api_key, str):
-            api_key = SecretStr(api_key)
-        self._model = model
-        self._settings = settings or ModelSettings()
-        self._capabilities = capabilities or DEFAULT_CAPABILITIES
-        self._streaming = streaming
+        self._connect(
+            model,
+            base_url=base,
+            path="/api/chat",
+            api_key=api_key,
+            api_key_variable="OLLAMA_API_KEY",
+            settings=settings,
+            capabilities=capabilities or DEFAULT_CAPABILITIES,
+            streaming=streaming,
+            headers=headers,
+            timeout=timeout,
+            retry=retry,
+            client=client,
+            on_request=on_request,
+            on_response=on_response,
+            on_error=on_error,
+        )
         self._think = think
         self._think_tags = think_tags
         self._keep_alive = keep_alive
-        try:
-            self._session = HttpSession(
-                base,
-                "/api/chat",
-                secret=api_key or None,
-                headers=headers,
-                timeout=timeout,
-                retry=retry or RetryPolicy(),
-                client=client,
-                on_request=on_request,
-                on_response=on_response,
-                on_error=on_error,
-            )
-        except (httpx.InvalidURL, ValueError, TypeError) as exc:
-            raise ConfigurationError(f"OllamaChatModel: invalid base_url {base!r}: {exc}") from None
-
-    @property
-    def name(self) -> str:
-        return self._model
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self._capabilities
-
-    @property
-    def endpoint(self) -> str:
-        """The endpoint URL (without credentials or query)."""
-        return self._session.endpoint
-
-    def __repr__(self) -> str:
-        return f"OllamaChatModel(model={self._model!r}, endpoint={self._session.endpoint!r})"
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """The response's chunks as they arrive. Closing the iterator closes the HTTP response."""
         return stream_chunks(
             self._session, partial(self.request_body, request), partial(self._decoder, request)
         )
-
-    async def aclose(self) -> None:
-        """Close the pooled HTTP client (not a client you passed in). Idempotent."""
-        await self._session.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # --- request ---------------------------------------------------------------------------------
 

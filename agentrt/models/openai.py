@@ -16,13 +16,11 @@ from __future__ import annotations
 import os
 import re
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Literal, Self
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-import httpx
 import orjson
-from pydantic import SecretStr
 
-from .._errors import BadRequestError, ConfigurationError, ModelError
+from .._errors import BadRequestError, ModelError
 from .._events import (
     Finish,
     RefusalDelta,
@@ -43,23 +41,26 @@ from .._messages import (
     UserMessage,
     VideoContent,
 )
+from ._base import HttpChatModel
 from ._decoders import JSONChunkDecoder, SSEChunkDecoder, finish_reason
 from ._failures import error_from_payload, unreadable
-from ._http import HttpSession, stream_chunks
+from ._http import stream_chunks
 from ._protocol import Capabilities, JsonSchemaFormat, ModelSettings
-from ._retry import RetryPolicy
 from ._schema import strict_schema
 from ._think import ThinkTagSplitter
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping
-    from types import TracebackType
+
+    import httpx
+    from pydantic import SecretStr
 
     from .._events import ModelChunk
     from .._messages import ChatMessage
     from ._failures import ErrorContext
     from ._http import Exchange, HttpErrorEvent, HttpRequestEvent, HttpResponseEvent
     from ._protocol import ModelRequest, ResponseFormat, ToolSpec
+    from ._retry import RetryPolicy
 
 __all__ = ["ChatCompletionMapper", "OpenAIChatModel"]
 
@@ -77,7 +78,7 @@ DEFAULT_CAPABILITIES: Final = Capabilities(
 _NAME_UNSAFE: Final = re.compile(r"[^A-Za-z0-9_-]")
 
 
-class OpenAIChatModel:
+class OpenAIChatModel(HttpChatModel):
     """A chat model behind an OpenAI-compatible Chat Completions endpoint.
 
     - `model`: the model name sent with every request.
@@ -128,74 +129,34 @@ class OpenAIChatModel:
         on_response: Callable[[HttpResponseEvent], None] | None = None,
         on_error: Callable[[HttpErrorEvent], None] | None = None,
     ) -> None:
-        if not model:
-            raise ConfigurationError("OpenAIChatModel needs a model name")
         base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-        if api_key is None:
-            env_key = os.environ.get("OPENAI_API_KEY")
-            api_key = SecretStr(env_key) if env_key else None
-        elif isinstance(api_key, str):
-            api_key = SecretStr(api_key)
-        self._model = model
-        self._settings = settings or ModelSettings()
-        self._capabilities = capabilities or DEFAULT_CAPABILITIES
-        self._streaming = streaming
+        self._connect(
+            model,
+            base_url=base,
+            path="/chat/completions",
+            api_key=api_key,
+            api_key_variable="OPENAI_API_KEY",
+            settings=settings,
+            capabilities=capabilities or DEFAULT_CAPABILITIES,
+            streaming=streaming,
+            headers=headers,
+            timeout=timeout,
+            retry=retry,
+            client=client,
+            on_request=on_request,
+            on_response=on_response,
+            on_error=on_error,
+        )
         self._system_role = system_role
         self._max_tokens_field = max_tokens_field
         self._parallel_tool_calls = parallel_tool_calls
         self._think_tags = think_tags
         self._json_object_schema = json_object_schema
         self._extra_body = dict(extra_body or {})
-        try:
-            self._session = HttpSession(
-                base,
-                "/chat/completions",
-                secret=api_key or None,
-                headers=headers,
-                timeout=timeout,
-                retry=retry or RetryPolicy(),
-                client=client,
-                on_request=on_request,
-                on_response=on_response,
-                on_error=on_error,
-            )
-        except (httpx.InvalidURL, ValueError, TypeError) as exc:
-            raise ConfigurationError(f"OpenAIChatModel: invalid base_url {base!r}: {exc}") from None
-
-    @property
-    def name(self) -> str:
-        return self._model
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self._capabilities
-
-    @property
-    def endpoint(self) -> str:
-        """The endpoint URL (without credentials or query)."""
-        return self._session.endpoint
-
-    def __repr__(self) -> str:
-        return f"OpenAIChatModel(model={self._model!r}, endpoint={self._session.endpoint!r})"
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """The response's chunks as they arrive. Closing the iterator closes the HTTP response."""
         return stream_chunks(self._session, partial(self.request_body, request), self._decoder)
-
-    async def aclose(self) -> None:
-        """Close the pooled HTTP client (not a client you passed in). Idempotent."""
-        await self._session.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # --- request ---------------------------------------------------------------------------------
 

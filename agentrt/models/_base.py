@@ -1,0 +1,111 @@
+"""What the HTTP adapters share: one `HttpSession`, the model name, capabilities, closing."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Self
+
+import httpx
+from pydantic import SecretStr
+
+from .._errors import ConfigurationError
+from ._http import HttpSession
+from ._protocol import Capabilities, ModelSettings
+from ._retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from types import TracebackType
+
+    from ._http import HttpErrorEvent, HttpRequestEvent, HttpResponseEvent
+
+__all__ = ["HttpChatModel"]
+
+
+class HttpChatModel:
+    """The common part of an HTTP chat model. Subclasses call `_connect` from their `__init__`."""
+
+    _model: str
+    _settings: ModelSettings
+    _capabilities: Capabilities
+    _streaming: bool
+    _session: HttpSession
+
+    def _connect(
+        self,
+        model: str,
+        *,
+        base_url: str,
+        path: str,
+        api_key: SecretStr | str | None,
+        api_key_variable: str,
+        settings: ModelSettings | None,
+        capabilities: Capabilities,
+        streaming: bool,
+        headers: Mapping[str, str] | None,
+        timeout: httpx.Timeout | float | None,
+        retry: RetryPolicy | None,
+        client: httpx.AsyncClient | None,
+        on_request: Callable[[HttpRequestEvent], None] | None,
+        on_response: Callable[[HttpResponseEvent], None] | None,
+        on_error: Callable[[HttpErrorEvent], None] | None,
+    ) -> None:
+        kind = type(self).__name__
+        if not model:
+            raise ConfigurationError(f"{kind} needs a model name")
+        if api_key is None:
+            from_env = os.environ.get(api_key_variable)
+            api_key = SecretStr(from_env) if from_env else None
+        elif isinstance(api_key, str):
+            api_key = SecretStr(api_key)
+        self._model = model
+        self._settings = settings or ModelSettings()
+        self._capabilities = capabilities
+        self._streaming = streaming
+        try:
+            self._session = HttpSession(
+                base_url,
+                path,
+                secret=api_key or None,
+                headers=headers,
+                timeout=timeout,
+                retry=retry or RetryPolicy(),
+                client=client,
+                on_request=on_request,
+                on_response=on_response,
+                on_error=on_error,
+            )
+        except (httpx.InvalidURL, ValueError, TypeError) as exc:
+            raise ConfigurationError(f"{kind}: invalid base_url {base_url!r}: {exc}") from None
+
+    @property
+    def name(self) -> str:
+        return self._model
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint URL (without credentials or query)."""
+        return self._session.endpoint
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(model={self._model!r}, endpoint={self._session.endpoint!r})"
+
+    async def aclose(self) -> None:
+        """Close the pooled HTTP client (not a client you passed in). Idempotent."""
+        await self._session.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+        /,
+    ) -> None:
+        await self.aclose()
