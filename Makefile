@@ -60,6 +60,7 @@ check: lint typecheck test
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_pipeline.py
 	$(BIN)/python benchmarks/bench_decode.py
+	$(BIN)/python benchmarks/bench_http.py
 
 # A background local model server on a free port; its URL is in .local-model/url.
 local-model-start: $(LOCAL)

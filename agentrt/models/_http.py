@@ -245,7 +245,24 @@ class HttpSession:
                 )
 
         try:
-            response: httpx.Response = await self.retry.retrying(before_sleep)(send)
+            try:
+                # The common case, a first attempt that succeeds, does not pay for tenacity.
+                response: httpx.Response = await send()
+            except Retryable as failure:
+                if self.retry.max_attempts == 1:
+                    raise
+                first: Retryable | None = failure
+
+                async def again() -> httpx.Response:
+                    # Tenacity's first attempt replays the failure that already happened, so its
+                    # counting, waits and stop rules cover the whole request.
+                    nonlocal first
+                    if first is not None:
+                        replayed, first = first, None
+                        raise replayed
+                    return await send()
+
+                response = await self.retry.retrying(before_sleep)(again)
         except Retryable as exc:
             self.report(exc.error, body, attempt)
             raise exc.error from exc.__cause__
