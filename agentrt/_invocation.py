@@ -172,6 +172,7 @@ class Invocation:
         started = Started(self.id, spec.qualname, memory_id)
         if listeners:
             _notify(listeners, started)
+        done = False
         try:
             yield started
             # render
@@ -298,9 +299,11 @@ class Invocation:
             completed: Completed[Any] = Completed(self.id, result)
             if listeners:
                 _notify(listeners, completed)
+            done = True
             yield completed
         except BaseException as exc:
-            if listeners:
+            # A reader that stops at Completed and closes the stream is not a cancellation.
+            if listeners and not done:
                 cancelled = isinstance(exc, GeneratorExit | anyio.get_cancelled_exc_class())
                 _notify(listeners, Cancelled(self.id) if cancelled else Failed(self.id, exc))
             raise

@@ -7,16 +7,19 @@ an enclosing `async with`. Closing rules:
 - the stream is read to its end, or raises: the model stream is already closed;
 - `await stream.aclose()` or `async with stream:`: closes at once;
 - the reading task is cancelled: the cancellation unwinds the pipeline, which closes the model stream
-  before the cancellation reaches the reader;
-- `break` out of `async for` (or dropping an unfinished stream): the loop's iterator is dropped, and
-  its finalizer starts a fresh task that closes the pipeline a moment later, as the event loops' own
-  async-generator finalizers do, but without relying on them (trio warns when it has to). Use
-  `aclose()` or `async with` where the close must happen before the next line.
+  before the cancellation reaches the reader; the stream is then finished;
+- `break` out of `async for` leaves the stream open where it stopped, like a file: read on, call
+  `result()`, or close it. A stream nobody holds any more (`async for t in await svc.stream(): break`,
+  or one dropped unfinished) is closed from a fresh task of the running event loop as soon as it is
+  collected, as the loops' own async-generator finalizers do, but without relying on them (trio
+  warns when it has to). Since nothing else can reach a collected stream, that close never races a
+  reader.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Self
@@ -28,11 +31,23 @@ if TYPE_CHECKING:
 
 __all__ = ["TokenStream"]
 
+logger = logging.getLogger("agentrt")
+
+# Closing tasks started from finalizers: asyncio keeps only weak references to tasks.
+_closing: set[asyncio.Task[None]] = set()
+
+
+async def _close_quietly(events: AsyncGenerator[Event, None]) -> None:
+    try:
+        await events.aclose()
+    except Exception:
+        logger.exception("closing an abandoned agentrt stream failed")
+
 
 def _close_later(events: AsyncGenerator[Event, None]) -> None:
     """Close an abandoned pipeline from a fresh task of the running event loop (from `__del__`)."""
-    if getattr(events, "ag_frame", None) is None or getattr(events, "ag_running", False):
-        return  # already finished, or being driven right now
+    if getattr(events, "ag_frame", None) is None:
+        return  # finished, or never started: nothing to clean up
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
@@ -40,50 +55,32 @@ def _close_later(events: AsyncGenerator[Event, None]) -> None:
         if trio is None:
             return
         try:
-            trio.lowlevel.spawn_system_task(events.aclose)
+            trio.lowlevel.spawn_system_task(_close_quietly, events)
         except RuntimeError:
             return  # no trio run in this thread: nothing left to clean up with
     else:
-        # What asyncio's own async-generator finalizer does, deferred out of `__del__`.
-        loop.call_soon(loop.create_task, events.aclose())
 
+        def start() -> None:
+            task = loop.create_task(_close_quietly(events))
+            _closing.add(task)
+            task.add_done_callback(_closing.discard)
 
-class _Tokens(AsyncIterator[str]):
-    """The iterator of one `async for` over a TokenStream; abandoning it closes the stream."""
-
-    __slots__ = ("_done", "_stream")
-
-    def __init__(self, stream: TokenStream) -> None:
-        self._stream = stream
-        self._done = False
-
-    async def __anext__(self) -> str:
-        try:
-            return await self._stream.__anext__()
-        except BaseException:
-            self._done = True
-            raise
-
-    def __del__(self) -> None:
-        if not self._done:
-            self._stream._abandon()
+        loop.call_soon(start)
 
 
 class _Events(AsyncIterator[Event]):
-    """`TokenStream.events()`: every remaining event; abandoning it closes the stream."""
+    """`TokenStream.events()`: every remaining event of the stream."""
 
-    __slots__ = ("_done", "_stream")
+    __slots__ = ("_stream",)
 
     def __init__(self, stream: TokenStream) -> None:
         self._stream = stream
-        self._done = False
 
     async def __anext__(self) -> Event:
         stream = self._stream
         try:
             event = await stream._events.__anext__()
-        except BaseException as exc:
-            self._done = True
+        except Exception as exc:
             if not isinstance(exc, StopAsyncIteration):
                 stream._error = exc
             raise
@@ -92,12 +89,8 @@ class _Events(AsyncIterator[Event]):
         return event
 
     async def aclose(self) -> None:
-        self._done = True
+        """Close the stream (idempotent)."""
         await self._stream.aclose()
-
-    def __del__(self) -> None:
-        if not self._done:
-            self._stream._abandon()
 
 
 class TokenStream(AsyncIterator[str]):
@@ -108,28 +101,22 @@ class TokenStream(AsyncIterator[str]):
     reading some tokens and then calling `result()` continues where the tokens stopped.
     """
 
-    __slots__ = ("__weakref__", "_abandoned", "_error", "_events", "_result")
+    __slots__ = ("__weakref__", "_error", "_events", "_result")
 
     def __init__(self, events: AsyncGenerator[Event, None]) -> None:
         self._events = events
         self._result: Result[str] | None = None
-        self._error: BaseException | None = None
-        self._abandoned = False
-
-    def _abandon(self) -> None:
-        if not self._abandoned:
-            self._abandoned = True
-            _close_later(self._events)
+        self._error: Exception | None = None
 
     async def __anext__(self) -> str:
         events = self._events
         while True:
             try:
                 event = await events.__anext__()
-            except StopAsyncIteration:
-                raise
-            except BaseException as exc:
-                self._error = exc
+            except Exception as exc:
+                # Errors are kept for `result()`; cancellation is not: it belongs to its scope.
+                if not isinstance(exc, StopAsyncIteration):
+                    self._error = exc
                 raise
             kind = type(event)
             if kind is TextDelta:
@@ -137,34 +124,22 @@ class TokenStream(AsyncIterator[str]):
             if kind is Completed:
                 self._result = event.result  # type: ignore[union-attr]
 
-    def __aiter__(self) -> AsyncIterator[str]:
-        # A fresh iterator per `async for`: when the loop breaks and drops it, the pipeline is
-        # closed even if the caller still holds this TokenStream.
-        return _Tokens(self)
-
     def __del__(self) -> None:
-        self._abandon()
+        _close_later(self._events)
 
     def events(self) -> AsyncIterator[Event]:
-        """Every remaining event, in order (the last one is `Completed`).
-
-        Closing it (`aclose()`) or abandoning it closes the stream, like the token iterator.
-        """
+        """Every remaining event, in order (the last one is `Completed`)."""
         return _Events(self)
 
     async def result(self) -> Result[str]:
         """The final result; reads (and discards) the rest of the stream first.
 
-        Raises whatever the invocation raised; raises `RuntimeError` if the stream was closed before it
-        completed.
+        Raises whatever the invocation raised; raises `RuntimeError` if the stream was closed or
+        cancelled before it completed.
         """
         if self._result is None and self._error is None:
-            events = _Events(self)
-            try:
-                async for _ in events:
-                    pass
-            finally:
-                await events.aclose()
+            async for _ in _Events(self):
+                pass
         if self._error is not None:
             raise self._error
         if self._result is None:
@@ -182,11 +157,10 @@ class TokenStream(AsyncIterator[str]):
         """Read the whole stream, calling the callbacks: sugar over `events()`.
 
         Without `on_error`, errors are raised; with it, an `Exception` is passed to it and `None`
-        returned. Cancellation is always raised.
+        returned. Cancellation is always raised. The stream is closed when this returns.
         """
-        events = _Events(self)
         try:
-            async for event in events:
+            async for event in _Events(self):
                 kind = type(event)
                 if kind is TextDelta:
                     if on_partial is not None:
@@ -201,7 +175,7 @@ class TokenStream(AsyncIterator[str]):
             on_error(exc)
             return None
         finally:
-            await events.aclose()
+            await self.aclose()
         if on_complete is not None:
             on_complete(result)
         return result

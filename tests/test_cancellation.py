@@ -26,32 +26,64 @@ def service(*responses: object) -> tuple[Service, ScriptedModel, list[LifecycleE
     return agentrt.build(Service, model=model, listeners=[events.append]), model, events
 
 
-async def test_break_closes_the_model_stream() -> None:
+async def test_break_out_of_an_unheld_stream_closes_the_model_stream() -> None:
     svc, model, events = service(SCRIPT)
 
-    stream = await svc.stream("hi")
-    async for token in stream:
+    async for token in await svc.stream("hi"):
         assert token == "one "
         break
 
-    # The loop's iterator is finalized by the event loop's async-generator hooks, in another task.
+    # Nothing holds the stream any more: it is closed from a fresh task once collected.
+    gc.collect()
     with anyio.fail_after(5):
         await model.streams[0].wait_closed()
     assert not model.streams[0].completed
     assert isinstance(events[-1], Cancelled)
 
 
-async def test_break_closes_even_while_the_caller_keeps_the_stream() -> None:
-    svc, model, _ = service(SCRIPT)
+async def test_break_leaves_a_held_stream_open_to_read_on() -> None:
+    svc, model, events = service(["one ", "two ", "three"])
+    stream = await svc.stream("hi")
+
+    async for token in stream:
+        assert token == "one "
+        break
+    assert not model.streams[0].closed
+    rest = [token async for token in stream]
+    result = await stream.result()
+
+    assert rest == ["two ", "three"]
+    assert result.text == "one two three"
+    assert model.streams[0].completed and model.streams[0].closed
+    assert not any(isinstance(e, Cancelled) for e in events)
+
+
+async def test_break_then_result_reads_the_rest() -> None:
+    svc, model, _ = service(["one ", "two ", "three"])
     stream = await svc.stream("hi")
 
     async for _token in stream:
         break
     gc.collect()
+    result = await stream.result()
 
-    with anyio.fail_after(5):
-        await model.streams[0].wait_closed()
-    assert stream is not None
+    assert result.text == "one two three"
+    assert model.streams[0].completed
+
+
+async def test_async_with_and_break_close_at_the_end_of_the_block() -> None:
+    svc, model, events = service(SCRIPT)
+
+    async with await svc.stream("hi") as stream:
+        async for _token in stream:
+            break
+        gc.collect()
+        assert not model.streams[0].closed
+
+    assert model.streams[0].closed and not model.streams[0].completed
+    assert isinstance(events[-1], Cancelled)
+    with pytest.raises(RuntimeError, match="closed before the invocation completed"):
+        await stream.result()
 
 
 async def test_aclose_closes_at_once_and_is_idempotent() -> None:
@@ -74,6 +106,21 @@ async def test_aclose_before_reading_never_calls_the_model() -> None:
     await stream.aclose()
 
     assert model.requests == []
+
+
+@pytest.mark.virtual_clock
+async def test_cancelled_reads_do_not_turn_into_errors_of_the_stream() -> None:
+    svc, model, _ = service(SCRIPT)
+    stream = await svc.stream("hi")
+
+    with anyio.move_on_after(10):
+        async for _token in stream:
+            pass
+
+    assert model.streams[0].closed
+    # The cancellation belonged to its scope; the stream just ended early.
+    with pytest.raises(RuntimeError, match="closed before the invocation completed"):
+        await stream.result()
 
 
 async def test_cancelling_the_consuming_task_closes_the_model_stream() -> None:
@@ -127,14 +174,14 @@ async def test_an_error_mid_stream_closes_the_model_stream() -> None:
     assert model.streams[0].closed
 
 
-async def test_break_out_of_events_closes_the_model_stream() -> None:
+async def test_break_out_of_the_events_of_an_unheld_stream_closes_it() -> None:
     svc, model, _ = service(SCRIPT)
-    stream = await svc.stream("hi")
 
-    async for event in stream.events():
+    async for event in (await svc.stream("hi")).events():
         if isinstance(event, agentrt.TextDelta):
             break
 
+    gc.collect()
     with anyio.fail_after(5):
         await model.streams[0].wait_closed()
     assert not model.streams[0].completed

@@ -88,3 +88,16 @@ async def test_a_raising_listener_is_logged_and_does_not_break_the_call(
     assert len(caplog.records) == 4
     assert all("listener" in r.getMessage() for r in caplog.records)
     assert caplog.records[0].exc_info is not None
+
+
+async def test_a_reader_that_stops_at_completed_and_closes_is_not_a_cancellation() -> None:
+    seen: list[LifecycleEvent] = []
+    svc = agentrt.build(Service, model=ScriptedModel(["a"]), listeners=[seen.append])
+
+    stream = await svc.stream("hi")
+    async for event in stream.events():
+        if isinstance(event, Completed):
+            break
+    await stream.aclose()
+
+    assert [type(e) for e in seen] == [Started, RequestIssued, ResponseReceived, Completed]
