@@ -61,6 +61,39 @@ def _check_model(model: object) -> None:
         raise ConfigurationError(f"model {model!r} is not a ChatModel: it lacks {', '.join(missing)}")
 
 
+def _check_tool_choice(
+    owner: str,
+    model: ChatModel,
+    settings: ToolSettings | None,
+    definitions: Mapping[str, object],
+    provider: ToolProvider | None,
+) -> None:
+    """Tool choices the model cannot honour are build errors, not failures of every call."""
+    if not definitions and provider is None:
+        return
+    capabilities = model.capabilities
+    choice = settings.tool_choice if settings else None
+    named = choice not in (None, "auto", "none", "required")
+    if choice == "required" and not capabilities.tool_choice_required:
+        raise ConfigurationError(
+            f"{owner}: tool_choice 'required', but model {model.name!r} does not declare "
+            "Capabilities.tool_choice_required"
+        )
+    if named and not capabilities.tool_choice_named:
+        raise ConfigurationError(
+            f"{owner}: tool_choice {choice!r} forces a tool, but model {model.name!r} does not "
+            "declare Capabilities.tool_choice_named"
+        )
+    if named and provider is None and choice not in definitions:
+        raise ConfigurationError(f"{owner}: tool_choice {choice!r} names no configured tool")
+    if not capabilities.tool_choice_auto and not named and choice != "none":
+        raise ConfigurationError(
+            f"{owner}: model {model.name!r} cannot choose tools itself "
+            "(Capabilities.tool_choice_auto is false), so its tools would never be offered: "
+            "force one with ToolSettings(tool_choice='<tool name>')"
+        )
+
+
 def build(
     cls: type[S],
     /,
@@ -114,18 +147,7 @@ def build(
         )
     if tool_provider is not None and not callable(tool_provider):
         raise ConfigurationError(f"{cls.__name__}: tool_provider must be callable")
-    choice = tool_settings.tool_choice if tool_settings else None
-    if choice == "required" and not capabilities.tool_choice_required:
-        raise ConfigurationError(
-            f"{cls.__name__}: tool_choice 'required', but model {model.name!r} does not declare "
-            "Capabilities.tool_choice_required"
-        )
-    if (
-        choice not in (None, "auto", "none", "required")
-        and tool_provider is None
-        and choice not in definitions
-    ):
-        raise ConfigurationError(f"{cls.__name__}: tool_choice {choice!r} names no configured tool")
+    _check_tool_choice(cls.__name__, model, tool_settings, definitions, tool_provider)
 
     runtime = Runtime(
         model=model,

@@ -67,7 +67,8 @@ def serve(stream: httpx.AsyncByteStream, content_type: str = "text/event-stream"
 
 
 def openai(client: httpx.AsyncClient, **options: Any) -> OpenAIChatModel:
-    return OpenAIChatModel("m", base_url="https://llm.test/v1", api_key=KEY, client=client, **options)
+    options.setdefault("api_key", KEY)
+    return OpenAIChatModel("m", base_url="https://llm.test/v1", client=client, **options)
 
 
 # --- cancellation (acceptance item 5) -------------------------------------------------------------
@@ -216,6 +217,33 @@ async def test_a_key_echoed_by_the_server_is_scrubbed() -> None:
     assert KEY not in str(info.value)
     assert KEY not in (info.value.body or "")
     assert "bad key *** for org" in info.value.message
+
+
+async def test_a_key_read_with_a_trailing_newline_is_stripped_and_a_bad_key_is_refused() -> None:
+    sent: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers["authorization"])
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=b"data: [DONE]\n\n")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        await complete(openai(client, api_key=f"  {KEY}\n"), REQUEST)
+    assert sent == [f"Bearer {KEY}"]
+
+    for bad in (f"{KEY} extra", f"{KEY}\x00", f"{KEY}é"):
+        with pytest.raises(agentrt.ConfigurationError) as info:
+            OpenAIChatModel("m", base_url="https://llm.test/v1", api_key=bad)
+        assert KEY not in str(info.value)
+
+
+async def test_the_key_is_scrubbed_in_escaped_forms_and_never_in_a_repr() -> None:
+    from agentrt.models._failures import ErrorContext
+
+    context = ErrorContext("https://llm.test/v1/chat/completions", (KEY,))
+    escaped = f"Illegal header value b'Bearer {KEY}' in {KEY!r}"
+
+    assert KEY not in context.scrub(escaped)
+    assert KEY not in repr(context)
 
 
 async def test_retries_log_without_the_key(caplog: pytest.LogCaptureFixture) -> None:

@@ -207,3 +207,34 @@ def test_result_text() -> None:
     assert result_text({"a": [1, 2], 3: Address(street="x")}) == (
         '{"a":[1,2],"3":{"street":"x","zip_code":null}}'
     )
+
+
+def test_positional_only_parameters_are_rejected() -> None:
+    @tool("Add.")
+    def add(a: int, /, b: int) -> int:
+        return a + b
+
+    with pytest.raises(ConfigurationError, match="parameter 'a' is positional-only"):
+        define_tool(add)
+
+
+def test_async_is_decided_on_the_callable_that_is_called() -> None:
+    import functools
+
+    def sync_lookup(key: str) -> str:
+        return key
+
+    @functools.wraps(sync_lookup)
+    async def async_wrapper(key: str) -> str:
+        return sync_lookup(key)
+
+    class Caller:
+        async def __call__(self, key: str) -> str:
+            return key
+
+    async_wrapper.__doc__ = "Look up."
+    caller = tool("Look up.", name="caller")(Caller())
+
+    assert define_tool(async_wrapper).is_async
+    assert define_tool(caller).is_async
+    assert not define_tool(tool("Sync.")(sync_lookup)).is_async

@@ -551,21 +551,116 @@ async def test_a_model_without_auto_tool_choice_gets_tools_only_while_one_is_for
         settings=ToolSettings(tool_choice="temperature"),
         capabilities=capabilities,
     )
-    free, free_model = assistant("no tools for me", capabilities=capabilities)
 
     assert await forced.ask("Bern?") == "21.5 °C"
-    assert await free.ask("Bern?") == "no tools for me"
 
     assert forced_model.requests[0].tool_choice == "temperature"
     assert forced_model.requests[1].tools == ()
-    assert free_model.requests[0].tools == ()
+    # Without a forced tool such a model would never be offered its tools: a build error.
+    with pytest.raises(agentrt.ConfigurationError, match="cannot choose tools itself"):
+        assistant("never", capabilities=capabilities)
 
 
 def test_tool_choice_is_checked_at_build() -> None:
     with pytest.raises(agentrt.ConfigurationError, match="tool_choice 'nope' names no configured tool"):
         assistant(settings=ToolSettings(tool_choice="nope"))
+    with pytest.raises(agentrt.ConfigurationError, match=r"Capabilities\.tool_choice_named"):
+        assistant(
+            settings=ToolSettings(tool_choice="temperature"),
+            capabilities=agentrt.Capabilities(tool_choice_named=False),
+        )
     model = ScriptedModel(capabilities=agentrt.Capabilities(tool_choice_required=False))
     with pytest.raises(agentrt.ConfigurationError, match=r"Capabilities\.tool_choice_required"):
         agentrt.build(
             Assistant, model=model, tools=[Weather()], tool_settings=ToolSettings(tool_choice="required")
         )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"timeout": -5}, "timeout must be positive"),
+        ({"max_concurrency": 0}, "max_concurrency must be at least 1"),
+        ({"max_rounds": 0}, "max_rounds must be at least 1"),
+        ({"on_limit": "final-answer"}, "on_limit must be"),
+        ({"on_error": "Raise"}, "on_error must be 'report', 'raise' or a handler"),
+        ({"on_timeout": 3}, "on_timeout must be"),
+    ],
+)
+def test_tool_settings_are_validated(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(agentrt.ConfigurationError, match=message):
+        ToolSettings(**options)
+
+
+class Awkward:
+    def __init__(self) -> None:
+        self.sibling_finished = False
+
+    @tool("Returns something JSON cannot carry.")
+    async def unserializable(self) -> object:
+        return object()
+
+    @tool("Takes a while, then succeeds.")
+    async def slow(self) -> str:
+        await anyio.sleep(1)
+        self.sibling_finished = True
+        return "slow done"
+
+    @tool("Parameters named like pydantic's own attributes.")
+    async def clash(self, json: str, schema: int, model_config: bool = False) -> str:
+        return f"{json}/{schema}/{model_config}"
+
+
+@pytest.mark.virtual_clock
+async def test_failures_outside_the_tool_body_do_not_cancel_siblings() -> None:
+    tools = Awkward()
+
+    def broken_handler(failure: ToolFailure) -> str:
+        raise RuntimeError("handler bug")
+
+    svc, model = assistant(
+        [CallTool("unserializable", id="u"), CallTool("slow", id="s"), CallTool("missing", id="m")],
+        "ok",
+        tools=[tools],
+        settings=ToolSettings(on_unknown_tool=broken_handler),
+    )
+
+    result = await svc.ask_result("go")
+
+    assert tools.sibling_finished
+    texts = [m.text for m in model.requests[1].messages[-3:]]  # type: ignore[union-attr]
+    assert texts == [
+        "Error: tool 'unserializable' failed (TypeError).",
+        "slow done",
+        "Error: there is no tool named 'missing'.",
+    ]
+    assert [e.outcome for e in result.tool_executions] == [
+        ToolOutcome.ERROR,
+        ToolOutcome.SUCCESS,
+        ToolOutcome.UNKNOWN_TOOL,
+    ]
+
+
+async def test_parameters_may_be_named_like_pydantic_attributes() -> None:
+    svc, model = assistant(
+        [CallTool("clash", {"json": "j", "schema": 2, "model_config": True})], "ok", tools=[Awkward()]
+    )
+
+    await svc.ask("go")
+
+    properties = model.requests[0].tools[0].parameters["properties"]
+    assert list(properties) == ["json", "schema", "model_config"]
+    assert model.requests[1].messages[-1].text == "j/2/True"  # type: ignore[union-attr]
+
+
+async def test_raised_argument_errors_do_not_carry_the_arguments() -> None:
+    svc, _ = assistant(
+        [CallTool("temperature", {"city": 12345678})],
+        settings=ToolSettings(on_invalid_arguments="raise"),
+    )
+
+    with pytest.raises(ToolArgumentsError) as info:
+        await svc.ask("go")
+
+    assert "city: Input should be a valid string" in str(info.value)
+    assert "12345678" not in str(info.value)

@@ -22,6 +22,25 @@ if TYPE_CHECKING:
 __all__ = ["HttpChatModel"]
 
 
+def _header_safe(key: SecretStr | None, kind: str) -> SecretStr | None:
+    """The key without surrounding whitespace (a trailing newline from a secrets file is common).
+
+    A key with characters an HTTP header cannot carry is refused here, before an HTTP library
+    quotes it back in an error message. The message never repeats the key.
+    """
+    if key is None:
+        return None
+    value = key.get_secret_value().strip()
+    if not value:
+        return None
+    if not value.isascii() or not value.isprintable() or " " in value:
+        raise ConfigurationError(
+            f"{kind}: the API key contains characters an HTTP header cannot carry "
+            "(spaces, control or non-ASCII characters)"
+        )
+    return SecretStr(value)
+
+
 class HttpChatModel:
     """The common part of an HTTP chat model. Subclasses call `_connect` from their `__init__`."""
 
@@ -58,6 +77,7 @@ class HttpChatModel:
             api_key = SecretStr(from_env) if from_env else None
         elif isinstance(api_key, str):
             api_key = SecretStr(api_key)
+        api_key = _header_safe(api_key, kind)
         self._model = model
         self._settings = settings or ModelSettings()
         self._capabilities = capabilities

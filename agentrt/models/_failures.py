@@ -17,7 +17,7 @@ from __future__ import annotations
 import email.utils
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final
@@ -101,12 +101,16 @@ class ErrorContext:
     """What every error of one endpoint carries: the redacted endpoint and the secrets to scrub."""
 
     endpoint: str
-    secrets: tuple[str, ...] = ()
+    secrets: tuple[str, ...] = field(default=(), repr=False)
 
     def scrub(self, text: str) -> str:
+        """`text` with every secret replaced, also in the escaped forms exception messages use."""
         for secret in self.secrets:
-            if secret and secret in text:
-                text = text.replace(secret, "***")
+            if not secret:
+                continue
+            for form in (secret, repr(secret)[1:-1], repr(secret.encode(errors="replace"))[2:-1]):
+                if form in text:
+                    text = text.replace(form, "***")
         return text
 
 

@@ -66,6 +66,8 @@ class Capabilities:
     parallel_tool_calls: bool = True
     tool_choice_required: bool = True
     """`tool_choice: "required"` works."""
+    tool_choice_named: bool = True
+    """A `tool_choice` naming one tool forces a call of that tool."""
     tool_choice_auto: bool = True
     """The model may be offered tools and choose itself; when false, tools are offered only while one
     is forced by name (`ToolSettings.tool_choice`)."""

@@ -59,6 +59,7 @@ DEFAULT_BASE_URL: Final = "http://localhost:11434"
 
 DEFAULT_CAPABILITIES: Final = Capabilities(
     tool_choice_required=False,
+    tool_choice_named=False,
     json_schema=True,
     json_object=True,
     image_input=True,

@@ -180,12 +180,24 @@ class ToolDefinition:
     parameters: Mapping[str, Any]
     injected: Mapping[str, str]
     is_async: bool
+    fields: tuple[tuple[str, str], ...] = ()
+    """(field of `arguments`, parameter name): fields have neutral names, the parameter is the alias,
+    so a parameter may be called `json`, `schema` or `model_config` without clashing with pydantic."""
     immediate: bool = False
     timeout: float | None = None
 
     @property
     def spec(self) -> ToolSpec:
         return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+
+
+def _is_async(function: Callable[..., Any]) -> bool:
+    """Whether calling `function` (the callable itself, not what it wraps) gives a coroutine."""
+    if inspect.iscoroutinefunction(function):
+        return True
+    if inspect.isroutine(function) or not callable(function):
+        return False
+    return inspect.iscoroutinefunction(type(function).__call__)  # an object with `async def __call__`
 
 
 def _unwrap(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -209,17 +221,24 @@ def define_tool(function: Callable[..., Any], *, owner: str | None = None) -> To
     if marker.timeout is not None and marker.timeout <= 0:
         raise ConfigurationError(f"{label}: timeout must be positive, got {marker.timeout}")
     target = inspect.unwrap(function)
+    if not inspect.isroutine(target) and not isinstance(target, functools.partial):
+        target = type(target).__call__  # a callable object: its `__call__` carries the annotations
     try:
         hints = typing.get_type_hints(target, include_extras=True)
     except Exception as exc:
         raise ConfigurationError(f"{label}: cannot resolve its annotations: {exc}") from exc
 
     fields: dict[str, Any] = {}
+    names: list[tuple[str, str]] = []
     injected: dict[str, str] = {}
     for parameter in inspect.signature(function).parameters.values():
         pname = parameter.name
         if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             raise ConfigurationError(f"{label}: parameter {pname!r}: *args/**kwargs are not supported")
+        if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
+            raise ConfigurationError(
+                f"{label}: parameter {pname!r} is positional-only; tools are called by keyword"
+            )
         if pname not in hints:
             raise ConfigurationError(f"{label}: parameter {pname!r} needs a type annotation")
         base, metadata = _unwrap(hints[pname])
@@ -240,11 +259,13 @@ def define_tool(function: Callable[..., Any], *, owner: str | None = None) -> To
             ) from exc
         default = ... if parameter.default is inspect.Parameter.empty else parameter.default
         about = described[0] if described else param_docs.get(pname)
-        fields[pname] = (annotation, Field(default, description=about))
+        field_name = f"p{len(fields)}"
+        fields[field_name] = (annotation, Field(default, description=about, alias=pname))
+        names.append((field_name, pname))
 
     model_name = "".join(part.capitalize() for part in re.split(r"[_-]", name)) + "Arguments"
     arguments: type[BaseModel] = create_model(model_name, __config__=ConfigDict(extra="forbid"), **fields)
-    schema = _strip_titles(arguments.model_json_schema())
+    schema = _strip_titles(arguments.model_json_schema(by_alias=True))
     schema.setdefault("properties", {})
     return ToolDefinition(
         name=name,
@@ -253,7 +274,8 @@ def define_tool(function: Callable[..., Any], *, owner: str | None = None) -> To
         arguments=arguments,
         parameters=schema,
         injected=injected,
-        is_async=inspect.iscoroutinefunction(target),
+        is_async=_is_async(function),
+        fields=tuple(names),
         immediate=marker.immediate,
         timeout=marker.timeout,
     )

@@ -24,6 +24,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from .._errors import (
+    ConfigurationError,
     ToolArgumentsError,
     ToolError,
     ToolExecutionError,
@@ -96,6 +97,9 @@ class ToolSettings:
     - `on_invalid_arguments`, `on_unknown_tool`, `on_timeout`, `on_error`: the failure policies.
     - `error_detail`: report the exception's message to the model (off: only the tool name and the
       exception type, because messages can carry data the model should not see).
+    - `thread_limit`: worker threads an invocation's sync tools may use at once.
+
+    Invalid values raise `ConfigurationError`.
     """
 
     tool_choice: ToolChoice | None = None
@@ -111,6 +115,25 @@ class ToolSettings:
     on_timeout: FailurePolicy = "report"
     on_error: FailurePolicy = "report"
     error_detail: bool = False
+    thread_limit: int = 8
+
+    def __post_init__(self) -> None:
+        def bad(message: str) -> ConfigurationError:
+            return ConfigurationError(f"ToolSettings: {message}")
+
+        if self.timeout is not None and not self.timeout > 0:
+            raise bad(f"timeout must be positive or None, got {self.timeout!r}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise bad(f"max_concurrency must be at least 1 or None, got {self.max_concurrency!r}")
+        for name in ("max_rounds", "max_calls", "max_identical_calls", "max_failed_rounds", "thread_limit"):
+            if getattr(self, name) < 1:
+                raise bad(f"{name} must be at least 1, got {getattr(self, name)!r}")
+        if self.on_limit not in ("raise", "final_answer"):
+            raise bad(f"on_limit must be 'raise' or 'final_answer', got {self.on_limit!r}")
+        for name in ("on_invalid_arguments", "on_unknown_tool", "on_timeout", "on_error"):
+            policy = getattr(self, name)
+            if policy not in ("report", "raise") and (isinstance(policy, str) or not callable(policy)):
+                raise bad(f"{name} must be 'report', 'raise' or a handler, got {policy!r}")
 
     def policy(self, outcome: ToolOutcome) -> FailurePolicy:
         if outcome is ToolOutcome.INVALID_ARGUMENTS:
@@ -159,10 +182,21 @@ def _canonical(arguments: str) -> str:
         return arguments
 
 
+def _describe(error: BaseException) -> str:
+    """An error's message; for validation errors without the offending values (they may be data)."""
+    if isinstance(error, ValidationError):
+        return "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}"
+            for e in error.errors(include_url=False, include_input=False)
+        )
+    return str(error)
+
+
 def _report(failure: ToolFailure, detail: bool) -> str:
     error = failure.error
     kind = type(error).__name__ if error is not None else None
-    message = f": {error}" if detail and error is not None and str(error) else ""
+    described = _describe(error) if detail and error is not None else ""
+    message = f": {described}" if described else ""
     if failure.outcome is ToolOutcome.UNKNOWN_TOOL:
         return f"Error: there is no tool named {failure.tool!r}."
     if failure.outcome is ToolOutcome.INVALID_ARGUMENTS:
@@ -187,6 +221,7 @@ class ToolLoop:
         "_calls",
         "_failed_rounds",
         "_identical",
+        "_threads",
         "context",
         "executions",
         "rounds",
@@ -208,6 +243,7 @@ class ToolLoop:
         self._calls = 0
         self._failed_rounds = 0
         self._identical: Counter[tuple[str, str]] = Counter()
+        self._threads: anyio.CapacityLimiter | None = None
 
     def limit_before(self, calls: Sequence[ToolCall]) -> LoopLimit | None:
         """The limit that running `calls` as the next round would break, if any."""
@@ -293,25 +329,29 @@ class ToolLoop:
             except ValidationError as exc:
                 outcome, error = ToolOutcome.INVALID_ARGUMENTS, exc
             else:
-                kwargs = dict(arguments)
+                kwargs = {param: getattr(arguments, field) for field, param in definition.fields}
                 for name, kind in definition.injected.items():
                     context = self.context(call, self.rounds)
                     kwargs[name] = context.memory_id if kind == _Injected.MEMORY_ID else context
                 try:
                     if timeout is None:
-                        value = await _call(definition, kwargs)
+                        value = await self._call(definition, kwargs)
                     else:
                         with anyio.move_on_after(timeout) as scope:
-                            value = await _call(definition, kwargs)
+                            value = await self._call(definition, kwargs)
                         if scope.cancelled_caught:
                             outcome = ToolOutcome.TIMEOUT
                 except Exception as exc:
                     outcome, error = ToolOutcome.ERROR, exc
         duration = time.perf_counter() - started
         raised: ToolError | None = None
+        text = ""
         if outcome is ToolOutcome.SUCCESS:
-            text = result_text(value)
-        else:
+            try:
+                text = result_text(value)
+            except Exception as exc:  # e.g. a return value JSON cannot carry
+                outcome, error = ToolOutcome.ERROR, exc
+        if outcome is not ToolOutcome.SUCCESS:
             text, raised = await self._failure_text(ToolFailure(outcome, call.name, call, error, timeout))
         logger.debug(
             "tool %s call %s arguments #%s: %s in %.3f s",
@@ -345,17 +385,30 @@ class ToolLoop:
             return _report(failure, self.settings.error_detail), error
         if policy == "report":
             return _report(failure, self.settings.error_detail), None
-        text = policy(failure)
-        if inspect.isawaitable(text):
-            text = await text
+        try:
+            text = policy(failure)
+            if inspect.isawaitable(text):
+                text = await text
+        except Exception:
+            # A broken handler must not take the other calls of the round down with it.
+            logger.exception("the tool failure handler raised; the model gets the default text")
+            return _report(failure, self.settings.error_detail), None
         return str(text), None
 
-
-async def _call(definition: ToolDefinition, kwargs: dict[str, Any]) -> Any:
-    if definition.is_async:
-        return await definition.function(**kwargs)
-    # Sync tools run in a worker thread (anyio's default limiter); anyio copies the context, so
-    # context variables reach them. A thread cannot be interrupted: on cancellation it is abandoned.
-    return await anyio.to_thread.run_sync(
-        functools.partial(definition.function, **kwargs), abandon_on_cancel=True
-    )
+    async def _call(self, definition: ToolDefinition, kwargs: dict[str, Any]) -> Any:
+        if definition.is_async:
+            value = await definition.function(**kwargs)
+        else:
+            # Sync tools run in worker threads under this invocation's own limiter (a thread that
+            # hangs past its timeout is abandoned, not killed, and must not starve anyone else);
+            # anyio copies the context, so context variables reach them.
+            if self._threads is None:
+                self._threads = anyio.CapacityLimiter(self.settings.thread_limit)
+            value = await anyio.to_thread.run_sync(
+                functools.partial(definition.function, **kwargs),
+                abandon_on_cancel=True,
+                limiter=self._threads,
+            )
+        if inspect.isawaitable(value):  # a sync callable that returned a coroutine
+            value = await value
+        return value
