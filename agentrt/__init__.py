@@ -5,7 +5,7 @@ Declare a class of `async def` stubs, `build` it with a model, and await, stream
 
 from __future__ import annotations
 
-from . import local, models, output, testing, tools
+from . import models, output, testing, tools
 from ._errors import (
     AgentError,
     AuthenticationError,
@@ -157,3 +157,13 @@ __all__ = [
     "tools",
     "user_message",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # `agentrt.local` (the local model server) is imported on first use: `python -m agentrt.local`
+    # must not find it imported already, and most programs never need it.
+    if name == "local":
+        import importlib
+
+        return importlib.import_module("agentrt.local")
+    raise AttributeError(f"module 'agentrt' has no attribute {name!r}")

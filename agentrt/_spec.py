@@ -30,6 +30,7 @@ from ._messages import (
 from ._stream import TokenStream
 from ._templates import Template, format_value
 from .output import OutputParser, TextParser, parser_for
+from .output._parsers import SchemaError
 
 if typing.TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -293,6 +294,13 @@ def _unwrap(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
 
 
 def _output(qualname: str, hints: Mapping[str, Any]) -> tuple[str, OutputParser]:
+    try:
+        return _output_kind(qualname, hints)
+    except SchemaError as exc:
+        raise ConfigurationError(f"{qualname}: return type {exc}") from exc
+
+
+def _output_kind(qualname: str, hints: Mapping[str, Any]) -> tuple[str, OutputParser]:
     if "return" not in hints:
         raise ConfigurationError(f"{qualname}: declare a return type (str, a pydantic model, ...)")
     annotation, _ = _unwrap(hints["return"])
@@ -448,7 +456,17 @@ def service_spec(cls: type[Any]) -> ServiceSpec:
         candidates.update(vars(klass))
     methods: dict[str, MethodSpec] = {}
     for name, attribute in candidates.items():
-        if name.startswith("_") or not inspect.isfunction(attribute):
+        if name.startswith("_"):
+            continue
+        if isinstance(attribute, staticmethod | classmethod):
+            wrapped = attribute.__func__
+            if is_stub(wrapped) or hasattr(wrapped, _USER_ATTR) or hasattr(wrapped, _SYSTEM_ATTR):
+                raise ConfigurationError(
+                    f"{cls.__name__}.{name}: a service method is a plain `async def` method, "
+                    f"not a {type(attribute).__name__}"
+                )
+            continue
+        if not inspect.isfunction(attribute):
             continue
         declared = hasattr(attribute, _USER_ATTR) or hasattr(attribute, _SYSTEM_ATTR)
         stub = is_stub(attribute)

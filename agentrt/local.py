@@ -212,21 +212,21 @@ class LocalModelServer:
         if self.port is None:
             self.port = _free_port()
         self._workdir = Path(tempfile.mkdtemp(prefix="agentrt-local-"))
-        command = self.command(self._workdir)
-        log = self.log_path
-        assert log is not None
-        with log.open("wb") as output:
-            self._process = await anyio.open_process(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                env=_clean_environment(),
-            )
         try:
+            command = self.command(self._workdir)
+            log = self.log_path
+            assert log is not None
+            with log.open("wb") as output:
+                self._process = await anyio.open_process(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    env=_clean_environment(),
+                )
             await self._wait_ready()
         except BaseException:
-            await self.aclose()
+            await self.aclose()  # stops the process if it started, removes the directory
             raise
 
     async def _wait_ready(self) -> None:
@@ -323,8 +323,10 @@ async def _serve(port: int | None) -> int:
 def _start(state: Path, port: int | None) -> int:
     state.mkdir(parents=True, exist_ok=True)
     if (state / "pid").exists():
-        print(f"already running: {(state / 'url').read_text().strip()}")
-        return 0
+        if _alive(int((state / "pid").read_text())):
+            print(f"already running: {(state / 'url').read_text().strip()}")
+            return 0
+        _stop(state)  # the last server died without being stopped: start afresh
     port = port or _free_port()
     log = (state / "server.log").open("wb")
     process = subprocess.Popen(
@@ -345,6 +347,16 @@ def _start(state: Path, port: int | None) -> int:
     (state / "url").write_text(url)
     print(f"{url}  (pid {process.pid}, server log {server_log})")
     return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _stop(state: Path) -> int:

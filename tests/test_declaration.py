@@ -4,10 +4,11 @@ naming `Class.method` and the parameter; none is deferred to the first call."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
 import pytest
+from pydantic import BaseModel, ConfigDict
 
 import agentrt
 from agentrt import (
@@ -237,3 +238,26 @@ def test_stub_bodies_that_count_as_stubs() -> None:
 
     assert all(map(is_stub, [dots, documented, passes, not_implemented, not_implemented_call]))
     assert not any(map(is_stub, [real, raises_other]))
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    step: Callable[[], None] | None = None
+
+
+def test_a_return_model_without_a_json_schema_names_the_method() -> None:
+    class Service:
+        async def plan(self, goal: str) -> Plan: ...
+
+    with pytest.raises(ConfigurationError, match=r"Service\.plan: return type Plan has no JSON schema"):
+        build(Service)
+
+
+@pytest.mark.parametrize("wrapper", [staticmethod, classmethod])
+def test_static_and_class_method_stubs_are_rejected(wrapper: type) -> None:
+    async def ask(question: str) -> str: ...
+
+    service = type("Service", (), {"ask": wrapper(ask)})
+
+    with pytest.raises(ConfigurationError, match=rf"Service\.ask: .*not a {wrapper.__name__}"):
+        build(service)

@@ -11,7 +11,7 @@ import re
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, PydanticUserError, ValidationError
 
 from .._errors import OutputParsingError
 from ..models._protocol import JsonObjectFormat, JsonSchemaFormat
@@ -84,7 +84,7 @@ class ModelParser:
     def __init__(self, model: type[BaseModel]) -> None:
         self.model = model
         self.target = model.__name__
-        self._schema = model.model_json_schema()
+        self._schema = model.model_json_schema()  # may raise; `parser_for` reports it
 
     def response_format(self, capabilities: Capabilities) -> ResponseFormat | None:
         if capabilities.json_schema:
@@ -122,5 +122,12 @@ def parser_for(annotation: Any) -> OutputParser | None:
     if annotation is str:
         return TextParser()
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return ModelParser(annotation)
+        try:
+            return ModelParser(annotation)
+        except PydanticUserError as exc:
+            raise SchemaError(f"{annotation.__name__} has no JSON schema: {exc}") from exc
     return None
+
+
+class SchemaError(ValueError):
+    """A declared return type has no JSON schema (reported by the caller with its method name)."""
