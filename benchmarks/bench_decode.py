@@ -138,19 +138,31 @@ async def timed(run: Callable[[httpx.AsyncClient], Coroutine[Any, Any, int]], pa
     return statistics.median(sorted(samples)[: RUNS // 2 + 1])
 
 
-async def main(backend: str) -> None:
-    parts = events(TOKENS)
+def reads_of(parts: list[bytes], size: int) -> list[bytes]:
+    """The same body cut into network reads of `size` bytes (0: one event per read)."""
+    if not size:
+        return parts
+    body = b"".join(parts)
+    return [body[i : i + size] for i in range(0, len(body), size)]
+
+
+async def main(backend: str, size: int) -> None:
+    parts = reads_of(events(TOKENS), size)
     await timed(through_adapter, parts)  # warm up
     adapter = await timed(through_adapter, parts)
     baseline = await timed(minimal_loop, parts)
+    reads = "one event a read" if not size else f"{size:>5}-byte reads "
     print(
-        f"{backend:8} adapter {adapter / TOKENS * 1e6:6.2f} µs/token   "
-        f"httpx+orjson loop {baseline / TOKENS * 1e6:6.2f} µs/token   ratio {adapter / baseline:.2f}x"
+        f"{backend:8} {reads}  adapter {adapter / TOKENS * 1e6:5.2f} µs/token   "
+        f"httpx+orjson loop {baseline / TOKENS * 1e6:5.2f} µs/token   ratio {adapter / baseline:.2f}x"
     )
 
 
 if __name__ == "__main__":
     best = RUNS // 2 + 1
     print(f"decoding a {TOKENS:,}-token OpenAI stream held in memory (median of the best {best} of {RUNS})")
-    for backend in ("asyncio", "trio"):
-        anyio.run(main, backend, backend=backend)
+    print("(a server that flushes every token gives one event a read; a client that falls behind reads")
+    print(" several events at once, cut anywhere)")
+    for size in (0, 1024, 16384):
+        for backend in ("asyncio", "trio"):
+            anyio.run(main, backend, size, backend=backend)

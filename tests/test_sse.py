@@ -155,3 +155,38 @@ def test_any_bytes_decode_without_error_and_independently_of_splits(body: bytes,
     assert decode(*one_byte_parts(body)) == whole
     for _event, payload in whole:
         assert isinstance(payload, bytes)
+
+
+def decode_plain_first(*parts: bytes) -> list[bytes]:
+    """Like a model stream reads: `feed_plain` where it applies, `feed` otherwise."""
+    decoder = SSEDecoder()
+    data: list[bytes] = []
+    for part in parts:
+        plain = decoder.feed_plain(part)
+        if plain is None:
+            data += [d for _, d in decoder.feed(part)]
+        else:
+            data += plain
+    return data + [d for _, d in decoder.close()]
+
+
+_lines = st.sampled_from(
+    [b"data: {}", b'data: {"a": 1}', b"data:x", b": ping", b"event: error", b"data: [DONE]", b"id: 3"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    events=st.lists(st.lists(_lines, min_size=1, max_size=3), max_size=12),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8),
+    crlf=st.booleans(),
+)
+def test_the_plain_fast_path_decodes_like_the_full_decoder(
+    events: list[list[bytes]], cuts: list[int], crlf: bool
+) -> None:
+    end = b"\r\n" if crlf else b"\n"
+    body = b"".join(end.join(lines) + end + end for lines in events)
+    offsets = sorted({min(c, len(body)) for c in cuts})
+    parts = [body[a:b] for a, b in zip([0, *offsets], [*offsets, len(body)], strict=True)]
+
+    assert decode_plain_first(*parts) == [d for _, d in decode(*parts)]

@@ -111,6 +111,10 @@ class SSEChunkDecoder:
             except _PROBLEMS:
                 self._fail(raw[6:-2], error_event=False)
             return out
+        plain = sse.feed_plain(raw)
+        if plain is not None:
+            self._payloads(plain, out)
+            return out
         events = sse.feed(raw)
         if events:
             self._events(events, out)
@@ -122,6 +126,22 @@ class SSEChunkDecoder:
             self._events(self._sse.close(), out)
         _finish(self, self._mapper, out)
         return out
+
+    def _payloads(self, payloads: list[bytes], out: list[ModelChunk]) -> None:
+        feed = self._mapper.feed
+        loads = orjson.loads
+        for data in payloads:
+            if data.startswith(b"[DONE]"):
+                self.done = True
+                return
+            try:
+                feed(loads(data), out)
+            except ModelError as exc:
+                self.error, self.done = exc, True
+                return
+            except _PROBLEMS:
+                self._fail(data, error_event=False)
+                return
 
     def _events(self, events: list[tuple[str, bytes]], out: list[ModelChunk]) -> None:
         feed = self._mapper.feed

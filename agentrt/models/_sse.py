@@ -68,6 +68,28 @@ class SSEDecoder:
         self.idle = not (self._buf or self._data or self._event or self._skip_lf)
         return events
 
+    def feed_plain(self, chunk: bytes) -> list[bytes] | None:
+        """The data of the events `chunk` completes, when all of them are plain; else `None`.
+
+        Plain: each event is one `data: ...` line and nothing else, with `\n` line ends, and the
+        decoder holds no more than an unterminated rest. That is nearly every read of a model
+        stream, and splitting on blank lines decodes it with the same result as `feed`, in a
+        fraction of the work. On `None` the decoder is unchanged and `feed` takes the chunk.
+        """
+        if self._data or self._event or self._skip_lf or not self._started or 13 in chunk:
+            return None
+        buf = self._buf + chunk if self._buf else chunk
+        if not buf.startswith(b"data: "):
+            return None
+        pieces = buf.split(b"\n\n")
+        rest = pieces.pop()
+        for piece in pieces:
+            if not piece.startswith(b"data: ") or 10 in piece:
+                return None
+        self._buf = rest  # may hold a complete line: `feed` reparses its buffer from the start
+        self.idle = not rest
+        return [piece[6:] for piece in pieces]
+
     def close(self) -> list[SSEEvent]:
         """End of stream: the events still pending (see the module docstring). Resets the decoder."""
         events: list[SSEEvent] = []
