@@ -236,7 +236,7 @@ class Invocation:
                     break
                 limit = loop.limit_before(calls)
                 if limit is not None:
-                    self._on_limit(limit, loop, response, usage)
+                    self._on_limit(limit, loop, response, usage, (*request.messages, response.message))
                     request = _final_request(request)
                     final = True
                     continue
@@ -267,7 +267,7 @@ class Invocation:
                     break
                 limit = loop.limit_after()
                 if limit is not None:
-                    self._on_limit(limit, loop, response, usage)
+                    self._on_limit(limit, loop, response, usage, request.messages)
                     request = _final_request(request)
                     final = True
             # output guardrails, parse, commit
@@ -308,7 +308,14 @@ class Invocation:
                 _notify(listeners, Cancelled(self.id) if cancelled else Failed(self.id, exc))
             raise
 
-    def _on_limit(self, limit: LoopLimit, loop: ToolLoop, response: ModelResponse, usage: Usage) -> None:
+    def _on_limit(
+        self,
+        limit: LoopLimit,
+        loop: ToolLoop,
+        response: ModelResponse,
+        usage: Usage,
+        messages: tuple[ChatMessage, ...],
+    ) -> None:
         """Raise `ToolLoopLimitError`, unless the settings ask for a final answer instead."""
         if self._runtime.tool_settings.on_limit == "final_answer":
             logger.info("invocation %s: tool loop limit %s; asking for a final answer", self.id, limit)
@@ -321,6 +328,7 @@ class Invocation:
             thinking=response.message.thinking,
             tool_executions=tuple(loop.executions),
             model=response.model or self._runtime.model.name,
+            messages=messages,
             invocation_id=self.id,
         )
         raise ToolLoopLimitError(

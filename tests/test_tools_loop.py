@@ -664,3 +664,35 @@ async def test_raised_argument_errors_do_not_carry_the_arguments() -> None:
 
     assert "city: Input should be a valid string" in str(info.value)
     assert "12345678" not in str(info.value)
+
+
+async def test_final_answer_after_failing_rounds_keeps_the_failed_results() -> None:
+    failing = [CallTool("temperature", {"city": "Paris"}, id=f"p{i}") for i in range(2)]
+    svc, model = assistant(
+        [failing[0]],
+        [failing[1]],
+        "I could not find Paris.",
+        settings=ToolSettings(max_failed_rounds=2, on_limit="final_answer"),
+    )
+
+    result = await svc.ask_result("Paris?")
+
+    assert result.value == "I could not find Paris."
+    final = model.requests[2]
+    assert final.tools == () and final.tool_choice is None
+    # The last round ran: its call and result stay, then the request for an answer.
+    assert [m.role for m in final.messages[-5:]] == ["assistant", "tool", "assistant", "tool", "user"]
+    assert final.messages[-1] == UserMessage.of(agentrt.tools._run.FINAL_ANSWER_PROMPT)
+
+
+async def test_the_partial_result_of_a_limit_carries_the_transcript() -> None:
+    svc, model = assistant(*repeating(distinct=True, rounds=3), settings=ToolSettings(max_rounds=1))
+
+    with pytest.raises(ToolLoopLimitError) as info:
+        await svc.ask("loop")
+
+    partial = info.value.partial
+    # Everything the model saw, and its last answer (the tool calls that were not run).
+    assert partial.messages[:-1] == model.requests[-1].messages
+    last = partial.messages[-1]
+    assert isinstance(last, AssistantMessage) and last.tool_calls[0].id == "r1"
