@@ -144,25 +144,17 @@ class SSEChunkDecoder:
                 return
 
     def _events(self, events: list[tuple[str, bytes]], out: list[ModelChunk]) -> None:
-        feed = self._mapper.feed
-        loads = orjson.loads
+        payloads: list[bytes] = []
         for event, data in events:
             if event and event != "message":
                 if event == "error":
-                    self._fail(data, error_event=True)
+                    self._payloads(payloads, out)  # what came before the error is delivered
+                    if not self.done:
+                        self._fail(data, error_event=True)
                     return
                 continue  # pings and other named events carry no chunk
-            if data.startswith(b"[DONE]"):
-                self.done = True
-                return
-            try:
-                feed(loads(data), out)
-            except ModelError as exc:
-                self.error, self.done = exc, True
-                return
-            except _PROBLEMS:
-                self._fail(data, error_event=False)
-                return
+            payloads.append(data)
+        self._payloads(payloads, out)
 
     def _fail(self, data: bytes, *, error_event: bool) -> None:
         mapper = self._mapper
