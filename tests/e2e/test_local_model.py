@@ -180,15 +180,16 @@ async def test_cancelling_a_long_generation_closes_the_connection_and_stops_the_
                     scope.cancel()
         assert len(tokens) == 3
 
-        # The server handles one request at a time. Had it gone on generating 2,000 tokens (about
-        # 30 s here), this short request would wait for it; served at once, it shows generation stopped.
+        # The server handles one request at a time. Had it gone on generating 2,000 tokens (30 s or
+        # more here, longer on a loaded machine), this short request would wait for it; served well
+        # within that, it shows generation stopped. The server's log says so too.
         started = time.monotonic()
         short = ModelSettings(max_tokens=8)
         quick = await agentrt.build(Support, model=model, settings=short).ask("Hi")
         waited = time.monotonic() - started
 
     assert quick.finish_reason is not None
-    assert waited < 10, f"the next request waited {waited:.1f} s: the server kept generating"
+    assert waited < 20, f"the next request waited {waited:.1f} s: the server kept generating"
     assert "disconnect" in local_server.log.read_text(errors="replace").lower()
 
 
