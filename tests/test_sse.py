@@ -171,11 +171,21 @@ def decode_plain_first(*parts: bytes) -> list[bytes]:
 
 
 _lines = st.sampled_from(
-    [b"data: {}", b'data: {"a": 1}', b"data:x", b": ping", b"event: error", b"data: [DONE]", b"id: 3"]
+    [
+        b"data: {}",
+        b'data: {"a": 1}',
+        b"data:x",
+        b"data: ",
+        b"data: data: x",
+        b": ping",
+        b"event: error",
+        b"data: [DONE]",
+        b"id: 3",
+    ]
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(
     events=st.lists(st.lists(_lines, min_size=1, max_size=3), max_size=12),
     cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8),

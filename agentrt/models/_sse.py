@@ -81,14 +81,22 @@ class SSEDecoder:
         buf = self._buf + chunk if self._buf else chunk
         if not buf.startswith(b"data: "):
             return None
-        pieces = buf.split(b"\n\n")
-        rest = pieces.pop()
-        for piece in pieces:
-            if not piece.startswith(b"data: ") or 10 in piece:
+        # Split between events, at "\n\ndata: ": every piece is then one event's data, except
+        # that the last piece is either a complete event ending in "\n\n" or an unfinished one.
+        payloads = buf[6:].split(b"\n\ndata: ")
+        last = payloads[-1]
+        if last.endswith(b"\n\n") and 10 not in last[:-2]:
+            payloads[-1] = last[:-2]
+            rest = b""
+        else:
+            payloads.pop()
+            rest = b"data: " + last
+        for payload in payloads:
+            if 10 in payload:
                 return None
         self._buf = rest  # may hold a complete line: `feed` reparses its buffer from the start
         self.idle = not rest
-        return [piece[6:] for piece in pieces]
+        return payloads
 
     def close(self) -> list[SSEEvent]:
         """End of stream: the events still pending (see the module docstring). Resets the decoder."""
