@@ -345,6 +345,7 @@ def _start(state: Path, port: int | None) -> int:
         return 1
     (state / "pid").write_text(str(process.pid))
     (state / "url").write_text(url)
+    (state / "log").write_text(server_log)
     print(f"{url}  (pid {process.pid}, server log {server_log})")
     return 0
 
@@ -373,6 +374,7 @@ def _stop(state: Path) -> int:
         os.killpg(pid, signal.SIGKILL)
     pid_file.unlink(missing_ok=True)
     (state / "url").unlink(missing_ok=True)
+    (state / "log").unlink(missing_ok=True)
     return 0
 
 

@@ -1,13 +1,12 @@
 """The end-to-end tier: a real LLM server (llama-cpp-python + Gemma 3 270M) on loopback.
 
-One server serves the whole session; it is started with `python -m agentrt.local serve` in its own
-process group and stopped (SIGTERM, then SIGKILL) at the end. `make test-e2e` installs what it needs.
+One server serves the whole session, started and stopped the documented way
+(`python -m agentrt.local start|stop`, what `make local-model-start|stop` run). `make test-e2e`
+installs what it needs.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,30 +22,26 @@ class LocalServer:
     log: Path
 
 
+def _local(action: str, state: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentrt.local", action, "--state-dir", str(state)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
 @pytest.fixture(scope="session")
 def local_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
-    stderr = tmp_path_factory.mktemp("local-model") / "serve.log"
-    with stderr.open("wb") as errors:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "agentrt.local", "serve"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            start_new_session=True,
-        )
-    assert process.stdout is not None
-    url = process.stdout.readline().decode().strip()
-    log = process.stdout.readline().decode().strip()
-    if not url:
-        process.wait(timeout=30)
-        pytest.fail(f"the local model server did not start:\n{stderr.read_text(errors='replace')}")
+    state = tmp_path_factory.mktemp("local-model")
+    started = _local("start", state)
+    if started.returncode != 0 or not (state / "url").exists():
+        pytest.fail(f"the local model server did not start:\n{started.stdout}\n{started.stderr}")
     try:
-        yield LocalServer(url, Path(log))
+        yield LocalServer((state / "url").read_text().strip(), Path((state / "log").read_text().strip()))
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        process.stdout.close()
+        stopped = _local("stop", state)
+        assert stopped.returncode == 0, stopped.stderr
+        assert not (state / "pid").exists()
