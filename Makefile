@@ -1,14 +1,20 @@
-# Everything runs in a project virtualenv (.venv) created from the machine's python3.
-# Installs are redone only when pyproject.toml changes (stamp files track it).
+# Everything runs in a project virtualenv created from $(PYTHON): .venv for the machine's python3,
+# .venv-X.Y for another interpreter (`make test PYTHON=python3.12`). Installs are redone only when
+# pyproject.toml changes (stamp files track it). `make test-all` runs the suite on every supported
+# Python found on the machine (.ci/pythons says which).
 
 PYTHON ?= python3
-VENV   := .venv
+ifeq ($(PYTHON),python3)
+VENV   ?= .venv
+else
+VENV   ?= .venv-$(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+endif
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 LOCAL  := $(VENV)/.installed-local
 NPROC  := $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: install install-local demo test test-e2e check lint format typecheck bench \
+.PHONY: install install-local demo test test-all test-e2e check lint format typecheck bench \
         local-model-start local-model-stop clean
 
 install: $(STAMP)
@@ -41,6 +47,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# The suite on every supported Python present (under CI, a missing one fails: see .ci/pythons).
+test-all:
+	@pythons=$$(.ci/pythons) || exit 1; \
+	for py in $$pythons; do \
+		echo "== $$py"; \
+		$(MAKE) --no-print-directory test PYTHON=$$py VENV=.venv-$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])') || exit 1; \
+	done
+
 test-e2e: $(LOCAL)
 	$(BIN)/python -m pytest -q -m e2e tests/e2e
 
@@ -70,4 +84,4 @@ local-model-stop:
 	@test ! -x $(BIN)/python || $(BIN)/python -m agentrt.local stop --state-dir .local-model
 
 clean: local-model-stop
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .local-model
+	rm -rf .venv .venv-3.* .mypy_cache .ruff_cache .pytest_cache .local-model

@@ -109,24 +109,52 @@ def user_message(template: str, /) -> Callable[[_T], _T]:
 
 # --- stub detection ----------------------------------------------------------------------------
 
-_NOISE = frozenset({"RESUME", "NOP", "RETURN_GENERATOR", "POP_TOP", "CACHE", "PUSH_NULL", "PRECALL", "CALL"})
+_STUB_BODIES: Final = (
+    "...",
+    "pass",
+    '"""doc"""',
+    '"""doc"""\n    ...',
+    '"""doc"""\n    pass',
+    "raise NotImplementedError",
+    "raise NotImplementedError()",
+    'raise NotImplementedError("message")',
+    '"""doc"""\n    raise NotImplementedError',
+    '"""doc"""\n    raise NotImplementedError()',
+    '"""doc"""\n    raise NotImplementedError("message")',
+)
+
+
+def _shape(code: types.CodeType) -> tuple[tuple[str, object], ...]:
+    # What a body does, without where it stands: positions, constants' indices and string values
+    # (a docstring or a NotImplementedError message) do not count.
+    return tuple(
+        (i.opname, "<str>" if isinstance(i.argval, str) and i.opname == "LOAD_CONST" else i.argval)
+        for i in dis.get_instructions(code)
+        if i.opname != "CACHE"
+    )
+
+
+def _reference_shapes() -> frozenset[tuple[tuple[str, object], ...]]:
+    # Compiled by the running interpreter, so the comparison is exact on every Python version: the
+    # bytecode of an empty coroutine changes between versions (3.12 added an exception handler).
+    shapes = set()
+    for prefix in ("def", "async def"):
+        for body in _STUB_BODIES:
+            namespace: dict[str, Any] = {}
+            exec(compile(f"{prefix} stub(self, *args, **kwargs):\n    {body}\n", "<stub>", "exec"), namespace)
+            shapes.add(_shape(namespace["stub"].__code__))
+    return frozenset(shapes)
+
+
+_STUB_SHAPES: Final = _reference_shapes()
 
 
 def is_stub(function: Callable[..., Any]) -> bool:
     """Whether a function's body is only `...`, `pass`, a docstring, or `raise NotImplementedError`."""
     code = getattr(function, "__code__", None)
-    if code is None:
+    if not isinstance(code, types.CodeType) or code.co_freevars or code.co_cellvars:
         return False
-    ops = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in _NOISE]
-    if ops in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)]):
-        return True
-    names = [argval for op, argval in ops if op != "LOAD_CONST"]
-    return (
-        len(ops) >= 2
-        and ops[0] == ("LOAD_GLOBAL", "NotImplementedError")
-        and ops[-1][0] == "RAISE_VARARGS"
-        and names == ["NotImplementedError", 1]
-    )
+    return _shape(code) in _STUB_SHAPES
 
 
 # --- method specs ------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import inspect
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
+import anyio
 import pytest
 from pydantic import BaseModel, ConfigDict
 
@@ -236,8 +237,26 @@ def test_stub_bodies_that_count_as_stubs() -> None:
     async def raises_other() -> None:
         raise ValueError
 
-    assert all(map(is_stub, [dots, documented, passes, not_implemented, not_implemented_call]))
-    assert not any(map(is_stub, [real, raises_other]))
+    async def documented_dots() -> None:
+        """A docstring, then the dots."""
+        ...
+
+    async def returns_text() -> str:
+        return "text"
+
+    async def documented_real() -> int:
+        """A docstring does not make a body a stub."""
+        return 1
+
+    async def awaits() -> None:
+        await anyio.sleep(0)
+
+    def sync_dots() -> None: ...
+
+    stubs = [dots, documented, passes, not_implemented, not_implemented_call, documented_dots, sync_dots]
+    assert [f.__name__ for f in stubs if not is_stub(f)] == []
+    bodies = [real, raises_other, returns_text, documented_real, awaits]
+    assert [f.__name__ for f in bodies if is_stub(f)] == []
 
 
 class Plan(BaseModel):
