@@ -25,6 +25,10 @@ it stays the backend's own cancellation exception.
     │   ├── ToolTimeoutError        the tool did not finish within its timeout
     │   └── ToolExecutionError      the tool raised (the original exception is the __cause__)
     └── ToolLoopLimitError          a limit of the tool loop was reached (carries `reason` and `partial`)
+
+Every error pickles (and copies), whatever its `__init__` looks like, a user's own subclasses included:
+a task queue or a process pool carries it with its type, message, `args` and every attribute. As always
+in Python, the exception chain (`__cause__`, `__context__`) and the traceback are not carried.
 """
 
 from __future__ import annotations
@@ -60,8 +64,42 @@ __all__ = [
 ]
 
 
+def _slot_names(cls: type) -> list[str]:
+    """The names of the slots `cls` and its bases declare (private names mangled), in MRO order."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            if name.startswith("__") and not name.endswith("__"):
+                name = f"_{klass.__name__.lstrip('_')}{name}"
+            names.append(name)
+    return names
+
+
+def _rebuild(cls: type[AgentError], args: tuple[Any, ...]) -> AgentError:
+    """Unpickle an error: create it without calling `__init__`; pickle then restores its attributes."""
+    error = cls.__new__(cls)
+    error.args = args
+    return error
+
+
 class AgentError(Exception):
     """Base class of every error raised by agentrt."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The default (`type(self)(*self.args)`, then the instance dict) calls `__init__` with the
+        # message only: that fails for keyword-only fields, and re-formats messages an `__init__` builds.
+        # Rebuild without `__init__` instead and restore `args` and every attribute, slots included
+        # (`BaseException.__setstate__` sets each item of the state).
+        state = dict(self.__dict__)
+        for name in _slot_names(type(self)):
+            try:
+                state[name] = getattr(self, name)
+            except AttributeError:
+                continue  # an unset slot
+        return (_rebuild, (type(self), self.args), state)
 
 
 class ConfigurationError(AgentError):

@@ -12,9 +12,11 @@ dataclass's `__init__` costs twice as much; treat them as immutable all the same
 
 from __future__ import annotations
 
+import copy
 import enum
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+import pickle
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Generic, SupportsIndex, TypeVar
 
 if TYPE_CHECKING:
     from ._messages import AssistantMessage, ChatMessage, ToolCall
@@ -211,6 +213,30 @@ class ToolExecution:
     @property
     def is_error(self) -> bool:
         return self.outcome is not ToolOutcome.SUCCESS
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
+        # `value` is whatever the tool returned, for use in this process. Pickling carries it when it
+        # pickles and gives `None` when it does not (a lock, a lambda, a connection), so that a `Result`,
+        # and the `ToolLoopLimitError` carrying one, always pickle; `result` keeps what the model saw.
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.value is not None:
+            try:
+                pickle.dumps(self.value, protocol.__index__())
+            except Exception:
+                state["value"] = None
+        return (_tool_execution, (state,))
+
+    # copy and deepcopy keep every value as before (they would otherwise go through `__reduce_ex__`).
+    def __copy__(self) -> ToolExecution:
+        return replace(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ToolExecution:
+        return ToolExecution(**{f.name: copy.deepcopy(getattr(self, f.name), memo) for f in fields(self)})
+
+
+def _tool_execution(state: dict[str, Any]) -> ToolExecution:
+    """Unpickle a `ToolExecution`."""
+    return ToolExecution(**state)
 
 
 @dataclass(frozen=True, slots=True)
