@@ -84,14 +84,20 @@ class ScriptExhausted(AssertionError):
 
 
 class StreamRecord:
-    """One stream a test model opened: was it read to its end, and was it closed?"""
+    """One stream a test model opened: was it read to its end, and did its consumer close it?
 
-    __slots__ = ("_closed_event", "closed", "completed", "index", "request")
+    `closed` records an explicit `aclose()` by whoever consumed the stream (the pipeline), nothing
+    else: a stream that ran to its end, raised, or was dropped and garbage-collected is not `closed`.
+    `ended` is true once the stream's body stopped running for any reason.
+    """
+
+    __slots__ = ("_closed_event", "closed", "completed", "ended", "index", "request")
 
     def __init__(self, index: int, request: ModelRequest) -> None:
         self.index = index
         self.request = request
         self.completed = False
+        self.ended = False
         self.closed = False
         self._closed_event: anyio.Event | None = None
 
@@ -109,7 +115,10 @@ class StreamRecord:
         await self._closed_event.wait()
 
     def __repr__(self) -> str:
-        return f"<StreamRecord {self.index} completed={self.completed} closed={self.closed}>"
+        return (
+            f"<StreamRecord {self.index} completed={self.completed} ended={self.ended} "
+            f"closed={self.closed}>"
+        )
 
 
 def _steps(script: Script) -> list[Step]:
@@ -147,7 +156,7 @@ async def _play(script: Script, record: StreamRecord) -> AsyncGenerator[_events.
             yield Finish(FinishReason.TOOL_CALLS if called else FinishReason.STOP)
         record.completed = True
     finally:
-        record._close()
+        record.ended = True
 
 
 class _RecordedStream:
@@ -228,7 +237,7 @@ class ScriptedModel(_RecordingModel):
     def stream(self, request: ModelRequest) -> AsyncIterator[_events.ModelChunk]:
         record = self._record(request)
         if record.index >= len(self._responses):
-            record._close()
+            record.ended = True
             raise ScriptExhausted(
                 f"{self.name}: request {record.index + 1} has no scripted response "
                 f"(only {len(self._responses)} scripted)"

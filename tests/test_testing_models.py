@@ -74,3 +74,19 @@ async def test_function_model_answers_from_the_request_sync_or_async() -> None:
     assert await agentrt.build(Service, model=shout_model).ask("hi") == "LOUD"
     assert len(echo_model.requests) == 1 and echo_model.streams[0].closed
     assert shout_model.streams[0].completed
+
+
+@pytest.mark.parametrize("make", [ScriptedModel, lambda *s: FunctionModel(lambda _r: s[0])])
+async def test_closed_records_only_an_explicit_close_by_the_consumer(make: object) -> None:
+    request = ModelRequest(messages=(agentrt.UserMessage.of("?"),))
+    model = make(["a", "b"])  # type: ignore[operator]
+
+    drained = model.stream(request)
+    assert [c async for c in drained][0] == TextDelta("a")
+    assert model.streams[0].completed and model.streams[0].ended
+    assert not model.streams[0].closed  # ran to its end: nobody closed it
+
+    closed = model.stream(request)
+    await closed.__anext__()
+    await closed.aclose()
+    assert model.streams[1].closed and model.streams[1].ended and not model.streams[1].completed
