@@ -79,7 +79,7 @@ async def test_function_model_answers_from_the_request_sync_or_async() -> None:
 @pytest.mark.parametrize("make", [ScriptedModel, lambda *s: FunctionModel(lambda _r: s[0])])
 async def test_closed_records_only_an_explicit_close_by_the_consumer(make: object) -> None:
     request = ModelRequest(messages=(agentrt.UserMessage.of("?"),))
-    model = make(["a", "b"])  # type: ignore[operator]
+    model = make(["a", "b"], ["a", "b"])  # type: ignore[operator]
 
     drained = model.stream(request)
     assert [c async for c in drained][0] == TextDelta("a")
