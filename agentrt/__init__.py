@@ -31,10 +31,10 @@ from ._errors import (
     UnknownToolError,
 )
 from ._events import (
-    Cancelled,
+    CancelledEvent,
     Completed,
     Event,
-    Failed,
+    FailedEvent,
     FinishReason,
     LifecycleEvent,
     RefusalDelta,
@@ -82,7 +82,7 @@ __all__ = [
     "AudioContent",
     "AuthenticationError",
     "BadRequestError",
-    "Cancelled",
+    "CancelledEvent",
     "Capabilities",
     "ChatMessage",
     "ChatModel",
@@ -91,7 +91,7 @@ __all__ = [
     "ContentRefusedError",
     "ContextLengthExceededError",
     "Event",
-    "Failed",
+    "FailedEvent",
     "FinishReason",
     "ImageContent",
     "LifecycleEvent",
@@ -146,7 +146,6 @@ __all__ = [
     "VideoContent",
     "build",
     "create",
-    "local",
     "messages_from_json",
     "messages_to_json",
     "models",
@@ -157,13 +156,3 @@ __all__ = [
     "tools",
     "user_message",
 ]
-
-
-def __getattr__(name: str) -> object:
-    # `agentrt.local` (the local model server) is imported on first use: `python -m agentrt.local`
-    # must not find it imported already, and most programs never need it.
-    if name == "local":
-        import importlib
-
-        return importlib.import_module("agentrt.local")
-    raise AttributeError(f"module 'agentrt' has no attribute {name!r}")

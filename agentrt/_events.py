@@ -3,7 +3,8 @@
 A model adapter yields *chunks* (`TextDelta`, `ThinkingDelta`, `ToolCallDelta`, `RefusalDelta`, `Usage`,
 `Finish`, `ResponseMeta`). The pipeline passes the public ones straight through as events (no copy per
 token) and adds lifecycle events (`Started`, `RequestIssued`, `ResponseReceived`, `Completed`).
-`Failed` and `Cancelled` only reach listeners: in the event stream, errors are raised, never yielded.
+`FailedEvent` and `CancelledEvent` only reach listeners: in the event stream, errors are raised, never
+yielded.
 
 Everything here is a slotted dataclass: these objects are created per token and must stay cheap.
 The per-token ones (`TextDelta`, `ThinkingDelta`, `ToolCallDelta`) are not frozen, because a frozen
@@ -23,10 +24,10 @@ if TYPE_CHECKING:
     from .models._protocol import ModelRequest
 
 __all__ = [
-    "Cancelled",
+    "CancelledEvent",
     "Completed",
     "Event",
-    "Failed",
+    "FailedEvent",
     "Finish",
     "FinishReason",
     "LifecycleEvent",
@@ -286,7 +287,7 @@ class Completed(Generic[T]):
 
 
 @dataclass(frozen=True, slots=True)
-class Failed:
+class FailedEvent:
     """The invocation raised `error` (delivered to listeners only; the stream raises it)."""
 
     invocation_id: str
@@ -294,7 +295,7 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
-class Cancelled:
+class CancelledEvent:
     """The invocation was cancelled or closed early (delivered to listeners only)."""
 
     invocation_id: str
@@ -321,7 +322,7 @@ LifecycleEvent = (
     | ToolCallRequested
     | ToolExecuted
     | Completed[Any]
-    | Failed
-    | Cancelled
+    | FailedEvent
+    | CancelledEvent
 )
 """What listeners receive."""

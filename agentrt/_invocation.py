@@ -23,10 +23,10 @@ import anyio
 
 from ._errors import ConfigurationError, ContentRefusedError, ToolLoopLimitError
 from ._events import (
-    Cancelled,
+    CancelledEvent,
     Completed,
     Event,
-    Failed,
+    FailedEvent,
     LifecycleEvent,
     ModelResponse,
     RefusalDelta,
@@ -69,7 +69,7 @@ logger = logging.getLogger("agentrt")
 Listener = Callable[[LifecycleEvent], None]
 """Receives lifecycle events (not text deltas). Exceptions it raises are logged and ignored."""
 
-SystemMessageProvider = Callable[[Any], "str | None"]
+SystemMessageProvider = Callable[[Any], "str | Awaitable[str | None] | None"]
 """Gives the system message for a memory id (used when neither method nor class declares one).
 
 Its text is used literally; it is not rendered as a template. It may be async."""
@@ -305,7 +305,7 @@ class Invocation:
             # A reader that stops at Completed and closes the stream is not a cancellation.
             if listeners and not done:
                 cancelled = isinstance(exc, GeneratorExit | anyio.get_cancelled_exc_class())
-                _notify(listeners, Cancelled(self.id) if cancelled else Failed(self.id, exc))
+                _notify(listeners, CancelledEvent(self.id) if cancelled else FailedEvent(self.id, exc))
             raise
 
     def _on_limit(

@@ -116,8 +116,7 @@ class StreamRecord:
 
     def __repr__(self) -> str:
         return (
-            f"<StreamRecord {self.index} completed={self.completed} ended={self.ended} "
-            f"closed={self.closed}>"
+            f"<StreamRecord {self.index} completed={self.completed} ended={self.ended} closed={self.closed}>"
         )
 
 

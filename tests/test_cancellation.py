@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 import agentrt
-from agentrt import Cancelled, LifecycleEvent, TokenStream
+from agentrt import CancelledEvent, LifecycleEvent, TokenStream
 from agentrt.testing import Delay, Hang, ScriptedModel
 
 SCRIPT = ["one ", "two ", Hang()]
@@ -38,7 +38,7 @@ async def test_break_out_of_an_unheld_stream_closes_the_model_stream() -> None:
     with anyio.fail_after(5):
         await model.streams[0].wait_closed()
     assert not model.streams[0].completed
-    assert isinstance(events[-1], Cancelled)
+    assert isinstance(events[-1], CancelledEvent)
 
 
 async def test_break_leaves_a_held_stream_open_to_read_on() -> None:
@@ -55,7 +55,7 @@ async def test_break_leaves_a_held_stream_open_to_read_on() -> None:
     assert rest == ["two ", "three"]
     assert result.text == "one two three"
     assert model.streams[0].completed and model.streams[0].closed
-    assert not any(isinstance(e, Cancelled) for e in events)
+    assert not any(isinstance(e, CancelledEvent) for e in events)
 
 
 async def test_break_then_result_reads_the_rest() -> None:
@@ -81,7 +81,7 @@ async def test_async_with_and_break_close_at_the_end_of_the_block() -> None:
         assert not model.streams[0].closed
 
     assert model.streams[0].closed and not model.streams[0].completed
-    assert isinstance(events[-1], Cancelled)
+    assert isinstance(events[-1], CancelledEvent)
     with pytest.raises(RuntimeError, match="closed before the invocation completed"):
         await stream.result()
 
@@ -94,7 +94,7 @@ async def test_aclose_closes_at_once_and_is_idempotent() -> None:
     await stream.aclose()
 
     assert model.streams[0].closed
-    assert isinstance(events[-1], Cancelled)
+    assert isinstance(events[-1], CancelledEvent)
     await stream.aclose()
     assert [t async for t in stream] == []
 
@@ -143,7 +143,7 @@ async def test_cancelling_the_consuming_task_closes_the_model_stream() -> None:
 
     assert received == ["one ", "two "]
     assert model.streams[0].closed and not model.streams[0].completed
-    assert isinstance(events[-1], Cancelled)
+    assert isinstance(events[-1], CancelledEvent)
 
 
 @pytest.mark.virtual_clock
@@ -155,7 +155,7 @@ async def test_a_deadline_around_an_awaited_call_closes_the_model_stream() -> No
 
     assert scope.cancelled_caught
     assert model.streams[0].closed and not model.streams[0].completed
-    assert isinstance(events[-1], Cancelled)
+    assert isinstance(events[-1], CancelledEvent)
 
 
 async def test_an_error_mid_stream_closes_the_model_stream() -> None:

@@ -249,7 +249,7 @@ def test_stub_bodies_that_count_as_stubs() -> None:
         return 1
 
     async def awaits() -> None:
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
 
     def sync_dots() -> None: ...
 

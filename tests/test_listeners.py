@@ -10,7 +10,7 @@ import pytest
 import agentrt
 from agentrt import (
     Completed,
-    Failed,
+    FailedEvent,
     LifecycleEvent,
     RequestIssued,
     ResponseReceived,
@@ -63,9 +63,9 @@ async def test_errors_reach_listeners_as_failed_and_are_raised() -> None:
     with pytest.raises(RuntimeError, match="model down"):
         await svc.ask("hi")
 
-    assert [type(e) for e in seen] == [Started, RequestIssued, Failed]
+    assert [type(e) for e in seen] == [Started, RequestIssued, FailedEvent]
     failed = seen[-1]
-    assert isinstance(failed, Failed) and failed.error is error
+    assert isinstance(failed, FailedEvent) and failed.error is error
 
 
 async def test_a_raising_listener_is_logged_and_does_not_break_the_call(

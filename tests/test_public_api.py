@@ -1,7 +1,9 @@
-"""The public API is what `__all__` says: sorted, complete, importable."""
+"""The public API is what `__all__` says: sorted, complete, importable, and nothing internal."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import types
 import typing
 
@@ -9,12 +11,20 @@ import pytest
 
 import agentrt
 import agentrt.models
+import agentrt.output
 import agentrt.testing
+import agentrt.tools
 
 
 @pytest.mark.parametrize(
     ("module", "owner"),
-    [(agentrt, "agentrt"), (agentrt.models, "agentrt"), (agentrt.testing, "agentrt.testing")],
+    [
+        (agentrt, "agentrt"),
+        (agentrt.models, "agentrt"),
+        (agentrt.output, "agentrt"),
+        (agentrt.testing, "agentrt.testing"),
+        (agentrt.tools, "agentrt"),
+    ],
 )
 async def test_all_is_sorted_and_lists_every_public_name(module: types.ModuleType, owner: str) -> None:
     public = set()
@@ -22,7 +32,9 @@ async def test_all_is_sorted_and_lists_every_public_name(module: types.ModuleTyp
         if name.startswith("_") or name == "annotations":
             continue
         if isinstance(value, types.ModuleType):
-            if value.__name__.startswith("agentrt."):
+            # `agentrt.local` becomes an attribute of the package once anything imports it; it is
+            # importable on its own, not part of the API.
+            if value.__name__.startswith("agentrt.") and value.__name__ != "agentrt.local":
                 public.add(name)
             continue
         if isinstance(value, types.UnionType) or typing.get_origin(value) is not None:
@@ -36,3 +48,26 @@ async def test_all_is_sorted_and_lists_every_public_name(module: types.ModuleTyp
     assert set(module.__all__) == public
     for name in module.__all__:
         assert getattr(module, name) is not None
+
+
+def test_internals_are_not_public() -> None:
+    internals = {"ToolLoop", "arguments_hash", "define_tool", "collect_tools", "result_text", "local"}
+    assert internals.isdisjoint(agentrt.tools.__all__)
+    assert internals.isdisjoint(agentrt.__all__)
+
+
+def test_lifecycle_events_cannot_be_mistaken_for_exceptions() -> None:
+    for name in agentrt.__all__:
+        value = getattr(agentrt, name)
+        if isinstance(value, type) and not issubclass(value, BaseException):
+            assert not name.endswith(("Error", "Exception")), name
+            assert name not in {"Cancelled", "Failed", "Timeout", "Aborted"}, name
+
+
+def test_importing_agentrt_does_not_import_the_local_server_module() -> None:
+    code = "import sys, agentrt; print('agentrt.local' in sys.modules, hasattr(agentrt, 'local'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+    code = "import agentrt.local; print(agentrt.local.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "agentrt.local"

@@ -7,7 +7,7 @@ import pytest
 
 import agentrt
 from agentrt import ModelRequest, TokenStream, ToolCall
-from agentrt.models import FinishReason, TextDelta, complete
+from agentrt.models import Finish, FinishReason, TextDelta, complete
 from agentrt.testing import (
     CallTool,
     Delay,
@@ -82,7 +82,7 @@ async def test_closed_records_only_an_explicit_close_by_the_consumer(make: objec
     model = make(["a", "b"], ["a", "b"])  # type: ignore[operator]
 
     drained = model.stream(request)
-    assert [c async for c in drained][0] == TextDelta("a")
+    assert [c async for c in drained] == [TextDelta("a"), TextDelta("b"), Finish(FinishReason.STOP)]
     assert model.streams[0].completed and model.streams[0].ended
     assert not model.streams[0].closed  # ran to its end: nobody closed it
 

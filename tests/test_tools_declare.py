@@ -12,7 +12,8 @@ from pydantic import BaseModel
 import agentrt
 from agentrt import ConfigurationError, MemoryId, P, ToolContext, tool
 from agentrt.testing import ScriptedModel
-from agentrt.tools import collect_tools, define_tool, result_text
+from agentrt.tools._declare import collect_tools, define_tool
+from agentrt.tools._run import result_text
 
 
 class Priority(enum.Enum):

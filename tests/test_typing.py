@@ -44,3 +44,57 @@ def test_built_service_methods_type_check_against_their_stubs(tmp_path: Path) ->
     assert len(errors) == 2, stdout
     assert ":17: error: Incompatible types in assignment" in errors[0]
     assert ':18: error: Missing positional argument "question"' in errors[1]
+
+
+def test_every_callback_that_may_be_async_type_checks_as_async(tmp_path: Path) -> None:
+    source = textwrap.dedent(
+        """
+        from __future__ import annotations
+
+        from collections.abc import Iterable
+
+        import agentrt
+        from agentrt.testing import ScriptedModel
+        from agentrt.tools import ToolFailure, ToolSettings
+
+
+        class Chat:
+            async def chat(self, question: str) -> str:
+                raise NotImplementedError
+
+
+        async def system(memory_id: object) -> str | None:
+            return f"You talk to {memory_id}."
+
+
+        def sync_system(memory_id: object) -> str:
+            return "Be brief."
+
+
+        async def provide(request: agentrt.ToolRequest) -> Iterable[object]:
+            return []
+
+
+        async def on_error(failure: ToolFailure) -> str:
+            return f"{failure.tool} failed"
+
+
+        def build() -> None:
+            agentrt.build(Chat, model=ScriptedModel(), system_message=system)
+            agentrt.build(Chat, model=ScriptedModel(), system_message=sync_system)
+            agentrt.build(
+                Chat,
+                model=ScriptedModel(),
+                tool_provider=provide,
+                tool_settings=ToolSettings(on_error=on_error),
+            )
+        """
+    )
+    target = tmp_path / "use_callbacks.py"
+    target.write_text(source)
+
+    stdout, _, status = api.run(
+        [str(target), "--strict", "--no-incremental", "--config-file", str(ROOT / "pyproject.toml")]
+    )
+
+    assert status == 0, stdout

@@ -8,29 +8,15 @@ class OrderTools:
 
 from __future__ import annotations
 
-from ._declare import P, ToolContext, ToolDefinition, collect_tools, define_tool, tool
-from ._run import (
-    FailurePolicy,
-    LoopLimit,
-    ToolFailure,
-    ToolLoop,
-    ToolSettings,
-    arguments_hash,
-    result_text,
-)
+from ._declare import P, ToolContext, tool
+from ._run import FailurePolicy, LoopLimit, ToolFailure, ToolSettings
 
 __all__ = [
     "FailurePolicy",
     "LoopLimit",
     "P",
     "ToolContext",
-    "ToolDefinition",
     "ToolFailure",
-    "ToolLoop",
     "ToolSettings",
-    "arguments_hash",
-    "collect_tools",
-    "define_tool",
-    "result_text",
     "tool",
 ]
