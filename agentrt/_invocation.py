@@ -50,7 +50,14 @@ from .models._protocol import (
     aclose_iterator,
 )
 from .tools._declare import ToolContext, ToolDefinition, collect_tools
-from .tools._run import FINAL_ANSWER_PROMPT, LoopLimit, ToolLoop, ToolSettings, arguments_hash
+from .tools._run import (
+    FINAL_ANSWER_PROMPT,
+    LoopLimit,
+    ThreadLimiter,
+    ToolLoop,
+    ToolSettings,
+    arguments_hash,
+)
 
 if TYPE_CHECKING:
     from ._spec import MethodSpec
@@ -105,6 +112,7 @@ class Runtime:
     tools: Mapping[str, ToolDefinition] = field(default_factory=dict)
     tool_provider: ToolProvider | None = None
     tool_settings: ToolSettings = field(default_factory=ToolSettings)
+    threads: ThreadLimiter = field(default_factory=lambda: ThreadLimiter(ToolSettings().thread_limit))
 
 
 def _notify(listeners: Sequence[Listener], event: LifecycleEvent) -> None:
@@ -203,10 +211,14 @@ class Invocation:
                 settings=runtime.settings,
             )
             # model ⇄ tools
-            loop = ToolLoop(tools, runtime.tool_settings, self._tool_context(memory_id)) if tools else None
+            loop = (
+                ToolLoop(tools, runtime.tool_settings, self._tool_context(memory_id), runtime.threads)
+                if tools
+                else None
+            )
             usage = Usage()
             round_ = 0
-            final = False  # the last request: no tools offered, tool calls ignored
+            final: LoopLimit | None = None  # the limit that made this the last request (no tools)
             immediate: list[ToolExecution] | None = None
             while True:
                 round_ += 1
@@ -232,13 +244,21 @@ class Invocation:
                     _notify(listeners, received)
                 yield received
                 calls = response.message.tool_calls
-                if loop is None or not calls or final:
+                if loop is None or not calls:
                     break
+                if final is not None:
+                    if not response.message.text:
+                        # Asked for an answer without tools, the model called tools again: a typed
+                        # error with the partial result, never a silent empty answer.
+                        raise self._limit_error(
+                            final, loop, response, usage, request.messages, "the model called tools again"
+                        )
+                    break  # an answer with stray tool calls: the answer counts, the calls do not
                 limit = loop.limit_before(calls)
                 if limit is not None:
                     self._on_limit(limit, loop, response, usage, (*request.messages, response.message))
                     request = _final_request(request)
-                    final = True
+                    final = limit
                     continue
                 for call in calls:
                     requested = ToolCallRequested(self.id, call, arguments_hash(call.arguments), round_)
@@ -269,7 +289,7 @@ class Invocation:
                 if limit is not None:
                     self._on_limit(limit, loop, response, usage, request.messages)
                     request = _final_request(request)
-                    final = True
+                    final = limit
             # output guardrails, parse, commit
             message = response.message
             if immediate is not None:
@@ -320,6 +340,17 @@ class Invocation:
         if self._runtime.tool_settings.on_limit == "final_answer":
             logger.info("invocation %s: tool loop limit %s; asking for a final answer", self.id, limit)
             return
+        raise self._limit_error(limit, loop, response, usage, messages)
+
+    def _limit_error(
+        self,
+        limit: LoopLimit,
+        loop: ToolLoop,
+        response: ModelResponse,
+        usage: Usage,
+        messages: tuple[ChatMessage, ...],
+        detail: str = "",
+    ) -> ToolLoopLimitError:
         partial: Result[Any] = Result(
             value=None,
             text=response.message.text or "",
@@ -331,9 +362,10 @@ class Invocation:
             messages=messages,
             invocation_id=self.id,
         )
-        raise ToolLoopLimitError(
+        return ToolLoopLimitError(
             f"{self._spec.qualname}: the tool loop stopped at its limit {limit.value!r} "
-            f"after {loop.rounds} round(s) and {len(loop.executions)} call(s)",
+            f"after {loop.rounds} round(s) and {len(loop.executions)} call(s)"
+            + (f"; asked for a final answer, {detail}" if detail else ""),
             reason=limit,
             partial=partial,
         )

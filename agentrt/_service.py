@@ -13,7 +13,7 @@ from ._invocation import Invocation, Listener, Runtime, SystemMessageProvider, T
 from ._spec import MethodSpec, OutputKind, service_spec
 from ._stream import TokenStream
 from .tools._declare import collect_tools
-from .tools._run import ToolSettings
+from .tools._run import ThreadLimiter, ToolSettings
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -147,6 +147,7 @@ def build(
         )
     if tool_provider is not None and not callable(tool_provider):
         raise ConfigurationError(f"{cls.__name__}: tool_provider must be callable")
+    tool_settings = tool_settings or ToolSettings()
     _check_tool_choice(cls.__name__, model, tool_settings, definitions, tool_provider)
 
     runtime = Runtime(
@@ -157,7 +158,8 @@ def build(
         settings=settings,
         tools=MappingProxyType(definitions),
         tool_provider=tool_provider,
-        tool_settings=tool_settings or ToolSettings(),
+        tool_settings=tool_settings,
+        threads=ThreadLimiter(tool_settings.thread_limit),
     )
     namespace: dict[str, Any] = {
         name: _implement(method_spec, runtime) for name, method_spec in spec.methods.items()

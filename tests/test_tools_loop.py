@@ -41,7 +41,7 @@ from agentrt import (
     system_message,
     tool,
 )
-from agentrt.testing import CallTool, ScriptedModel
+from agentrt.testing import CallTool, FunctionModel, ScriptedModel
 from agentrt.tools import LoopLimit, ToolFailure
 
 REQUEST_CONTEXT: contextvars.ContextVar[str] = contextvars.ContextVar("request", default="-")
@@ -385,6 +385,44 @@ async def test_final_answer_policy_makes_exactly_one_more_request_without_tools(
     assert len(result.tool_executions) == 1
 
 
+@pytest.mark.parametrize("view", ["ask", "ask_stream"])
+async def test_final_answer_that_calls_tools_again_is_a_typed_error_not_an_empty_answer(view: str) -> None:
+    svc, model = assistant(
+        *repeating(distinct=True, rounds=2),
+        [CallTool("temperature", {"city": "Basel"})],  # ignores "answer without tools"
+        settings=ToolSettings(max_rounds=1, on_limit="final_answer"),
+    )
+
+    async def call() -> None:
+        if view == "ask":
+            await svc.ask("Bern?")
+        else:
+            async for _ in await svc.ask_stream("Bern?"):
+                pass
+
+    with pytest.raises(ToolLoopLimitError, match="called tools again") as info:
+        await call()
+
+    assert info.value.reason is LoopLimit.MAX_ROUNDS
+    partial = info.value.partial
+    assert len(partial.tool_executions) == 1  # the stray call did not run
+    assert partial.messages[-1] == UserMessage.of(agentrt.tools._run.FINAL_ANSWER_PROMPT)
+    assert len(model.requests) == 3 and all(s.closed for s in model.streams)
+
+
+async def test_final_answer_with_text_and_stray_tool_calls_keeps_the_text() -> None:
+    svc, model = assistant(
+        *repeating(distinct=True, rounds=2),
+        ["Bern is 21.5 °C.", CallTool("temperature", {"city": "Basel"})],
+        settings=ToolSettings(max_rounds=1, on_limit="final_answer"),
+    )
+
+    result = await svc.ask_result("Bern?")
+
+    assert result.value == "Bern is 21.5 °C."
+    assert len(result.tool_executions) == 1 and len(model.requests) == 3
+
+
 async def test_cancelling_the_invocation_cancels_running_tools_and_ends_the_stream() -> None:
     started = anyio.Event()
     observed: list[str] = []
@@ -696,3 +734,50 @@ async def test_the_partial_result_of_a_limit_carries_the_transcript() -> None:
     assert partial.messages[:-1] == model.requests[-1].messages
     last = partial.messages[-1]
     assert isinstance(last, AssistantMessage) and last.tool_calls[0].id == "r1"
+
+
+async def test_sync_tools_of_all_invocations_share_one_thread_limit() -> None:
+    # Three concurrent invocations of a service limited to two tool threads. Each tool call waits
+    # (bounded) for a third to run beside it: that must never happen. With one limiter per invocation
+    # (500 concurrent calls -> 4,000 threads) the third starts at once and releases the other two.
+    import threading
+
+    lock = threading.Lock()
+    overflow = threading.Event()
+    running = 0
+    most = 0
+
+    class Slow:
+        @tool("Blocks a worker thread.")
+        def block(self) -> str:
+            nonlocal running, most
+            with lock:
+                running += 1
+                most = max(most, running)
+                if running > 2:
+                    overflow.set()
+            overflow.wait(timeout=0.3)  # a bound on a wait for what must not happen, not a sync point
+            with lock:
+                running -= 1
+            return "done"
+
+    def respond(request: agentrt.ModelRequest) -> Any:
+        return "ok" if isinstance(request.messages[-1], ToolResultMessage) else [CallTool("block")]
+
+    model = FunctionModel(respond)
+    service = agentrt.build(
+        Assistant, model=model, tools=[Slow()], tool_settings=ToolSettings(thread_limit=2)
+    )
+    answers: list[str] = []
+
+    async def ask() -> None:
+        answers.append(await service.ask("go"))
+
+    async with anyio.create_task_group() as group:
+        for _ in range(3):
+            group.start_soon(ask)
+
+    assert answers == ["ok"] * 3
+    assert sum(len(r.messages) == 4 for r in model.requests) == 3  # three tool results went back
+    assert most == 2
+    assert not overflow.is_set()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
+import anyio.lowlevel
 import orjson
 from pydantic import BaseModel, ValidationError
 
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FailurePolicy",
     "LoopLimit",
+    "ThreadLimiter",
     "ToolFailure",
     "ToolLoop",
     "ToolSettings",
@@ -97,7 +99,8 @@ class ToolSettings:
     - `on_invalid_arguments`, `on_unknown_tool`, `on_timeout`, `on_error`: the failure policies.
     - `error_detail`: report the exception's message to the model (off: only the tool name and the
       exception type, because messages can carry data the model should not see).
-    - `thread_limit`: worker threads an invocation's sync tools may use at once.
+    - `thread_limit`: worker threads the service's sync tools may use at once, shared by all its
+      invocations (500 concurrent calls of a service still use at most this many threads).
 
     Invalid values raise `ConfigurationError`.
     """
@@ -115,7 +118,7 @@ class ToolSettings:
     on_timeout: FailurePolicy = "report"
     on_error: FailurePolicy = "report"
     error_detail: bool = False
-    thread_limit: int = 8
+    thread_limit: int = 16
 
     def __post_init__(self) -> None:
         def bad(message: str) -> ConfigurationError:
@@ -214,6 +217,28 @@ _ERRORS: Final[Mapping[ToolOutcome, type[ToolError]]] = {
 }
 
 
+class ThreadLimiter:
+    """The worker-thread limit of one service's sync tools, shared by all its invocations.
+
+    A `CapacityLimiter` belongs to one async backend, so there is one per backend the service runs on
+    (asyncio and trio in one process, as tests do), each created on first use.
+    """
+
+    __slots__ = ("_limiters", "total")
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._limiters: dict[object, anyio.CapacityLimiter] = {}
+
+    def current(self) -> anyio.CapacityLimiter:
+        token = anyio.lowlevel.current_token()
+        backend = getattr(token, "backend_class", None) or type(token)
+        limiter = self._limiters.get(backend)
+        if limiter is None:
+            limiter = self._limiters[backend] = anyio.CapacityLimiter(self.total)
+        return limiter
+
+
 class ToolLoop:
     """The tool state of one invocation: its tools, its settings, and what has run so far."""
 
@@ -221,11 +246,11 @@ class ToolLoop:
         "_calls",
         "_failed_rounds",
         "_identical",
-        "_threads",
         "context",
         "executions",
         "rounds",
         "settings",
+        "threads",
         "tools",
     )
 
@@ -234,16 +259,17 @@ class ToolLoop:
         tools: Mapping[str, ToolDefinition],
         settings: ToolSettings,
         context: Callable[[ToolCall, int], ToolContext],
+        threads: ThreadLimiter,
     ) -> None:
         self.tools = tools
         self.settings = settings
         self.context = context
+        self.threads = threads
         self.executions: list[ToolExecution] = []
         self.rounds = 0
         self._calls = 0
         self._failed_rounds = 0
         self._identical: Counter[tuple[str, str]] = Counter()
-        self._threads: anyio.CapacityLimiter | None = None
 
     def limit_before(self, calls: Sequence[ToolCall]) -> LoopLimit | None:
         """The limit that running `calls` as the next round would break, if any."""
@@ -399,15 +425,13 @@ class ToolLoop:
         if definition.is_async:
             value = await definition.function(**kwargs)
         else:
-            # Sync tools run in worker threads under this invocation's own limiter (a thread that
-            # hangs past its timeout is abandoned, not killed, and must not starve anyone else);
-            # anyio copies the context, so context variables reach them.
-            if self._threads is None:
-                self._threads = anyio.CapacityLimiter(self.settings.thread_limit)
+            # Sync tools run in worker threads under the service's own limiter, not anyio's default
+            # one (a thread that hangs past its timeout is abandoned, not killed, and must not starve
+            # the rest of the program); anyio copies the context, so context variables reach them.
             value = await anyio.to_thread.run_sync(
                 functools.partial(definition.function, **kwargs),
                 abandon_on_cancel=True,
-                limiter=self._threads,
+                limiter=self.threads.current(),
             )
         if inspect.isawaitable(value):  # a sync callable that returned a coroutine
             value = await value
