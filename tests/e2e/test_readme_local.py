@@ -1,0 +1,26 @@
+"""The README block that starts a real local model server runs as written (needs agentrt[local])."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_readme import python_blocks, run_readme
+
+from agentrt.testing import ScriptedModel
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_the_local_server_block_of_the_readme_runs_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-readme-test")
+    model = ScriptedModel("a", '{"origin": "a", "destination": "b"}', "c", "d")
+    namespace: dict[str, Any] = {"__name__": "readme", "model": model}
+    await run_readme(namespace, local=False)
+
+    ran = await run_readme(namespace, local=True)
+
+    assert len(ran) == 1 and ran[0] in python_blocks()
+    service = namespace["support"]
+    assert type(service).__qualname__ == "Support"
+    assert namespace["server"].chat_model().name == namespace["model"].name
