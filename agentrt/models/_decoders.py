@@ -4,6 +4,13 @@ A decoder is fed the body's bytes as they arrive and returns the chunks they com
 an error the body reports, or a body that does not follow the protocol, is stored in `error` (and
 `done` set) so that the chunks decoded before it still reach the caller, in the same order however the
 body was split into network reads. The mapper (one per protocol) turns one parsed payload into chunks.
+
+A payload that is not of its protocol's shape (not JSON, not an object, a field of the wrong type) makes
+the mapper raise: `MalformedPayload` where it checks a shape itself, or whatever Python raises where it
+reads one of the wrong type. The decoder translates that, in one place (`_unreadable`), into a
+`ModelResponseError` that says what was wrong and carries the payload as its `body`; the mapper's
+exception is its `__cause__`. The checks cost nothing on the way of a well-formed payload: a `try`
+around the mapper is free while nothing raises.
 """
 
 from __future__ import annotations
@@ -23,10 +30,12 @@ if TYPE_CHECKING:
 __all__ = [
     "FINISH_REASONS",
     "JSONChunkDecoder",
+    "MalformedPayload",
     "NDJSONChunkDecoder",
     "PayloadMapper",
     "SSEChunkDecoder",
     "finish_reason",
+    "json_type",
 ]
 
 FINISH_REASONS: Final[dict[str, FinishReason]] = {
@@ -55,7 +64,41 @@ def finish_reason(raw: str, *, called_tools: bool) -> FinishReason:
 _loads: Final = orjson.loads
 
 _PROBLEMS: Final = (ValueError, TypeError, AttributeError, LookupError, ArithmeticError)
-"""What reading a payload of the wrong shape raises (orjson's decode error is a ValueError)."""
+"""What reading a payload of the wrong shape raises (orjson's decode error and `MalformedPayload` are
+`ValueError`s)."""
+
+
+class MalformedPayload(ValueError):
+    """A mapper found a payload of the wrong shape; the message says what (never quoting the payload:
+    the decoder adds it to the error, scrubbed)."""
+
+
+def json_type(value: Any) -> str:
+    """The JSON type of a parsed value, for messages: "a number", "a list", "null", ..."""
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object" if isinstance(value, dict) else type(value).__name__
+
+
+def _unreadable(
+    mapper: PayloadMapper, what: str, exc: Exception, data: bytes | None, *, mid_stream: bool
+) -> ModelError:
+    """The error for a payload `exc` found malformed: what was wrong, and the payload itself."""
+    if isinstance(exc, MalformedPayload):
+        reason = str(exc)
+    elif isinstance(exc, orjson.JSONDecodeError):
+        reason = f"not JSON: {exc}"
+    else:
+        reason = f"{type(exc).__name__}: {exc}"
+    return mapper.unreadable(f"{what} ({reason})", mid_stream=mid_stream, data=data, cause=exc)
 
 
 class PayloadMapper(Protocol):
@@ -75,7 +118,11 @@ class PayloadMapper(Protocol):
 
     def error(self, payload: Any, *, mid_stream: bool) -> ModelError: ...
 
-    def unreadable(self, what: str, *, mid_stream: bool, data: bytes | None = None) -> ModelError: ...
+    def unreadable(
+        self, what: str, *, mid_stream: bool, data: bytes | None = None, cause: BaseException | None = None
+    ) -> ModelError:
+        """The error for a response that does not follow the protocol: `data` is the offending payload,
+        `cause` what found it malformed."""
 
 
 class SSEChunkDecoder:
@@ -108,8 +155,8 @@ class SSEChunkDecoder:
                 self._mapper.feed(_loads(raw[6:-2]), out)
             except ModelError as exc:
                 self.error, self.done = exc, True
-            except _PROBLEMS:
-                self._fail(raw[6:-2], error_event=False)
+            except _PROBLEMS as exc:
+                self._fail(raw[6:-2], exc)
             return out
         plain = sse.feed_plain(raw)
         if plain is not None:
@@ -139,8 +186,8 @@ class SSEChunkDecoder:
             except ModelError as exc:
                 self.error, self.done = exc, True
                 return
-            except _PROBLEMS:
-                self._fail(data, error_event=False)
+            except _PROBLEMS as exc:
+                self._fail(data, exc)
                 return
 
     def _events(self, events: list[tuple[str, bytes]], out: list[ModelChunk]) -> None:
@@ -150,24 +197,28 @@ class SSEChunkDecoder:
                 if event == "error":
                     self._payloads(payloads, out)  # what came before the error is delivered
                     if not self.done:
-                        self._fail(data, error_event=True)
+                        self._fail(data, None)
                     return
                 continue  # pings and other named events carry no chunk
             payloads.append(data)
         self._payloads(payloads, out)
 
-    def _fail(self, data: bytes, *, error_event: bool) -> None:
+    def _fail(self, data: bytes, exc: Exception | None) -> None:
+        """End with an error: the payload `data` is malformed (`exc` says why), or, without `exc`, the
+        data of an `error` event."""
         mapper = self._mapper
         self.done = True
+        if exc is not None:
+            self.error = _unreadable(
+                mapper, "a stream event is not a valid chunk", exc, data, mid_stream=True
+            )
+            return
         try:
             payload = orjson.loads(data)
         except orjson.JSONDecodeError:
             payload = None
-        if error_event:
-            reported = payload if payload is not None else data.decode("utf-8", "replace")
-            self.error = mapper.error(reported, mid_stream=True)
-        else:
-            self.error = mapper.unreadable("a stream event is not a valid chunk", mid_stream=True, data=data)
+        reported = payload if payload is not None else data.decode("utf-8", "replace")
+        self.error = mapper.error(reported, mid_stream=True)
 
 
 class NDJSONChunkDecoder:
@@ -205,11 +256,11 @@ class NDJSONChunkDecoder:
             except ModelError as exc:
                 self.error, self.done = exc, True
                 return
-            except _PROBLEMS:
+            except _PROBLEMS as exc:
                 if line.isspace():
                     continue  # a blank line holding a "\r" or spaces
-                self.error = mapper.unreadable(
-                    "a stream line is not a valid chunk", mid_stream=True, data=line
+                self.error = _unreadable(
+                    mapper, "a stream line is not a valid chunk", exc, line, mid_stream=True
                 )
                 self.done = True
                 return
@@ -254,8 +305,8 @@ class JSONChunkDecoder:
         except ModelError as exc:
             self.error = exc
             return []
-        except _PROBLEMS:
-            self.error = mapper.unreadable("the response is not valid", mid_stream=False, data=body)
+        except _PROBLEMS as exc:
+            self.error = _unreadable(mapper, "the response is not valid", exc, body, mid_stream=False)
             return []
         mapper.flush(out)
         return out

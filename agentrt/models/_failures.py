@@ -7,7 +7,8 @@ the provider's `code`/`type`, then by message where a provider has no dedicated 
 `{"error": {"message", "type", "code", "param"}}` (also vLLM, Groq, OpenRouter with an integer code and
 `metadata.raw`), Anthropic's `{"type": "error", "error": {"type", "message"}}`, Gemini's
 `{"error": {"code", "message", "status"}}`, Ollama's `{"error": "..."}` and bare
-`{"message"|"detail": ...}` bodies. Secrets given by the caller are scrubbed from every message and body.
+`{"message"|"detail": ...}` bodies. Secrets given by the caller are scrubbed from every message, body,
+request id and code, also in their escaped forms (`secret_forms`).
 
 This module and the adapters are the only places in agentrt that know httpx exceptions.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import email.utils
 import math
 import re
+import urllib.parse
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -41,15 +43,18 @@ from .._errors import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
 
 __all__ = [
+    "REDACTED",
     "ErrorContext",
     "error_from_payload",
     "error_from_response",
     "parse_retry_after",
     "redact_url",
     "request_id_of",
+    "scrub",
+    "secret_forms",
     "transport_error",
     "unreadable",
 ]
@@ -96,22 +101,54 @@ _KINDS: Final[dict[str, type[ModelError]]] = {
 }
 
 
+REDACTED: Final = "***"
+"""What a secret is replaced with."""
+
+
+def secret_forms(secrets: Iterable[str]) -> tuple[str, ...]:
+    """The texts `scrub` replaces, longest first: each secret as it is, as `repr` writes it in a str or
+    bytes (inside either kind of quotes), as JSON writes it, and percent-encoded as in a URL."""
+    forms: set[str] = set()
+    for secret in secrets:
+        if not secret:
+            continue
+        slashed = secret.replace("\\", "\\\\")
+        forms.update(
+            (
+                secret,
+                repr(secret)[1:-1],
+                repr(secret.encode(errors="replace"))[2:-1],
+                slashed,
+                slashed.replace("'", "\\'"),
+                slashed.replace('"', '\\"'),  # JSON's form of a printable ASCII key
+                urllib.parse.quote(secret, safe=""),
+            )
+        )
+    return tuple(sorted(forms, key=len, reverse=True))
+
+
+def scrub(text: str, forms: tuple[str, ...]) -> str:
+    """`text` with every one of `forms` (from `secret_forms`) replaced by `REDACTED`."""
+    for form in forms:
+        if form in text:
+            text = text.replace(form, REDACTED)
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorContext:
     """What every error of one endpoint carries: the redacted endpoint and the secrets to scrub."""
 
     endpoint: str
     secrets: tuple[str, ...] = field(default=(), repr=False)
+    forms: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "forms", secret_forms(self.secrets))
 
     def scrub(self, text: str) -> str:
-        """`text` with every secret replaced, also in the escaped forms exception messages use."""
-        for secret in self.secrets:
-            if not secret:
-                continue
-            for form in (secret, repr(secret)[1:-1], repr(secret.encode(errors="replace"))[2:-1]):
-                if form in text:
-                    text = text.replace(form, "***")
-        return text
+        """`text` with every secret replaced, also in the escaped forms messages, bodies and logs use."""
+        return scrub(text, self.forms)
 
 
 def redact_url(url: httpx.URL | str) -> str:
@@ -260,7 +297,10 @@ def _build(
     retry_after: float | None = None,
 ) -> ModelError:
     message = context.scrub(message)
-    body = context.scrub(body[:MAX_BODY]) if body else None
+    body = excerpt(body, context) if body else None  # scrubbed before the cut: no half key
+    # A server may echo the key anywhere, a request id made of the request's headers included.
+    request_id = context.scrub(request_id) if request_id else None
+    code = context.scrub(code) if code else None
     if kind is RateLimitError:
         return RateLimitError(
             message,
@@ -350,17 +390,48 @@ def transport_error(exc: httpx.HTTPError, context: ErrorContext, *, mid_stream: 
 
 
 def unreadable(
-    what: str, context: ErrorContext, *, request_id: str | None, mid_stream: bool, body: bytes | None = None
+    what: str,
+    context: ErrorContext,
+    *,
+    request_id: str | None,
+    mid_stream: bool,
+    body: bytes | None = None,
+    cause: BaseException | None = None,
 ) -> ModelResponseError:
-    """The error for a response that does not follow the protocol."""
-    text = context.scrub(body.decode("utf-8", "replace")[:MAX_BODY]) if body else None
-    return ModelResponseError(
-        context.scrub(what),
-        body=text,
+    """The error for a response that does not follow the protocol.
+
+    `body` is the offending payload or response, kept as a scrubbed excerpt. `cause` is what found it
+    malformed; it becomes the error's `__cause__`, unless its own message quotes a secret.
+    """
+    error = ModelResponseError(
+        excerpt(what, context, _MAX_MESSAGE),
+        body=excerpt(body, context) if body else None,
         request_id=request_id,
         endpoint=context.endpoint,
         mid_stream=mid_stream,
     )
+    if cause is not None:
+        detail = str(cause)
+        error.__cause__ = cause if context.scrub(detail) == detail else None
+    return error
+
+
+_MAX_MESSAGE: Final = 1000
+"""Characters of an unreadable response's message (it may quote a piece of the payload)."""
+
+
+def excerpt(data: bytes | str, context: ErrorContext, limit: int = MAX_BODY) -> str:
+    """The start of `data` as text, at most `limit` characters, scrubbed of the context's secrets.
+
+    Scrubbed before it is cut, so that a secret the cut would split is not left half shown; only the
+    part of `data` that can reach the excerpt is decoded and searched.
+    """
+    # Every form of a secret that `scrub` knows is at most four characters a UTF-8 byte (`\\xNN`).
+    longest = max((len(secret.encode(errors="surrogatepass")) for secret in context.secrets), default=0)
+    reach = limit + 4 * longest
+    if isinstance(data, bytes):
+        data = data[: 4 * reach].decode("utf-8", "replace")
+    return context.scrub(data[:reach])[:limit]
 
 
 def _reason(status: int) -> str:

@@ -6,13 +6,20 @@ point (connection failures, error statuses) is mapped to agentrt errors and retr
 `RetryPolicy`; everything after it belongs to the adapter, which must close the response.
 
 The API key lives in a `SecretStr` and is put into the `Authorization` header of each request only;
-listener events carry the request body and the redacted endpoint, never headers, and every error
-message and body is scrubbed of the key.
+listener events carry the request body and the redacted endpoint, never request headers, and every
+error message, body and request id is scrubbed of the key. A server may echo the key back: response
+headers given to `on_response` are scrubbed too, and so are the log records of the loggers a request
+goes through (httpx, httpcore, hpack: at DEBUG, httpcore logs every response header and hpack every
+request header). Their filter, `_KEY_FILTER`, knows the keys of the open sessions only: a session
+holds its key there from its first request until it is closed (or dropped), and records of other
+loggers, or logged when no session holds a key, pass unchanged.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -27,6 +34,8 @@ from ._failures import (
     parse_retry_after,
     redact_url,
     request_id_of,
+    scrub,
+    secret_forms,
     transport_error,
 )
 from ._retry import Retryable, RetryPolicy
@@ -59,6 +68,79 @@ _ERROR_BODY_LIMIT: Final = 64 * 1024
 _DRAIN_LIMIT: Final = 64 * 1024
 _DRAIN_SECONDS: Final = 1.0
 _USER_AGENT: Final = "agentrt/0.1"
+_SCRUBBED_LOGGERS: Final = (
+    "httpx",
+    "httpcore.connection",
+    "httpcore.http11",
+    "httpcore.http2",
+    "httpcore.proxy",
+    "httpcore.socks",
+    "hpack.hpack",
+    "hpack.table",
+    "agentrt.models",
+)
+"""The loggers an agentrt request goes through (a filter applies to its own logger's records only)."""
+_FORMATTER: Final = logging.Formatter()
+
+
+class _KeyFilter(logging.Filter):
+    """Replaces the keys of open sessions in the records of `_SCRUBBED_LOGGERS`; never drops one.
+
+    Installed on those loggers (only) by the first session that sends a request with a key; it stays,
+    inert, once no session holds a key. A record's message is formatted (only when a key is held and
+    the record was not discarded by its level) and, if it showed a key, replaced by its scrubbed text;
+    so are its exception and stack texts.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Reentrant: `release` also runs from a garbage collection, which may start inside `hold`.
+        # An update it interrupts can only end with a count too high (a key scrubbed for longer).
+        self._lock = threading.RLock()
+        self._held: dict[str, int] = {}
+        self.forms: tuple[str, ...] = ()
+
+    def hold(self, secret: str) -> None:
+        with self._lock:
+            self._held[secret] = self._held.get(secret, 0) + 1
+            self.forms = secret_forms(self._held)
+        for name in _SCRUBBED_LOGGERS:
+            logging.getLogger(name).addFilter(self)  # a no-op once installed
+
+    def release(self, secret: str) -> None:
+        with self._lock:
+            count = self._held.get(secret, 0) - 1
+            if count > 0:
+                self._held[secret] = count
+            else:
+                self._held.pop(secret, None)
+            self.forms = secret_forms(self._held)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        forms = self.forms
+        if forms:
+            try:
+                _scrub_record(record, forms)
+            except Exception:  # a record that cannot be formatted: its handler reports it
+                pass
+        return True
+
+
+def _scrub_record(record: logging.LogRecord, forms: tuple[str, ...]) -> None:
+    message = record.getMessage()
+    clean = scrub(message, forms)
+    if clean != message:
+        record.msg, record.args = clean, ()
+    if record.exc_info and record.exc_info[1] is not None:
+        text = record.exc_text or _FORMATTER.formatException(record.exc_info)
+        clean = scrub(text, forms)
+        if clean != text:
+            record.exc_info, record.exc_text = None, clean
+    if record.stack_info:
+        record.stack_info = scrub(record.stack_info, forms)
+
+
+_KEY_FILTER: Final = _KeyFilter()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +198,10 @@ class HttpSession:
     """Sends JSON requests to one endpoint, with a pooled client, retries and listener events."""
 
     __slots__ = (
+        "__weakref__",
         "_client",
         "_headers",
+        "_key_hold",
         "_owned",
         "_secret",
         "_timeout",
@@ -151,6 +235,7 @@ class HttpSession:
         self.url = base.copy_with(path=base.path.rstrip("/") + path, fragment=None)
         self.endpoint = redact_url(self.url)
         self._secret = secret
+        self._key_hold: weakref.finalize[[str], HttpSession] | None = None
         self.context = ErrorContext(self.endpoint, (secret.get_secret_value(),) if secret else ())
         self._headers = {"content-type": "application/json", "accept": "application/json"}
         self._headers.update({k.lower(): v for k, v in (headers or {}).items()})
@@ -173,9 +258,20 @@ class HttpSession:
 
     async def aclose(self) -> None:
         """Close the client if this session created it (a user's own client stays open). Idempotent."""
+        hold, self._key_hold = self._key_hold, None
+        if hold is not None:
+            hold()
         if self._owned and self._client is not None:
             client, self._client = self._client, None
             await client.aclose()
+
+    def _hold_key(self) -> None:
+        """Have the HTTP loggers scrub the key until `aclose` (or until this session is dropped)."""
+        if self._secret is not None and self._key_hold is None:
+            secret = self._secret.get_secret_value()
+            _KEY_FILTER.hold(secret)
+            hold = self._key_hold = weakref.finalize(self, _KEY_FILTER.release, secret)
+            hold.atexit = False
 
     def _request_headers(self) -> dict[str, str]:
         headers = dict(self._headers)
@@ -189,6 +285,7 @@ class HttpSession:
         Raises the `ModelError` kind for the failure once retries are over. The caller closes the
         response. Cancellation while waiting or retrying propagates unchanged.
         """
+        self._hold_key()
         client = self.client()
         request = client.build_request(
             "POST",
@@ -269,13 +366,14 @@ class HttpSession:
         except ModelError as error:
             self.report(error, body, attempt)
             raise
-        request_id = request_id_of(response.headers)
+        headers = response.headers
+        if self._secret is not None:
+            headers = _scrubbed(headers, self.context)
+        request_id = request_id_of(headers)
         if self.on_response is not None:
             _notify(
                 self.on_response,
-                HttpResponseEvent(
-                    self.endpoint, body, attempt, response.status_code, request_id, response.headers
-                ),
+                HttpResponseEvent(self.endpoint, body, attempt, response.status_code, request_id, headers),
             )
         return Exchange(response, body, attempt, request_id)
 
@@ -287,6 +385,13 @@ class HttpSession:
     def stream_error(self, exc: httpx.HTTPError) -> ModelError:
         """The error for a transport failure while a response body streams."""
         return transport_error(exc, self.context, mid_stream=True)
+
+
+def _scrubbed(headers: httpx.Headers, context: ErrorContext) -> httpx.Headers:
+    """`headers`, or a scrubbed copy if the server echoed the key in one (once per response)."""
+    items = headers.multi_items()
+    clean = [(context.scrub(name), context.scrub(value)) for name, value in items]
+    return headers if clean == items else httpx.Headers(clean)
 
 
 async def _read_limited(response: httpx.Response) -> bytes:

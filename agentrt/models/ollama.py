@@ -27,7 +27,7 @@ from .._messages import (
     UserMessage,
 )
 from ._base import HttpChatModel
-from ._decoders import JSONChunkDecoder, NDJSONChunkDecoder, finish_reason
+from ._decoders import JSONChunkDecoder, MalformedPayload, NDJSONChunkDecoder, finish_reason, json_type
 from ._failures import error_from_payload, unreadable
 from ._http import stream_chunks
 from ._protocol import (
@@ -278,6 +278,8 @@ class OllamaChatMapper:
     Each tool call arrives whole and gets the next index. `done_reason: "stop"` after tool calls
     becomes `TOOL_CALLS`. When Ollama omits `prompt_eval_count` (a fully cached prompt), the input
     tokens are estimated and the usage marked `estimated`; without `eval_count` no usage is reported.
+    An object of the wrong shape raises `MalformedPayload` (or whatever reading it raised), which the
+    decoder turns into a `ModelResponseError` carrying the object.
     """
 
     __slots__ = ("_calls", "_context", "_meta", "_request", "_request_id", "_think", "finished")
@@ -301,17 +303,22 @@ class OllamaChatMapper:
     def error(self, payload: Any, *, mid_stream: bool) -> ModelError:
         return error_from_payload(payload, self._context, request_id=self._request_id, mid_stream=mid_stream)
 
-    def unreadable(self, what: str, *, mid_stream: bool, data: bytes | None = None) -> ModelError:
-        return unreadable(what, self._context, request_id=self._request_id, mid_stream=mid_stream, body=data)
+    def unreadable(
+        self, what: str, *, mid_stream: bool, data: bytes | None = None, cause: BaseException | None = None
+    ) -> ModelError:
+        return unreadable(
+            what, self._context, request_id=self._request_id, mid_stream=mid_stream, body=data, cause=cause
+        )
 
     def feed(self, payload: Any, out: list[ModelChunk], *, mid_stream: bool = True) -> None:
-        """Append the chunks of one object to `out`; raises `ModelError` for an error object."""
+        """Append the chunks of one object to `out`; raises `ModelError` for an error object and
+        `MalformedPayload` (or what reading it raised) for an object of the wrong shape."""
         if payload.__class__ is not dict:
-            raise self.unreadable("a response object is not a JSON object", mid_stream=mid_stream)
+            raise MalformedPayload(f"the payload is {json_type(payload)}, not an object")
         if payload.get("error"):
             raise self.error(payload, mid_stream=mid_stream)
         if not mid_stream and not payload.get("done"):
-            raise self.unreadable("the response is not complete (no `done: true`)", mid_stream=False)
+            raise MalformedPayload("the response is not complete (no `done: true`)")
         if not self._meta:
             self._meta = True
             model = payload.get("model")
@@ -339,8 +346,13 @@ class OllamaChatMapper:
                         arguments = "{}"
                     elif arguments.__class__ is not str:
                         arguments = orjson.dumps(arguments).decode()
-                    call_id = call.get("id") or None
-                    out.append(ToolCallDelta(self._calls, call_id, function.get("name") or None, arguments))
+                    call_id = call.get("id")
+                    if call_id is not None and call_id.__class__ is not str:
+                        raise MalformedPayload(f"a tool call's `id` is {json_type(call_id)}, not a string")
+                    name = function.get("name")
+                    if name is not None and name.__class__ is not str:
+                        raise MalformedPayload(f"a tool call's `name` is {json_type(name)}, not a string")
+                    out.append(ToolCallDelta(self._calls, call_id or None, name or None, arguments))
                     self._calls += 1
         if payload.get("done"):
             self.finished = True

@@ -42,7 +42,7 @@ from .._messages import (
     VideoContent,
 )
 from ._base import HttpChatModel
-from ._decoders import JSONChunkDecoder, SSEChunkDecoder, finish_reason
+from ._decoders import JSONChunkDecoder, MalformedPayload, SSEChunkDecoder, finish_reason, json_type
 from ._failures import error_from_payload, unreadable
 from ._http import stream_chunks
 from ._protocol import Capabilities, JsonSchemaFormat, ModelSettings
@@ -322,7 +322,10 @@ class ChatCompletionMapper:
     Only choice 0 is read (with `n > 1` the others are ignored; usage then counts all of them).
     Reasoning text comes from `reasoning_content` (vLLM, DeepSeek) or `reasoning` (OpenRouter, Groq,
     Ollama); tool-call fragments are keyed by `index`, or by `id` where a server omits the index.
-    Unknown fields are ignored. An `error` object in a payload raises (see `error_from_payload`).
+    Unknown fields are ignored. An `error` object in a payload raises (see `error_from_payload`); a
+    payload of the wrong shape raises `MalformedPayload` (or whatever reading it raised), which the
+    decoder turns into a `ModelResponseError` carrying the payload. Text fields of another type than a
+    string (a `reasoning` object, a `refusal` of null) are ignored, but not a tool call's `id` or `name`.
     """
 
     __slots__ = (
@@ -353,14 +356,19 @@ class ChatCompletionMapper:
     def error(self, payload: Any, *, mid_stream: bool) -> ModelError:
         return error_from_payload(payload, self._context, request_id=self._request_id, mid_stream=mid_stream)
 
-    def unreadable(self, what: str, *, mid_stream: bool, data: bytes | None = None) -> ModelError:
-        return unreadable(what, self._context, request_id=self._request_id, mid_stream=mid_stream, body=data)
+    def unreadable(
+        self, what: str, *, mid_stream: bool, data: bytes | None = None, cause: BaseException | None = None
+    ) -> ModelError:
+        return unreadable(
+            what, self._context, request_id=self._request_id, mid_stream=mid_stream, body=data, cause=cause
+        )
 
     def feed(self, payload: Any, out: list[ModelChunk], *, mid_stream: bool = True) -> None:
-        """Append the chunks of one payload to `out`; raises `ModelError` for an error payload."""
+        """Append the chunks of one payload to `out`; raises `ModelError` for an error payload and
+        `MalformedPayload` (or what reading it raised) for a payload of the wrong shape."""
         # The per-token path: a handful of dict lookups and one TextDelta; the rest is off to the side.
         if payload.__class__ is not dict:
-            raise self.unreadable("a response payload is not a JSON object", mid_stream=mid_stream)
+            raise MalformedPayload(f"the payload is {json_type(payload)}, not an object")
         if payload.get("error"):
             raise self.error(payload, mid_stream=mid_stream)
         if not self._meta:
@@ -383,7 +391,7 @@ class ChatCompletionMapper:
             if raw and raw != self._finish:
                 self._finished(raw, out)
         elif not mid_stream:
-            raise self.unreadable("the response has no choices", mid_stream=False)
+            raise MalformedPayload("the response has no choices")
         usage = payload.get("usage")
         if usage:
             out.append(_usage(usage))
@@ -429,7 +437,11 @@ class ChatCompletionMapper:
 
     def _parts(self, parts: list[Any], out: list[ModelChunk]) -> None:
         """Content given as a list of parts (Mistral and others): text, and thinking parts."""
+        if parts.__class__ is not list:
+            raise MalformedPayload(f"a message's `content` is {json_type(parts)}, not a string or a list")
         for part in parts:
+            if part.__class__ is not dict:
+                raise MalformedPayload(f"a part of a message's `content` is {json_type(part)}, not an object")
             kind = part.get("type")
             if kind == "text" and part.get("text"):
                 out.append(TextDelta(str(part["text"])))
@@ -441,7 +453,11 @@ class ChatCompletionMapper:
     def _calls(self, calls: list[Any], out: list[ModelChunk]) -> None:
         self._called = True
         for position, call in enumerate(calls):
-            call_id = call.get("id") or None
+            # A fragment after the first usually has neither `id` nor `name`: one test each, then.
+            call_id = call.get("id")
+            if call_id is not None and (call_id.__class__ is not str or not call_id):
+                _require_text(call_id, "id")
+                call_id = None  # an empty id is no id
             index = call.get("index")
             if index.__class__ is not int:
                 index = self._implicit_index(call_id, position)
@@ -449,12 +465,16 @@ class ChatCompletionMapper:
             if index >= self._next_index:
                 self._next_index = index + 1
             function = call.get("function") or {}
+            name = function.get("name")
+            if name is not None and (name.__class__ is not str or not name):
+                _require_text(name, "name")
+                name = None
             arguments = function.get("arguments")
             if arguments is None:
                 arguments = ""
             elif arguments.__class__ is not str:
                 arguments = orjson.dumps(arguments).decode()
-            out.append(ToolCallDelta(index, call_id, function.get("name") or None, arguments))
+            out.append(ToolCallDelta(index, call_id, name, arguments))
 
     def _implicit_index(self, call_id: str | None, position: int) -> int:
         if call_id is None:
@@ -470,6 +490,12 @@ class ChatCompletionMapper:
         if think is not None:
             self._think = None
             think.close(out)
+
+
+def _require_text(value: Any, field: str) -> None:
+    """Raise `MalformedPayload` unless a tool call's `field` is a string."""
+    if value.__class__ is not str:
+        raise MalformedPayload(f"a tool call's `{field}` is {json_type(value)}, not a string")
 
 
 def _usage(usage: dict[str, Any]) -> Usage:
