@@ -157,46 +157,155 @@ def test_any_bytes_decode_without_error_and_independently_of_splits(body: bytes,
         assert isinstance(payload, bytes)
 
 
-def decode_plain_first(*parts: bytes) -> list[bytes]:
-    """Like a model stream reads: `feed_plain` where it applies, `feed` otherwise."""
-    decoder = SSEDecoder()
-    data: list[bytes] = []
-    for part in parts:
-        plain = decoder.feed_plain(part)
-        if plain is None:
-            data += [d for _, d in decoder.feed(part)]
-        else:
-            data += plain
-    return data + [d for _, d in decoder.close()]
+def read_fast_path_first(decoder: SSEDecoder, part: bytes) -> list[tuple[str, bytes]]:
+    """One network read the way a model stream takes it: `feed_plain` where it applies, else `feed`."""
+    plain = decoder.feed_plain(part)
+    if plain is None:
+        return decoder.feed(part)
+    return [("", data) for data in plain]
 
 
-_lines = st.sampled_from(
+def assert_fast_path_reads_like_the_full_decoder(parts: list[bytes]) -> None:
+    """Read by read: the same events at the same read, the same `idle`, the same end of stream."""
+    full, fast = SSEDecoder(), SSEDecoder()
+    for i, part in enumerate(parts):
+        expected = full.feed(part)
+        assert read_fast_path_first(fast, part) == expected, f"read {i} of {parts!r}"
+        assert fast.idle == full.idle, f"idle after read {i} of {parts!r}"
+    assert fast.close() == full.close(), parts
+
+
+EVENT = b'data: {"choices":[{"delta":{"content":" tok"}}]}\n\n'
+PAYLOAD = b'{"choices":[{"delta":{"content":" tok"}}]}'
+
+
+@pytest.mark.parametrize(
+    "tail",
     [
-        b"data: {}",
-        b'data: {"a": 1}',
-        b"data:x",
-        b"data: ",
-        b"data: data: x",
-        b": ping",
-        b"event: error",
-        b"data: [DONE]",
-        b"id: 3",
-    ]
+        b"\n",  # "\n\n\n": an extra blank line
+        b"\n\n",
+        b": keep-alive\n\n",
+        b": keep-alive\n",
+        b":\n\n",
+        b": keep-alive\n\ndata: {",  # and the start of the next event
+        b"id: 7\n\n",
+        b"retry: 5\n",
+        b"event: ping\n\n",
+    ],
 )
+def test_the_fast_path_emits_an_event_at_the_read_that_completes_it(tail: bytes) -> None:
+    # One event a second, each followed by a comment or a blank line: each token must come out at
+    # its own read, not one read (one second) later.
+    decoder = SSEDecoder()
+    decoder.feed(EVENT)
+    assert read_fast_path_first(decoder, EVENT + tail) == [("", PAYLOAD)]
+    assert_fast_path_reads_like_the_full_decoder([EVENT, EVENT + tail, EVENT + tail, EVENT])
+
+
+def test_the_fast_path_emits_like_the_full_decoder_after_a_keep_alive() -> None:
+    # The exact reads from the review: the full decoder emits the second event at the second read.
+    full, fast = SSEDecoder(), SSEDecoder()
+    full.feed(EVENT)
+    fast.feed(EVENT)
+    assert full.feed(EVENT + b"\n") == [("", PAYLOAD)]
+    assert fast.feed_plain(EVENT + b"\n") in (None, [PAYLOAD])
+    full, fast = SSEDecoder(), SSEDecoder()
+    full.feed(EVENT)
+    fast.feed(EVENT)
+    assert full.feed(EVENT + b": keep-alive\n\n") == [("", PAYLOAD)]
+    assert fast.feed_plain(EVENT + b": keep-alive\n\n") in (None, [PAYLOAD])
+
+
+def test_the_fast_path_takes_the_common_reads() -> None:
+    # It must keep doing its job: whole plain events, several at once, and a cut inside one.
+    decoder = SSEDecoder()
+    decoder.feed(b"data: {}\n\n")
+    assert decoder.feed_plain(EVENT) == [PAYLOAD]
+    assert decoder.idle
+    assert decoder.feed_plain(EVENT + EVENT + EVENT[:20]) == [PAYLOAD, PAYLOAD]
+    assert not decoder.idle
+    assert decoder.feed_plain(EVENT[20:] + b"data: [DONE]\n\n") == [PAYLOAD, b"[DONE]"]
+    assert decoder.idle
+
+
+@pytest.mark.parametrize("cut", range(1, 7))
+def test_a_read_cut_inside_the_next_data_prefix_emits_the_event_before_it(cut: int) -> None:
+    # "...}\n\nda" | "ta: {...}\n\n": the first event is complete at the first read (1024-byte reads
+    # cut there about once in 55 events), and the fast path still takes both reads.
+    decoder = SSEDecoder()
+    decoder.feed(b"data: {}\n\n")
+    assert decoder.feed_plain(EVENT + EVENT[:cut]) == [PAYLOAD]
+    assert decoder.idle is False
+    assert decoder.feed_plain(EVENT[cut:]) == [PAYLOAD]
+    assert decoder.idle
+    assert_fast_path_reads_like_the_full_decoder([EVENT, EVENT + EVENT[:cut], EVENT[cut:]])
+
+
+# Lines of every kind a server sends, plain JSON events most often (so that the fast path is taken).
+_PLAIN_EVENT = st.sampled_from([b"data: {}\n\n", EVENT, b'data: {"a": "data: x"}\n\n', b"data: [DONE]\n\n"])
+_FIELD_LINE = st.one_of(
+    st.sampled_from(
+        [
+            b"",  # a blank line
+            b"",
+            b": keep-alive",
+            b":",
+            b": OPENROUTER PROCESSING",
+            b"data: {}",
+            b"data:{}",  # no space after the colon
+            b"data:",
+            b"data: ",
+            b"data:  x",
+            b"data",
+            b"data: data: x",
+            b"event: error",
+            b"event:message",
+            b"event:",
+            b"id: 3",
+            b"id:4",
+            b"retry: 5",
+            b"retry:10",
+            b"foo: bar",
+            b"\xef\xbb\xbfdata: 1",  # a byte-order mark not at the start is part of the line
+        ]
+    ),
+    st.binary(max_size=8).filter(lambda b: b"\r" not in b and b"\n" not in b).map(lambda b: b"data: " + b),
+)
+_LINE_END_BYTES = st.sampled_from([b"\n", b"\n", b"\n", b"\r\n", b"\r"])
+_BLOCK = st.one_of(
+    _PLAIN_EVENT,
+    _PLAIN_EVENT,
+    st.tuples(_FIELD_LINE, _LINE_END_BYTES).map(b"".join),
+    # Multi-line data, with any line end.
+    st.tuples(st.lists(_FIELD_LINE, min_size=1, max_size=3), _LINE_END_BYTES).map(
+        lambda t: t[1].join([*t[0], b"", b""])
+    ),
+)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    bom=st.booleans(),
+    blocks=st.lists(_BLOCK, max_size=16),
+    tail=st.binary(max_size=3),
+    data=st.data(),
+)
+def test_the_plain_fast_path_reads_like_the_full_decoder(
+    bom: bool, blocks: list[bytes], tail: bytes, data: st.DataObject
+) -> None:
+    body = (b"\xef\xbb\xbf" if bom else b"") + b"".join(blocks) + tail
+    # Reads cut anywhere, and at block boundaries (where a server's flushes fall) more often than chance.
+    boundaries = [len(b"".join(blocks[:i])) + (3 if bom else 0) for i in range(len(blocks) + 1)]
+    cuts = data.draw(st.lists(st.one_of(st.integers(0, len(body)), st.sampled_from(boundaries)), max_size=12))
+    offsets = sorted(set(cuts))
+    parts = [body[a:b] for a, b in zip([0, *offsets], [*offsets, len(body)], strict=True)]
+    assert_fast_path_reads_like_the_full_decoder(parts)
 
 
 @settings(max_examples=1000, deadline=None)
-@given(
-    events=st.lists(st.lists(_lines, min_size=1, max_size=3), max_size=12),
-    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8),
-    crlf=st.booleans(),
-)
-def test_the_plain_fast_path_decodes_like_the_full_decoder(
-    events: list[list[bytes]], cuts: list[int], crlf: bool
-) -> None:
-    end = b"\r\n" if crlf else b"\n"
-    body = b"".join(end.join(lines) + end + end for lines in events)
-    offsets = sorted({min(c, len(body)) for c in cuts})
-    parts = [body[a:b] for a, b in zip([0, *offsets], [*offsets, len(body)], strict=True)]
-
-    assert decode_plain_first(*parts) == [d for _, d in decode(*parts)]
+@given(body=st.binary(max_size=200), data=st.data())
+def test_the_plain_fast_path_reads_any_bytes_like_the_full_decoder(body: bytes, data: st.DataObject) -> None:
+    body = b"data: {}\n\n" + body  # started, so that the fast path is tried from the second read on
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, len(body)), max_size=8))))
+    parts = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+    assert_fast_path_reads_like_the_full_decoder(parts)

@@ -75,6 +75,11 @@ class SSEDecoder:
         decoder holds no more than an unterminated rest. That is nearly every read of a model
         stream, and splitting on blank lines decodes it with the same result as `feed`, in a
         fraction of the work. On `None` the decoder is unchanged and `feed` takes the chunk.
+
+        Same result means the same events at the same read: the bytes after the last blank line
+        are kept only when they complete no event and `feed` would keep them too (the start of
+        the next `data: ` line). A read whose last event is followed by anything else, such as a
+        comment or an extra blank line, goes to `feed`.
         """
         if self._data or self._event or self._skip_lf or not self._started or 13 in chunk:
             return None
@@ -82,19 +87,31 @@ class SSEDecoder:
         if not buf.startswith(b"data: "):
             return None
         # Split between events, at "\n\ndata: ": every piece is then one event's data, except
-        # that the last piece is either a complete event ending in "\n\n" or an unfinished one.
+        # that the last piece is either a complete event ending in "\n\n" (perhaps followed by the
+        # first bytes of the next "data: ", cut by the read) or an unfinished one.
         payloads = buf[6:].split(b"\n\ndata: ")
         last = payloads[-1]
-        if last.endswith(b"\n\n") and 10 not in last[:-2]:
-            payloads[-1] = last[:-2]
+        if last.endswith(b"\n\n"):
+            payloads[-1] = last[:-2]  # not plain if a "\n" remains in it: see below
             rest = b""
         else:
-            payloads.pop()
-            rest = b"data: " + last
+            end = last.find(b"\n\n") if 10 in last else -1
+            if end < 0:
+                # An unfinished event, kept whole (it may hold complete lines: `feed` reparses its
+                # buffer from the start). With no blank line in it, `feed` dispatches none of it either.
+                payloads.pop()
+                rest = b"data: " + last
+            else:
+                rest = last[end + 2 :]
+                if not b"data: ".startswith(rest):
+                    # After the blank line something else than the next "data: ": a comment, an
+                    # extra blank line, another field. Unusual; `feed` takes the read.
+                    return None
+                payloads[-1] = last[:end]
         for payload in payloads:
             if 10 in payload:
                 return None
-        self._buf = rest  # may hold a complete line: `feed` reparses its buffer from the start
+        self._buf = rest
         self.idle = not rest
         return payloads
 
