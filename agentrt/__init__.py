@@ -6,10 +6,12 @@ Declare a class of `async def` stubs, `build` it with a model, and await, stream
 from __future__ import annotations
 
 from . import models, output, testing, tools
+from ._budget import Budget, Spent
 from ._errors import (
     AgentError,
     AuthenticationError,
     BadRequestError,
+    BudgetExceededError,
     ConfigurationError,
     ContentRefusedError,
     ContextLengthExceededError,
@@ -50,7 +52,6 @@ from ._events import (
     ToolOutcome,
     Usage,
 )
-from ._invocation import Listener, SystemMessageProvider, ToolProvider, ToolRequest
 from ._messages import (
     AssistantMessage,
     AudioContent,
@@ -67,6 +68,8 @@ from ._messages import (
     messages_from_json,
     messages_to_json,
 )
+from ._options import call_options, method_options
+from ._pipeline import Listener, SystemMessageProvider, ToolProvider, ToolRequest
 from ._service import build, create
 from ._spec import AiService, MemoryId, V, system_message, user_message
 from ._stream import TokenStream
@@ -82,6 +85,8 @@ __all__ = [
     "AudioContent",
     "AuthenticationError",
     "BadRequestError",
+    "Budget",
+    "BudgetExceededError",
     "CancelledEvent",
     "Capabilities",
     "ChatMessage",
@@ -116,6 +121,7 @@ __all__ = [
     "ResponseReceived",
     "Result",
     "ServerError",
+    "Spent",
     "Started",
     "SystemMessage",
     "SystemMessageProvider",
@@ -145,9 +151,11 @@ __all__ = [
     "V",
     "VideoContent",
     "build",
+    "call_options",
     "create",
     "messages_from_json",
     "messages_to_json",
+    "method_options",
     "models",
     "output",
     "system_message",

@@ -24,7 +24,8 @@ it stays the backend's own cancellation exception.
     │   ├── UnknownToolError        the model called a tool that does not exist
     │   ├── ToolTimeoutError        the tool did not finish within its timeout
     │   └── ToolExecutionError      the tool raised (the original exception is the __cause__)
-    └── ToolLoopLimitError          a limit of the tool loop was reached (carries `reason` and `partial`)
+    ├── ToolLoopLimitError          a limit of the tool loop was reached (carries `reason` and `partial`)
+    └── BudgetExceededError         a limit of the invocation's Budget was reached (`limit`, `partial`)
 
 Every error pickles (and copies), whatever its `__init__` looks like, a user's own subclasses included:
 a task queue or a process pool carries it with its type, message, `args` and every attribute. As always
@@ -42,6 +43,7 @@ __all__ = [
     "AgentError",
     "AuthenticationError",
     "BadRequestError",
+    "BudgetExceededError",
     "ConfigurationError",
     "ContentRefusedError",
     "ContextLengthExceededError",
@@ -274,4 +276,18 @@ class ToolLoopLimitError(AgentError):
     def __init__(self, message: str, *, reason: str, partial: Result[Any]) -> None:
         super().__init__(message)
         self.reason = reason
+        self.partial = partial
+
+
+class BudgetExceededError(AgentError):
+    """The invocation reached a limit of its `Budget`; `limit` names it, `partial` is the `Result` so far.
+
+    `partial.value` is `None`; `partial.text` is the answer text so far, `partial.usage` what was spent
+    (estimated where the server reported nothing, and marked so), `partial.spent` the account against
+    every limit, `partial.tool_executions` every call that finished, `partial.messages` the transcript.
+    """
+
+    def __init__(self, message: str, *, limit: str, partial: Result[Any]) -> None:
+        super().__init__(message)
+        self.limit = limit
         self.partial = partial

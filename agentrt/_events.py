@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Generic, SupportsIndex, TypeVar
 
 if TYPE_CHECKING:
+    from ._budget import Budget, Spent
     from ._messages import AssistantMessage, ChatMessage, ToolCall
     from .models._protocol import ModelRequest
 
@@ -276,6 +277,10 @@ class Result(Generic[T]):
     model: str | None = None
     messages: tuple[ChatMessage, ...] = field(default=(), repr=False)
     invocation_id: str = field(default="", compare=False)
+    budget: Budget | None = None
+    """The invocation's effective budget (call > method > build), when it had one."""
+    spent: Spent | None = field(default=None, compare=False)
+    """What the invocation spent against each limit of `budget` (set when it had one)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,19 +6,22 @@ import functools
 import inspect
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from ._budget import Budget
 from ._errors import ConfigurationError
-from ._invocation import Invocation, Listener, Runtime, SystemMessageProvider, ToolProvider
+from ._options import CURRENT_OPTIONS, CallOptions
+from ._pipeline import READY, Invocation, Listener, Runtime, SystemMessageProvider, ToolProvider
 from ._spec import MethodSpec, OutputKind, service_spec
 from ._stream import TokenStream
+from .models._protocol import ModelSettings
 from .tools._declare import collect_tools
 from .tools._run import ThreadLimiter, ToolSettings
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from .models._protocol import ChatModel, ModelSettings
+    from .models._protocol import ChatModel
 
 __all__ = ["build", "create"]
 
@@ -27,23 +30,48 @@ S = TypeVar("S")
 
 def _implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
     bind = spec.bind
+    # Options that do not depend on the call, laid over the build's once.
+    base = CallOptions(runtime.budget, runtime.settings)
+    if spec.options is not None:
+        base = spec.options.over(base)
+    fixed = not spec.option_params
+
+    def invocation(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Invocation:
+        arguments = bind(args, kwargs)
+        options = base
+        ambient = CURRENT_OPTIONS.get()
+        if ambient is not None:
+            options = ambient.over(options)
+        if not fixed:
+            own = spec.call_options(arguments)
+            if own is not None:
+                options = own.over(options)
+        return Invocation(runtime, spec, arguments, settings=options.settings, budget=options.budget)
+
     method: Callable[..., Any]
     if spec.output_kind == OutputKind.STREAM:
 
         async def method(self: Any, /, *args: Any, **kwargs: Any) -> TokenStream:
-            invocation = Invocation(runtime, spec, bind(args, kwargs))
-            return TokenStream(invocation.events())
+            # Started here, up to the model's acceptance of the first request, so that errors
+            # before it (a connection error, 401, 429, an exceeded context) are raised by this await.
+            events = invocation(args, kwargs).events(prime=True)
+            try:
+                ready = await events.__anext__()
+            except BaseException:
+                await events.aclose()
+                raise
+            assert ready is cast("object", READY)
+            return TokenStream(events)
 
     elif spec.output_kind == OutputKind.RESULT:
 
         async def method(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-            return await Invocation(runtime, spec, bind(args, kwargs)).result()
+            return await invocation(args, kwargs).result()
 
     else:
 
         async def method(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-            invocation = Invocation(runtime, spec, bind(args, kwargs))
-            return (await invocation.result()).value
+            return (await invocation(args, kwargs).result()).value
 
     functools.update_wrapper(method, spec.function)
     # Show the stub's signature (with `self`), not the wrapper's *args/**kwargs, and drop the
@@ -106,6 +134,7 @@ def build(
     tools: Sequence[object] = (),
     tool_provider: ToolProvider | None = None,
     tool_settings: ToolSettings | None = None,
+    budget: Budget | None = None,
 ) -> S:
     """Build a service: an instance of `cls` whose stub methods call `model`.
 
@@ -117,6 +146,8 @@ def build(
     - `tools`: functions and objects with `@tool` methods the model may call.
     - `tool_provider`: called once per invocation with a `ToolRequest`; returns extra tools.
     - `tool_settings`: timeouts, concurrency, loop limits and failure policies (`ToolSettings`).
+    - `budget`: what one call may spend (`Budget`: seconds, tokens, model requests, tool calls);
+      `@method_options` and the call's own options override it field by field.
 
     Raises `ConfigurationError`, naming `Class.method` and the parameter, for every declaration
     mistake; nothing is deferred to the first call.
@@ -147,6 +178,12 @@ def build(
         )
     if tool_provider is not None and not callable(tool_provider):
         raise ConfigurationError(f"{cls.__name__}: tool_provider must be callable")
+    if budget is not None and not isinstance(budget, Budget):
+        raise ConfigurationError(f"{cls.__name__}: budget must be an agentrt.Budget, got {budget!r}")
+    if settings is not None and not isinstance(settings, ModelSettings):
+        raise ConfigurationError(
+            f"{cls.__name__}: settings must be an agentrt.ModelSettings, got {settings!r}"
+        )
     tool_settings = tool_settings or ToolSettings()
     _check_tool_choice(cls.__name__, model, tool_settings, definitions, tool_provider)
 
@@ -160,6 +197,8 @@ def build(
         tool_provider=tool_provider,
         tool_settings=tool_settings,
         threads=ThreadLimiter(tool_settings.thread_limit),
+        budget=budget,
+        handles_deadline=getattr(model, "handles_deadline", False) is True,
     )
     namespace: dict[str, Any] = {
         name: _implement(method_spec, runtime) for name, method_spec in spec.methods.items()

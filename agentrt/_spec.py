@@ -16,6 +16,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, TypeVar, get_args, get_origin
 
+from ._budget import Budget
 from ._errors import ConfigurationError
 from ._events import Result
 from ._messages import (
@@ -27,8 +28,10 @@ from ._messages import (
     UserMessage,
     VideoContent,
 )
+from ._options import CallOptions, method_options_of
 from ._stream import TokenStream
 from ._templates import Template, format_value
+from .models._protocol import ModelSettings
 from .output import OutputParser, TextParser, parser_for
 from .output._parsers import SchemaError
 
@@ -230,6 +233,29 @@ class MethodSpec:
     parser: OutputParser
     unbound: tuple[tuple[str, str], ...]
     """Parameters no template uses (reported by `check`, after unknown template variables)."""
+    binder: Callable[..., dict[str, Any]] = dict
+    """The stub's parameters as a function that returns them by name (see `_binder`)."""
+    option_params: tuple[tuple[str, str], ...] = ()
+    """(parameter, "budget" or "settings") for parameters that carry the call's options."""
+    options: CallOptions | None = None
+    """The method's own options (`@method_options`)."""
+
+    def call_options(self, arguments: Mapping[str, Any]) -> CallOptions | None:
+        """The options this call's arguments carry (typed parameters), if any."""
+        budget = settings = None
+        for param, kind in self.option_params:
+            value = arguments[param]
+            if value is None:
+                continue
+            if kind == "budget":
+                if not isinstance(value, Budget):
+                    raise TypeError(f"{self.qualname}(): {param!r} must be a Budget, got {value!r}")
+                budget = value
+            else:
+                if not isinstance(value, ModelSettings):
+                    raise TypeError(f"{self.qualname}(): {param!r} must be ModelSettings, got {value!r}")
+                settings = value
+        return CallOptions(budget, settings) if budget is not None or settings is not None else None
 
     def check(self, static: Mapping[str, str], capabilities: Capabilities, model: str) -> None:
         """Build-time checks that depend on the build's configuration."""
@@ -269,6 +295,10 @@ class MethodSpec:
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The call's arguments by parameter name, defaults applied (`TypeError` like a call)."""
         try:
+            return self.binder(*args, **kwargs)
+        except TypeError:
+            pass
+        try:  # the binder's own message names the binder; say it as `inspect` does
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise TypeError(f"{self.qualname}(): {exc}") from None
@@ -312,6 +342,53 @@ class MethodSpec:
 class ServiceSpec:
     cls: type[Any]
     methods: Mapping[str, MethodSpec]
+
+
+def _binder(parameters: list[inspect.Parameter]) -> Callable[..., dict[str, Any]]:
+    """A function with the stub's parameters (after `self`) that returns the arguments by name.
+
+    Python binds a call's arguments several times faster than `inspect.Signature.bind`; on a
+    `TypeError` the caller binds again with `inspect` for its message. Names are identifiers and
+    defaults are the stub's own objects, passed in, never written into the source.
+    """
+    params: list[str] = []
+    defaults: dict[str, Any] = {}
+    marker = None
+    for parameter in parameters:
+        name = parameter.name
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and marker is None:
+            params.append("*")
+            marker = "*"
+        text = name
+        if parameter.default is not inspect.Parameter.empty:
+            defaults[f"_default_{name}"] = parameter.default
+            text = f"{name}=_default_{name}"
+        params.append(text)
+        if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
+            last_positional_only = len(params)
+    positional_only = [p for p in parameters if p.kind is inspect.Parameter.POSITIONAL_ONLY]
+    if positional_only:
+        params.insert(last_positional_only, "/")
+    names = ", ".join(f"{p.name!r}: {p.name}" for p in parameters)
+    source = f"def bind({', '.join(params)}):\n    return {{{names}}}\n"
+    namespace: dict[str, Any] = dict(defaults)
+    exec(compile(source, "<agentrt binder>", "exec"), namespace)
+    binder: Callable[..., dict[str, Any]] = namespace["bind"]
+    return binder
+
+
+def _option_kind(annotation: Any) -> str | None:
+    """ "budget" or "settings" for a parameter typed `Budget` / `ModelSettings` (or optional)."""
+    if get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [m for m in get_args(annotation) if m is not type(None)]
+        if len(members) != 1:
+            return None
+        annotation = members[0]
+    if annotation is Budget:
+        return "budget"
+    if annotation is ModelSettings:
+        return "settings"
+    return None
 
 
 def _unwrap(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -373,6 +450,7 @@ def _method_spec(cls: type[Any], function: Callable[..., Any]) -> MethodSpec:
     memory: str | None = None
     variables: list[tuple[str, str]] = []
     contents: list[ContentParam] = []
+    options: list[tuple[str, str]] = []
     for parameter in parameters:
         name = parameter.name
         if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
@@ -383,7 +461,17 @@ def _method_spec(cls: type[Any], function: Callable[..., Any]) -> MethodSpec:
         is_memory = any(m is MemoryId for m in metadata)
         aliases = [m.name for m in metadata if isinstance(m, V)]
         content = _content_type(base)
-        if is_memory:
+        option = _option_kind(base)
+        if option is not None:
+            if is_memory or aliases:
+                raise ConfigurationError(
+                    f"{qualname}: parameter {name!r} is a call option ({option}) and cannot also be "
+                    "a MemoryId or a template variable"
+                )
+            if any(kind == option for _, kind in options):
+                raise ConfigurationError(f"{qualname}: two parameters are typed as the call's {option}")
+            options.append((name, option))
+        elif is_memory:
             if memory is not None:
                 raise ConfigurationError(
                     f"{qualname}: parameters {memory!r} and {name!r} are both marked MemoryId; "
@@ -458,6 +546,9 @@ def _method_spec(cls: type[Any], function: Callable[..., Any]) -> MethodSpec:
         output_kind=kind,
         parser=parser,
         unbound=unbound,
+        option_params=tuple(options),
+        options=method_options_of(function),
+        binder=_binder(parameters),
     )
 
 

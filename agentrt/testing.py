@@ -21,6 +21,7 @@ called tools, else `STOP`.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ import anyio
 import orjson
 
 from . import _events
+from ._errors import ModelTimeoutError
 from ._events import Finish, FinishReason, TextDelta, ToolCallDelta
 from .models._protocol import Capabilities, ModelRequest
 
@@ -125,7 +127,20 @@ def _steps(script: Script) -> list[Step]:
     return steps
 
 
-async def _play(script: Script, record: StreamRecord) -> AsyncGenerator[_events.ModelChunk, None]:
+async def _wait(seconds: float, deadline: float | None) -> None:
+    """Sleep (forever for `inf`), stopping at the request's deadline as the HTTP adapters do."""
+    if deadline is None:
+        await anyio.sleep(seconds)
+        return
+    with anyio.CancelScope(deadline=deadline) as scope:
+        await anyio.sleep(seconds)
+    if scope.cancelled_caught:
+        raise ModelTimeoutError("the request reached its deadline while the response streamed")
+
+
+async def _play(
+    script: Script, record: StreamRecord, deadline: float | None
+) -> AsyncGenerator[_events.ModelChunk, None]:
     index = 0
     finished = called = False
     try:
@@ -140,11 +155,11 @@ async def _play(script: Script, record: StreamRecord) -> AsyncGenerator[_events.
                 index += 1
                 called = True
             elif isinstance(step, Delay):
-                await anyio.sleep(step.seconds)
+                await _wait(step.seconds, deadline)
             elif isinstance(step, Raise):
                 raise step.error
             elif isinstance(step, Hang):
-                await anyio.sleep_forever()
+                await _wait(math.inf, deadline)
             else:
                 if isinstance(step, ToolCallDelta):
                     called = True
@@ -181,7 +196,8 @@ class _RecordedStream:
 
 
 class _RecordingModel:
-    def __init__(self, name: str, capabilities: Capabilities | None) -> None:
+    def __init__(self, name: str, capabilities: Capabilities | None, handles_deadline: bool) -> None:
+        self.handles_deadline = handles_deadline
         self._name = name
         self._capabilities = capabilities or Capabilities(
             json_schema=True,
@@ -216,7 +232,9 @@ class ScriptedModel(_RecordingModel):
     """Plays `responses` in order, one per request; `ScriptExhausted` when they run out.
 
     The default capabilities declare everything (JSON schema, all media inputs); pass `capabilities`
-    to test a less able model.
+    to test a less able model. Like the HTTP adapters, `Delay` and `Hang` stop at the request's
+    deadline with `ModelTimeoutError` (`handles_deadline`); pass `handles_deadline=False` to play a
+    model that knows nothing of deadlines, which the pipeline then enforces itself.
     """
 
     def __init__(
@@ -224,8 +242,9 @@ class ScriptedModel(_RecordingModel):
         *responses: Script,
         name: str = "scripted",
         capabilities: Capabilities | None = None,
+        handles_deadline: bool = True,
     ) -> None:
-        super().__init__(name, capabilities)
+        super().__init__(name, capabilities, handles_deadline)
         self._responses = list(responses)
 
     @property
@@ -241,7 +260,8 @@ class ScriptedModel(_RecordingModel):
                 f"{self.name}: request {record.index + 1} has no scripted response "
                 f"(only {len(self._responses)} scripted)"
             )
-        return _RecordedStream(_play(self._responses[record.index], record), record)
+        deadline = request.deadline if self.handles_deadline else None
+        return _RecordedStream(_play(self._responses[record.index], record, deadline), record)
 
 
 ResponseFunction = Callable[[ModelRequest], Script | Awaitable[Script]]
@@ -256,8 +276,9 @@ class FunctionModel(_RecordingModel):
         *,
         name: str = "function",
         capabilities: Capabilities | None = None,
+        handles_deadline: bool = True,
     ) -> None:
-        super().__init__(name, capabilities)
+        super().__init__(name, capabilities, handles_deadline)
         self._function = function
 
     def stream(self, request: ModelRequest) -> AsyncIterator[_events.ModelChunk]:
@@ -270,7 +291,7 @@ class FunctionModel(_RecordingModel):
         script = self._function(request)
         if inspect.isawaitable(script):
             script = await script
-        played = _play(script, record)
+        played = _play(script, record, request.deadline if self.handles_deadline else None)
         try:
             async for chunk in played:
                 yield chunk

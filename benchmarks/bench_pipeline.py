@@ -27,10 +27,15 @@ CALLS = 2_000
 
 
 class MemoryModel:
-    """Streams the same chunks for every request, from memory."""
+    """Streams the same chunks for every request, from memory.
+
+    Like the HTTP adapters it declares `handles_deadline`: it never waits, so no deadline can pass
+    inside it. `GenericModel` does not, and shows what the pipeline's own per-chunk deadline costs.
+    """
 
     name = "memory"
     capabilities = Capabilities()
+    handles_deadline = True
 
     def __init__(self, chunks: list[ModelChunk]) -> None:
         self.chunks = chunks
@@ -38,6 +43,10 @@ class MemoryModel:
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         for chunk in self.chunks:
             yield chunk
+
+
+class GenericModel(MemoryModel):
+    handles_deadline = False
 
 
 class Service:
@@ -59,12 +68,13 @@ async def best_of(runs: int, body: Callable[[], Coroutine[Any, Any, None]]) -> f
     return min(samples) if runs < 5 else statistics.median(sorted(samples)[: runs // 2 + 1])
 
 
-async def measure() -> dict[str, float]:
+async def measure(budget: Any = None, kind: type[MemoryModel] = MemoryModel) -> dict[str, float]:
     listener_events: list[LifecycleEvent] = []
-    one = MemoryModel(chunks(1))
-    many = MemoryModel(chunks(TOKENS))
-    ask = agentrt.build(Service, model=one, listeners=[listener_events.append])
-    stream = agentrt.build(Service, model=many, listeners=[listener_events.append])
+    one = kind(chunks(1))
+    many = kind(chunks(TOKENS))
+    extra = {"budget": budget} if budget is not None else {}
+    ask = agentrt.build(Service, model=one, listeners=[listener_events.append], **extra)
+    stream = agentrt.build(Service, model=many, listeners=[listener_events.append], **extra)
 
     async def raw_call() -> None:
         for _ in range(CALLS):
@@ -95,12 +105,24 @@ async def measure() -> dict[str, float]:
 
 def main() -> None:
     print("agentrt pipeline overhead (listeners on; model streams from memory)")
-    for backend in ("asyncio", "trio"):
-        result = anyio.run(measure, backend=backend)
-        print(
-            f"  {backend:8} per call: {result['call_us']:7.1f} µs   "
-            f"per streamed token: {result['token_us']:5.2f} µs"
-        )
+    # A budget that never binds but is checked all the way: a deadline, and a token limit that the
+    # stream is watched against chunk by chunk.
+    budgeted = agentrt.Budget(seconds=3600, total_tokens=10**9) if hasattr(agentrt, "Budget") else None
+    rows = (
+        ("no budget", None, MemoryModel),
+        ("with a budget (seconds and total tokens)", budgeted, MemoryModel),
+        ("with a budget, model without handles_deadline", budgeted, GenericModel),
+    )
+    for label, budget, kind in rows:
+        if label != "no budget" and budget is None:
+            continue
+        print(f"  {label}:")
+        for backend in ("asyncio", "trio"):
+            result = anyio.run(measure, budget, kind, backend=backend)
+            print(
+                f"    {backend:8} per call: {result['call_us']:7.1f} µs   "
+                f"per streamed token: {result['token_us']:5.2f} µs"
+            )
 
 
 if __name__ == "__main__":

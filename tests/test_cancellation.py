@@ -99,13 +99,17 @@ async def test_aclose_closes_at_once_and_is_idempotent() -> None:
     assert [t async for t in stream] == []
 
 
-async def test_aclose_before_reading_never_calls_the_model() -> None:
-    svc, model, _ = service(SCRIPT)
+async def test_aclose_before_reading_closes_the_started_model_stream() -> None:
+    # `await svc.stream()` starts the request (so that its errors are raised there); closing the
+    # stream before reading a token closes the model stream at once.
+    svc, model, events = service(SCRIPT)
 
     stream = await svc.stream("hi")
+    assert len(model.requests) == 1 and not model.streams[0].closed
     await stream.aclose()
 
-    assert model.requests == []
+    assert model.streams[0].closed and not model.streams[0].completed
+    assert isinstance(events[-1], CancelledEvent)
 
 
 @pytest.mark.virtual_clock

@@ -32,6 +32,7 @@ from agentrt._errors import (
     AgentError,
     AuthenticationError,
     BadRequestError,
+    BudgetExceededError,
     ConfigurationError,
     ContentRefusedError,
     ContextLengthExceededError,
@@ -178,6 +179,11 @@ SAMPLES: dict[type[AgentError], Callable[[], AgentError]] = {
     ToolLoopLimitError: lambda: ToolLoopLimitError(
         "Assistant.answer: the tool loop stopped at its limit 'max_rounds' after 2 round(s) and 2 call(s)",
         reason=LoopLimit.MAX_ROUNDS,
+        partial=_partial(),
+    ),
+    BudgetExceededError: lambda: BudgetExceededError(
+        "Assistant.answer: the invocation reached its total-token budget of 900",
+        limit="total_tokens",
         partial=_partial(),
     ),
     LocalModelError: lambda: LocalModelError("the local model server did not start within 60 s"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, ClassVar, Self
 
 import httpx
 from pydantic import SecretStr
@@ -43,6 +43,9 @@ def _header_safe(key: SecretStr | None, kind: str) -> SecretStr | None:
 
 class HttpChatModel:
     """The common part of an HTTP chat model. Subclasses call `_connect` from their `__init__`."""
+
+    handles_deadline: ClassVar[bool] = True
+    """Opening, retries and reads stop at `ModelRequest.deadline` (see `stream_chunks`)."""
 
     _model: str
     _settings: ModelSettings

@@ -27,7 +27,7 @@ import anyio
 import httpx
 import orjson
 
-from .._errors import ModelError
+from .._errors import ModelError, ModelTimeoutError
 from ._failures import (
     ErrorContext,
     error_from_response,
@@ -279,10 +279,11 @@ class HttpSession:
             headers["authorization"] = f"Bearer {self._secret.get_secret_value()}"
         return headers
 
-    async def open(self, body: Mapping[str, Any]) -> Exchange:
+    async def open(self, body: Mapping[str, Any], deadline: float | None = None) -> Exchange:
         """Send `body` and return the accepted (2xx) response, its body unread.
 
-        Raises the `ModelError` kind for the failure once retries are over. The caller closes the
+        Raises the `ModelError` kind for the failure once retries are over; a retry whose wait would
+        end past `deadline` is not made (the failure is raised at once). The caller closes the
         response. Cancellation while waiting or retrying propagates unchanged.
         """
         self._hold_key()
@@ -359,7 +360,7 @@ class HttpSession:
                         raise replayed
                     return await send()
 
-                response = await self.retry.retrying(before_sleep)(again)
+                response = await self.retry.retrying(before_sleep, deadline)(again)
         except Retryable as exc:
             self.report(exc.error, body, attempt)
             raise exc.error from exc.__cause__
@@ -385,6 +386,15 @@ class HttpSession:
     def stream_error(self, exc: httpx.HTTPError) -> ModelError:
         """The error for a transport failure while a response body streams."""
         return transport_error(exc, self.context, mid_stream=True)
+
+    def deadline_error(self, body: Mapping[str, Any], attempt: int, *, mid_stream: bool) -> ModelError:
+        """The error for a request cut at its deadline (the invocation's time budget)."""
+        where = "while the response streamed" if mid_stream else "before a response arrived"
+        error = ModelTimeoutError(
+            f"the request reached its deadline {where}", endpoint=self.endpoint, mid_stream=mid_stream
+        )
+        self.report(error, body, attempt)
+        return error
 
 
 def _scrubbed(headers: httpx.Headers, context: ErrorContext) -> httpx.Headers:
@@ -432,6 +442,7 @@ async def stream_chunks(
     session: HttpSession,
     build: Callable[[], Mapping[str, Any]],
     decoder_for: Callable[[Exchange], ChunkDecoder],
+    deadline: float | None = None,
 ) -> AsyncGenerator[ModelChunk, None]:
     """The chunks of one model call: build the body, open (with retries), decode, close.
 
@@ -439,21 +450,44 @@ async def stream_chunks(
     the HTTP response; the close is shielded so that it completes on trio too, where a cancelled
     task's every await would raise again. After the body's last event, the rest of the body is read
     (briefly, bounded) so that the connection can go back to the pool.
+
+    With a `deadline` (the request's), opening and every network read stop there with
+    `ModelTimeoutError`: a cancel scope per read, never held across a `yield`. Without one, reads
+    take no scope of their own (the hot path).
     """
     body = build()
-    exchange = await session.open(body)
+    if deadline is None:
+        exchange = await session.open(body)
+    else:
+        with anyio.CancelScope(deadline=deadline) as scope:
+            exchange = await session.open(body, deadline)
+        if scope.cancelled_caught:
+            raise session.deadline_error(body, 1, mid_stream=False)
     response = exchange.response
     raw_chunks = response.aiter_bytes()
     try:
         decoder = decoder_for(exchange)
         feed = decoder.feed
         try:
-            async for raw in raw_chunks:
-                chunks = feed(raw)
-                for chunk in chunks:
-                    yield chunk
-                if decoder.done:
-                    break
+            if deadline is None:
+                async for raw in raw_chunks:
+                    chunks = feed(raw)
+                    for chunk in chunks:
+                        yield chunk
+                    if decoder.done:
+                        break
+            else:
+                while True:
+                    with anyio.CancelScope(deadline=deadline) as scope:
+                        raw = await anext(raw_chunks, b"")
+                    if scope.cancelled_caught:
+                        raise session.deadline_error(body, exchange.attempt, mid_stream=True)
+                    if not raw:  # httpx yields no empty reads: this is the end of the body
+                        break
+                    for chunk in feed(raw):
+                        yield chunk
+                    if decoder.done:
+                        break
             for chunk in decoder.close():
                 yield chunk
         except httpx.HTTPError as exc:

@@ -148,6 +148,9 @@ class ModelRequest:
     tool_choice: ToolChoice | None = None
     response_format: ResponseFormat | None = None
     settings: ModelSettings | None = None
+    deadline: float | None = field(default=None, compare=False)
+    """When the response must be complete, on the async backend's clock (`anyio.current_time()`): set
+    when the invocation has a time budget. Not sent to the provider."""
 
 
 class ChatModel(Protocol):
@@ -156,6 +159,11 @@ class ChatModel(Protocol):
     `stream` returns an async iterator of chunks. The pipeline closes it (`aclose()`, when it has one)
     as soon as it stops reading, whether the stream ended, failed, or was cancelled; an adapter releases
     its connection there. An adapter translates its transport errors into `agentrt.ModelError` kinds.
+
+    A model whose class sets `handles_deadline = True` promises to stop waiting at `request.deadline`
+    (no retry sleeps past it, no read that outlasts it) and to raise `ModelTimeoutError` there. For any
+    other model the pipeline enforces the deadline itself, around every chunk it reads, which costs a
+    cancel scope per chunk.
     """
 
     @property
@@ -203,7 +211,6 @@ class ResponseAccumulator:
 
     __slots__ = (
         "_calls",
-        "_deltas",
         "_finish",
         "_meta",
         "_refusal",
@@ -215,7 +222,6 @@ class ResponseAccumulator:
 
     def __init__(self) -> None:
         self._text: list[str] = []
-        self._deltas = 0
         self._thinking: list[str] = []
         self._refusal: list[str] = []
         self._signature: str | None = None
@@ -228,11 +234,9 @@ class ResponseAccumulator:
         kind = type(chunk)
         if kind is TextDelta:
             self._text.append(chunk.text)  # type: ignore[union-attr]
-            self._deltas += 1
         elif kind is ThinkingDelta:
             assert isinstance(chunk, ThinkingDelta)
             self._thinking.append(chunk.text)
-            self._deltas += 1
             if chunk.signature is not None:
                 self._signature = chunk.signature
         elif kind is ToolCallDelta:
@@ -289,7 +293,10 @@ class ResponseAccumulator:
             usage = Usage(
                 input_tokens=_tokens_for_chars(request_text_chars(request.messages)),
                 # Servers that stream send about one token a delta: never estimate fewer.
-                output_tokens=max(_tokens_for_chars(_message_chars(message)), self._deltas),
+                # (one list item a delta: no counter on the per-token path)
+                output_tokens=max(
+                    _tokens_for_chars(_message_chars(message)), len(self._text) + len(self._thinking)
+                ),
                 estimated=True,
             )
         finish = self._finish

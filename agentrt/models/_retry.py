@@ -73,11 +73,23 @@ class RetryPolicy:
         base = min(self.max_delay, self.initial_delay * 2.0 ** min(retry - 1, 60))
         return base * (1 - self.jitter * random.random())
 
-    def retrying(self, before_sleep: Callable[[tenacity.RetryCallState], None]) -> tenacity.AsyncRetrying:
-        """A fresh tenacity controller for one request (tenacity keeps per-call state on it)."""
+    def retrying(
+        self, before_sleep: Callable[[tenacity.RetryCallState], None], deadline: float | None = None
+    ) -> tenacity.AsyncRetrying:
+        """A fresh tenacity controller for one request (tenacity keeps per-call state on it).
+
+        With a `deadline` (on the async backend's clock), a retry whose wait would end past it is not
+        made: the failure is raised at once instead of sleeping into a call that cannot finish.
+        """
+        stop = self._stop
+        if deadline is not None:
+
+            def stop(state: tenacity.RetryCallState) -> bool:
+                return self._stop(state) or anyio.current_time() + state.upcoming_sleep >= deadline
+
         return tenacity.AsyncRetrying(
             sleep=anyio.sleep,
-            stop=self._stop,
+            stop=stop,
             wait=self._wait,
             retry=tenacity.retry_if_exception_type(Retryable),
             before_sleep=before_sleep,

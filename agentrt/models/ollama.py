@@ -133,7 +133,10 @@ class OllamaChatModel(HttpChatModel):
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """The response's chunks as they arrive. Closing the iterator closes the HTTP response."""
         return stream_chunks(
-            self._session, partial(self.request_body, request), partial(self._decoder, request)
+            self._session,
+            partial(self.request_body, request),
+            partial(self._decoder, request),
+            request.deadline,
         )
 
     # --- request ---------------------------------------------------------------------------------

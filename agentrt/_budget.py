@@ -1,0 +1,198 @@
+"""Per-request budgets: what one invocation may spend, and the account that tracks it.
+
+A `Budget` is set per build, per method (`@method_options`) and per call (a parameter typed `Budget`,
+or `with call_options(...)`); the call's wins over the method's, which wins over the build's, field by
+field. The pipeline keeps one `BudgetAccount` per invocation and checks it before every model request
+and tool round, and while a response streams.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Final, Literal
+
+from ._errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from ._events import Usage
+
+__all__ = ["Budget", "BudgetAccount", "BudgetLimit", "Spent"]
+
+BudgetLimit = Literal[
+    "seconds", "input_tokens", "output_tokens", "total_tokens", "model_requests", "tool_calls"
+]
+"""The name of a `Budget` field: which limit was reached."""
+
+_CHARS_PER_TOKEN: Final = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """Limits on what one invocation may spend. `None` means "no limit" (or "inherit", when merged).
+
+    - `seconds`: wall-clock time from the call until the answer is complete; a silent model stream or
+      a slow tool is cut at the deadline.
+    - `input_tokens`, `output_tokens`, `total_tokens`: tokens over every request of the invocation,
+      from the provider's usage, estimated mid-stream (about four characters a token) and where a server
+      reports none.
+    - `model_requests`: requests to the model, every tool round (and later retry, re-ask and repair)
+      included.
+    - `tool_calls`: tool calls the model may make.
+
+    Invalid values raise `ConfigurationError`.
+    """
+
+    seconds: float | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
+    model_requests: int | None = None
+    tool_calls: int | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigurationError(f"Budget.{f.name} must be a number or None, got {value!r}")
+            if f.name != "seconds" and not isinstance(value, int):
+                raise ConfigurationError(f"Budget.{f.name} must be a whole number, got {value!r}")
+            if not value > 0 or (f.name == "seconds" and not math.isfinite(value)):
+                raise ConfigurationError(f"Budget.{f.name} must be positive, got {value!r}")
+
+    def merge(self, other: Budget | None) -> Budget:
+        """This budget with every limit `other` sets replacing this one's."""
+        if other is None:
+            return self
+        changes = {
+            f.name: getattr(other, f.name) for f in fields(other) if getattr(other, f.name) is not None
+        }
+        return dataclasses.replace(self, **changes) if changes else self
+
+    @property
+    def limited(self) -> bool:
+        """Whether any limit is set."""
+        return any(getattr(self, f.name) is not None for f in fields(self))
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """What an invocation spent, against each limit of its budget (`Result.spent`).
+
+    `estimated` is true when some token count was estimated because the server reported none.
+    """
+
+    seconds: float = 0.0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    model_requests: int = 0
+    tool_calls: int = 0
+    estimated: bool = False
+
+
+class BudgetAccount:
+    """The running account of one invocation against its `Budget` (not shared between invocations).
+
+    Times are on the async backend's clock (`anyio.current_time()`), so virtual clocks apply.
+    """
+
+    __slots__ = (
+        "budget",
+        "deadline",
+        "estimated",
+        "input_tokens",
+        "model_requests",
+        "output_tokens",
+        "started",
+        "tool_calls",
+    )
+
+    def __init__(self, budget: Budget, now: float) -> None:
+        self.budget = budget
+        self.started = now
+        self.deadline = now + budget.seconds if budget.seconds is not None else None
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.model_requests = 0
+        self.tool_calls = 0
+        self.estimated = False
+
+    def add_usage(self, usage: Usage) -> None:
+        """Count the usage of one finished (or abandoned) response."""
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+        self.estimated = self.estimated or usage.estimated
+
+    def before_request(self) -> BudgetLimit | None:
+        """The limit (other than time, which the deadline enforces) that forbids another model
+        request, if any."""
+        budget = self.budget
+        if budget.model_requests is not None and self.model_requests >= budget.model_requests:
+            return "model_requests"
+        return self._tokens_spent()
+
+    def before_tools(self, calls: int, now: float) -> BudgetLimit | None:
+        """The limit that forbids running `calls` more tool calls, if any."""
+        if self.deadline is not None and now >= self.deadline:
+            return "seconds"
+        limit = self.budget.tool_calls
+        if limit is not None and self.tool_calls + calls > limit:
+            return "tool_calls"
+        return None
+
+    def _tokens_spent(self) -> BudgetLimit | None:
+        budget = self.budget
+        if budget.input_tokens is not None and self.input_tokens >= budget.input_tokens:
+            return "input_tokens"
+        if budget.output_tokens is not None and self.output_tokens >= budget.output_tokens:
+            return "output_tokens"
+        if budget.total_tokens is not None and self.input_tokens + self.output_tokens >= budget.total_tokens:
+            return "total_tokens"
+        return None
+
+    def over(self) -> BudgetLimit | None:
+        """The token limit that what was spent so far exceeds (after a response), if any."""
+        budget = self.budget
+        if budget.input_tokens is not None and self.input_tokens > budget.input_tokens:
+            return "input_tokens"
+        if budget.output_tokens is not None and self.output_tokens > budget.output_tokens:
+            return "output_tokens"
+        if budget.total_tokens is not None and self.input_tokens + self.output_tokens > budget.total_tokens:
+            return "total_tokens"
+        return None
+
+    def output_allowance(self, input_estimate: int) -> tuple[int, BudgetLimit] | None:
+        """Output tokens the next response may stream before a token limit is exceeded, and which
+        limit that is; `None` without token limits that bind output.
+
+        `input_estimate` is the request's input tokens as estimated before the provider reports them.
+        """
+        budget = self.budget
+        best: tuple[int, BudgetLimit] | None = None
+        if budget.output_tokens is not None:
+            best = (budget.output_tokens - self.output_tokens, "output_tokens")
+        if budget.total_tokens is not None:
+            left = budget.total_tokens - self.input_tokens - input_estimate - self.output_tokens
+            if best is None or left < best[0]:
+                best = (left, "total_tokens")
+        return (max(0, best[0]), best[1]) if best is not None else None
+
+    def spent(self, now: float) -> Spent:
+        return Spent(
+            seconds=max(0.0, now - self.started),
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            total_tokens=self.input_tokens + self.output_tokens,
+            model_requests=self.model_requests,
+            tool_calls=self.tool_calls,
+            estimated=self.estimated,
+        )
+
+
+def chars_for_tokens(tokens: int) -> int:
+    """The characters that about `tokens` tokens take (the inverse of the usage estimate)."""
+    return tokens * _CHARS_PER_TOKEN

@@ -1,0 +1,90 @@
+"""Options of a call: its `Budget` and `ModelSettings`, set per build, per method and per call.
+
+Per build: `build(..., budget=..., settings=...)`. Per method: `@method_options(...)`. Per call,
+without changing the stub's signature for other callers: `with call_options(...):` around the call,
+or a stub parameter typed `Budget` or `ModelSettings` (optional, e.g. `budget: Budget | None = None`),
+which is an option of the call, never part of the prompt. The call's values win over the method's,
+which win over the build's, field by field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from ._budget import Budget
+from ._errors import ConfigurationError
+from .models._protocol import ModelSettings
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+__all__ = ["CURRENT_OPTIONS", "CallOptions", "call_options", "method_options"]
+
+_T = TypeVar("_T")
+
+OPTIONS_ATTR: Final = "__agentrt_options__"
+
+
+@dataclass(frozen=True, slots=True)
+class CallOptions:
+    """A budget and model settings; `None` fields inherit from the level below."""
+
+    budget: Budget | None = None
+    settings: ModelSettings | None = None
+
+    def over(self, below: CallOptions) -> CallOptions:
+        """These options laid over `below`, field by field."""
+        budget = below.budget.merge(self.budget) if below.budget is not None else self.budget
+        settings = below.settings.merge(self.settings) if below.settings is not None else self.settings
+        return CallOptions(budget, settings)
+
+
+CURRENT_OPTIONS: ContextVar[CallOptions | None] = ContextVar("agentrt_call_options", default=None)
+
+
+def _checked(where: str, budget: object, settings: object) -> CallOptions:
+    if budget is not None and not isinstance(budget, Budget):
+        raise ConfigurationError(f"{where}: budget must be an agentrt.Budget, got {budget!r}")
+    if settings is not None and not isinstance(settings, ModelSettings):
+        raise ConfigurationError(f"{where}: settings must be an agentrt.ModelSettings, got {settings!r}")
+    return CallOptions(budget, settings)
+
+
+def method_options(
+    *, budget: Budget | None = None, settings: ModelSettings | None = None
+) -> Callable[[_T], _T]:
+    """The budget and model settings of one service method (over the build's, under the call's)."""
+    options = _checked("@method_options", budget, settings)
+
+    def decorate(target: _T) -> _T:
+        if not inspect.isfunction(target):
+            raise ConfigurationError("@method_options applies to an `async def` service method")
+        setattr(target, OPTIONS_ATTR, options)
+        return target
+
+    return decorate
+
+
+@contextlib.contextmanager
+def call_options(*, budget: Budget | None = None, settings: ModelSettings | None = None) -> Iterator[None]:
+    """Options for the service calls made inside the block (nested blocks lay theirs over the outer).
+
+    A call takes the options in force when it is made: for a stream, when `await service.stream(...)`
+    is evaluated, not while it is read.
+    """
+    options = _checked("call_options", budget, settings)
+    outer = CURRENT_OPTIONS.get()
+    token = CURRENT_OPTIONS.set(options.over(outer) if outer is not None else options)
+    try:
+        yield
+    finally:
+        CURRENT_OPTIONS.reset(token)
+
+
+def method_options_of(function: Callable[..., Any]) -> CallOptions | None:
+    options: CallOptions | None = getattr(function, OPTIONS_ATTR, None)
+    return options

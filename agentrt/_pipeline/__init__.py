@@ -1,0 +1,16 @@
+"""The pipeline: one invocation as stages over an explicit turn state (see `invocation.py`)."""
+
+from __future__ import annotations
+
+from ._runtime import Listener, Runtime, SystemMessageProvider, ToolProvider, ToolRequest
+from .invocation import READY, Invocation
+
+__all__ = [
+    "READY",
+    "Invocation",
+    "Listener",
+    "Runtime",
+    "SystemMessageProvider",
+    "ToolProvider",
+    "ToolRequest",
+]

@@ -1,0 +1,176 @@
+"""The model ⇄ tools loop's decisions, over the `Turn`.
+
+The loop itself (send `turn.request`, stream the response, run a tool round, repeat) is in
+`invocation.py`, because its chunk loop is the per-token hot path and must not pass through another
+generator. What it does between requests is here: what a response means (`after_response`), what a
+tool round adds (`after_round`), and how the loop stops at its limits. Everything reads and writes the
+turn, so the loop can be started again from any state it leaves.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import anyio
+
+from .._errors import ToolLoopLimitError
+from .._messages import UserMessage
+from ..models._protocol import request_text_chars
+from ..tools._run import FINAL_ANSWER_PROMPT
+
+if TYPE_CHECKING:
+    from .._budget import BudgetLimit
+    from .._events import ModelResponse, ToolExecution
+    from .._messages import ChatMessage, ToolCall
+    from ..models._protocol import ModelRequest
+    from ..tools._run import LoopLimit, ToolLoop
+    from ._turn import Turn
+
+__all__ = ["Step", "after_response", "after_round", "before_request"]
+
+logger = logging.getLogger("agentrt")
+
+
+class Step(enum.Enum):
+    """What the loop does next."""
+
+    ANSWER = "answer"
+    """The response is the final answer: leave the loop."""
+    TOOLS = "tools"
+    """Run the response's tool calls, then ask again."""
+    ASK = "ask"
+    """Send `turn.request` (the next request is ready)."""
+
+
+def before_request(turn: Turn) -> ModelRequest:
+    """Check the budget, count the request, and return it (it carries the invocation's deadline,
+    which the model, or the pipeline around it, enforces).
+
+    Raises `BudgetExceededError` when a limit forbids another request.
+    """
+    request = turn.request
+    assert request is not None
+    account = turn.account
+    if account is None:
+        return request
+    limit = account.before_request()
+    if limit is not None:
+        raise turn.exceeded(limit, cause="before a model request")
+    account.model_requests += 1
+    return request
+
+
+def output_allowance(turn: Turn, request: ModelRequest) -> tuple[int, BudgetLimit] | None:
+    """Output tokens the response to `request` may stream before a token limit is exceeded."""
+    account = turn.account
+    if account is None:
+        return None
+    budget = account.budget
+    if budget.output_tokens is None and budget.total_tokens is None:
+        return None
+    estimate = 0
+    if budget.total_tokens is not None:
+        estimate = -(-request_text_chars(request.messages) // 4)
+    return account.output_allowance(estimate)
+
+
+def after_response(turn: Turn, response: ModelResponse) -> Step:
+    """Record `response`; decide whether it is the answer or a round of tool calls.
+
+    Raises `BudgetExceededError` (a token limit, or the tool calls it asks for), or
+    `ToolLoopLimitError` when a loop limit stops it and the settings say "raise".
+    """
+    turn.response = response
+    turn.usage = turn.usage + response.usage
+    account = turn.account
+    if account is not None:
+        account.add_usage(response.usage)
+        spent = account.over()
+        if spent is not None:
+            raise turn.exceeded(spent, cause="after a model response")
+    calls = response.message.tool_calls
+    loop = turn.loop
+    if loop is None or not calls:
+        return Step.ANSWER
+    if turn.final is not None:
+        if not response.message.text:
+            # Asked for an answer without tools, the model called tools again: a typed error with
+            # the partial result, never a silent empty answer.
+            raise _limit_error(turn, turn.final, "asked for a final answer, the model called tools again")
+        return Step.ANSWER  # an answer with stray tool calls: the answer counts, the calls do not
+    limit = loop.limit_before(calls)
+    if limit is not None:
+        # The response's calls never run, so it is not part of the exchange.
+        assert turn.request is not None
+        _stop_at(turn, limit, (*turn.request.messages, response.message))
+        return Step.ASK
+    if account is not None:
+        over = account.before_tools(len(calls), anyio.current_time())
+        if over is not None:
+            raise turn.exceeded(over, cause=f"before a round of {len(calls)} tool call(s)")
+    return Step.TOOLS
+
+
+def after_round(turn: Turn, calls: tuple[ToolCall, ...], executions: list[ToolExecution]) -> Step:
+    """Add the round's exchange to the next request; decide whether the round ends the turn."""
+    loop = turn.loop
+    response = turn.response
+    request = turn.request
+    assert loop is not None
+    assert response is not None
+    assert request is not None
+    if turn.account is not None:
+        turn.account.tool_calls += len(calls)
+    results = loop.result_messages(executions)
+    turn.exchange.append(response.message)
+    turn.exchange.extend(results)
+    capabilities = turn.runtime.model.capabilities
+    turn.request = replace(
+        request,
+        messages=(*request.messages, response.message, *results),
+        # The model chooses from now on; a model that cannot gets no more tools.
+        tools=tuple(d.spec for d in turn.tools.values()) if capabilities.tool_choice_auto else (),
+        tool_choice=None,
+    )
+    if all(not e.is_error and turn.tools[e.name].immediate for e in executions):
+        turn.immediate = executions
+        return Step.ANSWER
+    limit = loop.limit_after()
+    if limit is not None:
+        _stop_at(turn, limit, turn.request.messages)
+    return Step.ASK
+
+
+def _stop_at(turn: Turn, limit: LoopLimit, messages: tuple[ChatMessage, ...]) -> None:
+    """A loop limit: raise, or make the next request the last one (no tools, asking for an answer)."""
+    if turn.runtime.tool_settings.on_limit != "final_answer":
+        raise _limit_error(turn, limit, messages=messages)
+    logger.info("invocation %s: tool loop limit %s; asking for a final answer", turn.id, limit)
+    request = turn.request
+    assert request is not None
+    # The unanswered tool calls of the last response are not sent: an assistant message with tool
+    # calls must be followed by their results, and those calls never ran.
+    turn.request = replace(
+        request,
+        messages=(*request.messages, UserMessage.of(FINAL_ANSWER_PROMPT)),
+        tools=(),
+        tool_choice=None,
+    )
+    turn.final = limit
+
+
+def _limit_error(
+    turn: Turn, limit: LoopLimit, detail: str = "", *, messages: tuple[ChatMessage, ...] | None = None
+) -> ToolLoopLimitError:
+    loop: ToolLoop | None = turn.loop
+    assert loop is not None
+    return ToolLoopLimitError(
+        f"{turn.spec.qualname}: the tool loop stopped at its limit {limit.value!r} "
+        f"after {loop.rounds} round(s) and {len(loop.executions)} call(s)"
+        + (f"; {detail}" if detail else ""),
+        reason=limit,
+        partial=turn.partial(messages=messages),
+    )

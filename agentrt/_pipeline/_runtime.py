@@ -1,0 +1,70 @@
+"""What a built service hands every invocation: its typed configuration and the user's callbacks."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._events import LifecycleEvent
+from ..tools._run import ThreadLimiter, ToolSettings
+
+if TYPE_CHECKING:
+    from .._budget import Budget
+    from .._messages import UserMessage
+    from ..models._protocol import ChatModel, ModelSettings
+    from ..tools._declare import ToolDefinition
+
+__all__ = ["Listener", "Runtime", "SystemMessageProvider", "ToolProvider", "ToolRequest", "notify"]
+
+logger = logging.getLogger("agentrt")
+
+Listener = Callable[[LifecycleEvent], None]
+"""Receives lifecycle events (not text deltas). Exceptions it raises are logged and ignored."""
+
+SystemMessageProvider = Callable[[Any], "str | Awaitable[str | None] | None"]
+"""Gives the system message for a memory id (used when neither method nor class declares one).
+
+Its text is used literally; it is not rendered as a template. It may be async."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRequest:
+    """What a dynamic tool provider is asked with, once per invocation."""
+
+    method: str
+    user_message: UserMessage
+    memory_id: Any
+
+
+ToolProvider = Callable[[ToolRequest], "Iterable[object] | Awaitable[Iterable[object]]"]
+"""Returns extra tools (functions or objects with @tool methods) for one invocation; may be async."""
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """The typed configuration of one built service, shared by all its invocations."""
+
+    model: ChatModel
+    listeners: tuple[Listener, ...] = ()
+    system_message: SystemMessageProvider | None = None
+    variables: Mapping[str, str] | None = None
+    settings: ModelSettings | None = None
+    budget: Budget | None = None
+    tools: Mapping[str, ToolDefinition] = field(default_factory=dict)
+    tool_provider: ToolProvider | None = None
+    tool_settings: ToolSettings = field(default_factory=ToolSettings)
+    threads: ThreadLimiter = field(default_factory=lambda: ThreadLimiter(ToolSettings().thread_limit))
+    handles_deadline: bool = False
+    """The model stops at `ModelRequest.deadline` itself (`ChatModel.handles_deadline`)."""
+
+
+def notify(listeners: Sequence[Listener], event: LifecycleEvent) -> None:
+    for listener in listeners:
+        try:
+            listener(event)
+        except Exception:
+            logger.exception(
+                "listener %r raised on %s; the invocation goes on", listener, type(event).__name__
+            )

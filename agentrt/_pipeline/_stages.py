@@ -1,0 +1,163 @@
+"""The stages before the model is asked: render, input guardrails, memory, retrieval, tools, output
+format. Each is a small function over the `Turn`; `prepare` runs them in order and leaves the first
+request in `turn.request`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING
+
+from .._errors import ConfigurationError
+from .._messages import ChatMessage, SystemMessage, TextContent, UserMessage
+from ..models._protocol import ModelRequest, ToolSpec
+from ..tools._declare import ToolContext, ToolDefinition, collect_tools
+from ..tools._run import ToolLoop
+from ._runtime import ToolRequest
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from .._messages import ToolCall
+    from ._turn import Turn
+
+__all__ = ["prepare"]
+
+
+async def prepare(turn: Turn) -> None:
+    """Run the stages before the model ⇄ tools loop; leaves the first request in `turn.request`.
+
+    Stages with nothing configured that could wait are plain calls: an await of an empty coroutine
+    costs as much as the rest of a stage.
+    """
+    runtime = turn.runtime
+    render(turn)
+    if turn.system is None and runtime.system_message is not None:
+        await provided_system_message(turn)
+    input_guardrails(turn)
+    history = load_memory(turn)
+    augment(turn)
+    if runtime.tool_provider is not None:
+        await provided_tools(turn)
+    else:
+        select_tools(turn, runtime.tools)
+    turn.request = first_request(turn, history)
+
+
+def may_wait(turn: Turn) -> bool:
+    """Whether `prepare` may wait (on a user's provider; later: a memory store, a retriever)."""
+    runtime = turn.runtime
+    return runtime.system_message is not None or runtime.tool_provider is not None
+
+
+def render(turn: Turn) -> None:
+    """The user message from the template (or the one parameter) and contents; the system message
+    from the method's or the class's template."""
+    spec = turn.spec
+    values = spec.template_values(turn.arguments, turn.runtime.variables or {})
+    turn.user = spec.render_user(turn.arguments, values)
+    template = spec.system_template
+    if template is not None:
+        turn.system = template.render(values)
+
+
+async def provided_system_message(turn: Turn) -> None:
+    """The build's system message provider, when no template declares one (its text is literal)."""
+    provider = turn.runtime.system_message
+    assert provider is not None
+    text = provider(turn.memory_id)
+    if inspect.isawaitable(text):
+        text = await text
+    turn.system = text or None
+
+
+def input_guardrails(turn: Turn) -> None:
+    """Seam: input guardrails (may rewrite `turn.user` or stop the invocation)."""
+
+
+def load_memory(turn: Turn) -> list[ChatMessage]:
+    """Seam: lock the conversation and load its history."""
+    return []
+
+
+def augment(turn: Turn) -> None:
+    """Seam: retrieval-augmented generation. The augmented message goes to `turn.outgoing` only:
+    memory stores `turn.user`."""
+    turn.outgoing = turn.user
+
+
+async def provided_tools(turn: Turn) -> None:
+    """The build's tools plus what the dynamic tool provider adds for this invocation."""
+    runtime, spec = turn.runtime, turn.spec
+    provider = runtime.tool_provider
+    assert provider is not None
+    assert turn.user is not None
+    extra = provider(ToolRequest(spec.qualname, turn.user, turn.memory_id))
+    if inspect.isawaitable(extra):
+        extra = await extra
+    added = collect_tools(extra, where=f"{spec.qualname}: the tool provider")
+    clash = set(added) & set(runtime.tools)
+    if clash:
+        raise ConfigurationError(
+            f"{spec.qualname}: the tool provider returned {sorted(clash)}, which the build already has"
+        )
+    select_tools(turn, {**runtime.tools, **added} if added else runtime.tools)
+
+
+def select_tools(turn: Turn, tools: Mapping[str, ToolDefinition]) -> None:
+    """The tools of this invocation, and the tool loop that runs them."""
+    turn.tools = tools
+    if tools:
+        runtime = turn.runtime
+        turn.loop = ToolLoop(tools, runtime.tool_settings, _tool_context(turn), runtime.threads)
+
+
+def first_request(turn: Turn, history: list[ChatMessage]) -> ModelRequest:
+    """The output format (a JSON schema, or format instructions on the outgoing message) and the
+    first request: system message, history, the outgoing user message, the tools on offer."""
+    runtime, spec = turn.runtime, turn.spec
+    capabilities = runtime.model.capabilities
+    outgoing = turn.outgoing
+    assert outgoing is not None
+    instructions = spec.parser.instructions(capabilities)
+    if instructions:
+        outgoing = turn.outgoing = _with_instructions(outgoing, instructions)
+    messages: list[ChatMessage] = [SystemMessage(text=turn.system)] if turn.system else []
+    messages.extend(history)
+    messages.append(outgoing)
+    offered: tuple[ToolSpec, ...] = ()
+    choice = runtime.tool_settings.tool_choice
+    if turn.tools:
+        specs = tuple(definition.spec for definition in turn.tools.values())
+        forced = choice is not None and choice not in ("auto", "none")
+        offered = specs if capabilities.tool_choice_auto or forced else ()
+    return ModelRequest(
+        messages=tuple(messages),
+        tools=offered,
+        tool_choice=choice if offered else None,
+        response_format=spec.parser.response_format(capabilities),
+        settings=turn.settings,
+        deadline=turn.deadline,
+    )
+
+
+def _with_instructions(message: UserMessage, instructions: str) -> UserMessage:
+    """The message with `instructions` appended to its last text content."""
+    contents = list(message.contents)
+    for index in range(len(contents) - 1, -1, -1):
+        content = contents[index]
+        if isinstance(content, TextContent):
+            contents[index] = TextContent(text=f"{content.text}\n{instructions}")
+            break
+    else:
+        contents.append(TextContent(text=instructions))
+    return message.model_copy(update={"contents": tuple(contents)})
+
+
+def _tool_context(turn: Turn) -> Callable[[ToolCall, int], ToolContext]:
+    invocation_id, method, memory_id = turn.id, turn.spec.qualname, turn.memory_id
+
+    def context(call: ToolCall, round_: int) -> ToolContext:
+        return ToolContext(invocation_id, method, memory_id, call.id, round_)
+
+    return context

@@ -1,0 +1,176 @@
+"""The state of one turn: what the stages of an invocation read and write, in one explicit place.
+
+A turn starts with the call's arguments and ends with a `Result`. In between it holds the rendered
+user message (what memory stores) and the outgoing one (what the model sees: augmented, with format
+instructions), the request to send next, this turn's exchange (assistant messages and tool results,
+in order), the usage and the budget account. Because the whole state is here, the model ⇄ tools loop
+can be run again from it (a retry, a reprompt, a repair) without re-running the stages before it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
+
+from .._budget import Budget, BudgetAccount, BudgetLimit
+from .._errors import BudgetExceededError
+from .._events import Result, Usage
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from .._events import ModelResponse, ToolExecution
+    from .._messages import ChatMessage, UserMessage
+    from .._spec import MethodSpec
+    from ..models._protocol import ModelRequest, ModelSettings
+    from ..tools._declare import ToolDefinition
+    from ..tools._run import LoopLimit, ToolLoop
+    from ._runtime import Runtime
+
+__all__ = ["DEFAULT_MEMORY_ID", "Turn"]
+
+DEFAULT_MEMORY_ID: Final = "default"
+
+_LIMIT_TEXT: Final[dict[str, str]] = {
+    "seconds": "its time budget of {} s",
+    "input_tokens": "its input-token budget of {}",
+    "output_tokens": "its output-token budget of {}",
+    "total_tokens": "its total-token budget of {}",
+    "model_requests": "its budget of {} model requests",
+    "tool_calls": "its budget of {} tool calls",
+}
+
+
+class Turn:
+    """One invocation's state, stage by stage (see the module docstring). Not shared between tasks."""
+
+    __slots__ = (
+        "account",
+        "arguments",
+        "deadline",
+        "exchange",
+        "final",
+        "id",
+        "immediate",
+        "loop",
+        "memory_id",
+        "outgoing",
+        "request",
+        "response",
+        "runtime",
+        "settings",
+        "spec",
+        "system",
+        "tools",
+        "usage",
+        "user",
+    )
+
+    def __init__(
+        self,
+        invocation_id: str,
+        runtime: Runtime,
+        spec: MethodSpec,
+        arguments: dict[str, Any],
+        settings: ModelSettings | None,
+        budget: Budget | None,
+    ) -> None:
+        self.id = invocation_id
+        self.runtime = runtime
+        self.spec = spec
+        self.arguments = arguments
+        self.settings = settings
+        self.account = BudgetAccount(budget, anyio.current_time()) if budget is not None else None
+        self.deadline = self.account.deadline if self.account is not None else None
+        """When the invocation's time budget ends (`anyio.current_time()`), if it has one."""
+        self.memory_id: Any = arguments[spec.memory_param] if spec.memory_param else DEFAULT_MEMORY_ID
+        self.system: str | None = None
+        self.user: UserMessage | None = None
+        """The user message as the caller made it: what memory stores."""
+        self.outgoing: UserMessage | None = None
+        """The user message the model sees: augmented by retrieval, with format instructions."""
+        self.tools: Mapping[str, ToolDefinition] = {}
+        self.loop: ToolLoop | None = None
+        self.request: ModelRequest | None = None
+        """The request to send next."""
+        self.exchange: list[ChatMessage] = []
+        """This turn's messages after the user's: assistant messages and tool results, in order."""
+        self.response: ModelResponse | None = None
+        self.usage = Usage()
+        self.final: LoopLimit | None = None
+        """The loop limit that made the next request the last one (no tools), if any."""
+        self.immediate: list[ToolExecution] | None = None
+
+    # --- budget --------------------------------------------------------------------------------
+
+    def exceeded(
+        self, limit: BudgetLimit, *, streamed: ModelResponse | None = None, cause: str = ""
+    ) -> BudgetExceededError:
+        """The error for `limit`, with the partial result (and the response cut short, if any)."""
+        account = self.account
+        assert account is not None, "only an invocation with a budget can exceed it"
+        budget = account.budget
+        value = getattr(budget, limit)
+        partial = self.partial(streamed)
+        where = f"; {cause}" if cause else ""
+        return BudgetExceededError(
+            f"{self.spec.qualname}: the invocation reached {_LIMIT_TEXT[limit].format(value)}{where}",
+            limit=limit,
+            partial=partial,
+        )
+
+    # --- results -------------------------------------------------------------------------------
+
+    def partial(
+        self, streamed: ModelResponse | None = None, *, messages: tuple[ChatMessage, ...] | None = None
+    ) -> Result[Any]:
+        """What the turn has so far, as a `Result` whose value is `None` (for errors that stop it).
+
+        `streamed` is a response that was cut short: its text and usage count, and its message ends
+        the transcript. `messages` replaces the transcript (the next request's messages by default).
+        """
+        response = streamed or self.response
+        if messages is None:
+            messages = self.request.messages if self.request is not None else ()
+        usage = self.usage
+        if streamed is not None:
+            usage = usage + streamed.usage
+            messages = (*messages, streamed.message)
+        account = self.account
+        loop = self.loop
+        return Result(
+            value=None,
+            text=(response.message.text or "") if response is not None else "",
+            usage=usage,
+            finish_reason=response.finish_reason if response is not None else None,
+            thinking=response.message.thinking if response is not None else None,
+            tool_executions=tuple(loop.executions) if loop is not None else (),
+            model=(response.model if response is not None else None) or self.runtime.model.name,
+            messages=messages,
+            invocation_id=self.id,
+            budget=account.budget if account is not None else None,
+            spent=account.spent(anyio.current_time()) if account is not None else None,
+        )
+
+    def result(self, value: Any, text: str) -> Result[Any]:
+        """The `Result` of a turn that succeeded."""
+        response = self.response
+        assert response is not None
+        assert self.request is not None
+        message = response.message
+        loop = self.loop
+        account = self.account
+        return Result(
+            value=value,
+            text=text,
+            usage=self.usage,
+            finish_reason=response.finish_reason,
+            thinking=message.thinking,
+            tool_executions=tuple(loop.executions) if loop is not None else (),
+            model=response.model or self.runtime.model.name,
+            messages=((*self.request.messages, message) if self.immediate is None else self.request.messages),
+            invocation_id=self.id,
+            budget=account.budget if account is not None else None,
+            spent=account.spent(anyio.current_time()) if account is not None else None,
+        )

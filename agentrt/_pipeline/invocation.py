@@ -1,0 +1,286 @@
+"""The pipeline: one invocation of a service method as one async stream of events.
+
+There is one loop. Awaiting a method, reading a `TokenStream`, or (later) an SSE endpoint are all folds
+over `Invocation.events()`, which runs the stages of DESIGN §2 over one `Turn`:
+
+    prepare (render → input guardrails → memory → retrieval → tools → output format)
+    model ⇄ tools: before_request → stream the response → after_response → [tool round → after_round]
+    answer: output guardrails → parse → commit
+
+The generator runs in the reader's task. It never holds a task group or a cancel scope across a
+`yield`: concurrency (a tool round) and deadlines are opened and closed inside one await, and the only
+scope around a `yield`-free region that outlives an error is a shield around closing the model stream,
+so the adapter's cleanup finishes even on trio, where cancellation is level-triggered. So the stream can
+be read, and closed, by any task, the finalizer of an abandoned stream included.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
+
+import anyio
+
+from .._errors import ModelTimeoutError
+from .._events import (
+    CancelledEvent,
+    Completed,
+    Event,
+    FailedEvent,
+    RefusalDelta,
+    RequestIssued,
+    ResponseReceived,
+    Result,
+    Started,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallRequested,
+    ToolExecuted,
+    Usage,
+)
+from ..models._protocol import ResponseAccumulator, aclose_iterator
+from ..tools._run import arguments_hash
+from . import _finish, _loop, _stages
+from ._meter import Exhausted, MeteredAccumulator
+from ._runtime import notify
+from ._turn import Turn
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+
+    from .._budget import Budget
+    from .._events import ModelChunk, ModelResponse
+    from .._spec import MethodSpec
+    from ..models._protocol import ModelRequest, ModelSettings
+    from ._runtime import Runtime
+
+__all__ = ["READY", "Invocation"]
+
+_T = TypeVar("_T")
+
+# Chunks the pipeline forwards to readers as they are; the others are folded into ResponseReceived.
+_FORWARD: Final = frozenset({TextDelta, ThinkingDelta, RefusalDelta, Usage})
+
+
+class _Ready:
+    """Yielded once by a primed `events()`: the model accepted the first request (see `events`)."""
+
+    __slots__ = ()
+
+
+READY: Final = _Ready()
+
+
+class _Deadline:
+    """A model stream read under a deadline, for models that do not handle `request.deadline`.
+
+    Each read enters and leaves its own cancel scope (never held across the pipeline's `yield`); a read
+    cut at the deadline raises `ModelTimeoutError`, as the HTTP adapters do.
+    """
+
+    __slots__ = ("_chunks", "_deadline")
+
+    def __init__(self, chunks: AsyncIterator[ModelChunk], deadline: float) -> None:
+        self._chunks = chunks
+        self._deadline = deadline
+
+    def __aiter__(self) -> _Deadline:
+        return self
+
+    async def __anext__(self) -> ModelChunk:
+        with anyio.CancelScope(deadline=self._deadline) as scope:
+            return await self._chunks.__anext__()
+        assert scope.cancelled_caught
+        raise ModelTimeoutError("the model stream reached the invocation's deadline", mid_stream=True)
+
+    async def aclose(self) -> None:
+        await aclose_iterator(self._chunks)
+
+
+class Invocation:
+    """One call of a service method. Create, then read `events()` once (or await `result()`)."""
+
+    __slots__ = ("_turn", "id")
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        spec: MethodSpec,
+        arguments: dict[str, Any],
+        *,
+        settings: ModelSettings | None = None,
+        budget: Budget | None = None,
+    ) -> None:
+        self.id = os.urandom(16).hex()  # as random as uuid4().hex, without building a UUID
+        self._turn = Turn(self.id, runtime, spec, arguments, settings, budget)
+
+    async def result(self) -> Result[Any]:
+        """Run to the end and return the result: the fold of `events()`."""
+        result: Result[Any] | None = None
+        events = self.events()
+        try:
+            async for event in events:
+                if type(event) is Completed:
+                    result = event.result
+        finally:
+            await events.aclose()
+        assert result is not None, "an invocation ends with Completed or raises"
+        return result
+
+    async def events(self, *, prime: bool = False) -> AsyncGenerator[Event, None]:
+        """The invocation's events, ending with `Completed`; errors are raised, not yielded.
+
+        With `prime`, the first item is `READY`, yielded once the model accepted the first request
+        (its first chunk arrived), before any event: a caller that takes it has seen every error up
+        to that point raised (a bad argument, a connection error, 401, 429, an exceeded context). The
+        events before it (`Started`, `RequestIssued`) follow it; listeners get them as they happen.
+        """
+        turn = self._turn
+        runtime = turn.runtime
+        listeners = runtime.listeners
+        model = runtime.model
+        started = Started(self.id, turn.spec.qualname, turn.memory_id)
+        if listeners:
+            notify(listeners, started)
+        held: list[Event] | None = [started] if prime else None
+        account = turn.account
+        deadline = turn.deadline  # fixed for the invocation; None without a time budget
+        done = False
+        try:
+            if held is None:
+                yield started
+            prepare = _stages.prepare(turn)
+            if deadline is not None and _stages.may_wait(turn):
+                prepare = _scoped(turn, prepare, deadline)
+            await prepare
+            round_ = 0
+            while True:
+                round_ += 1
+                request = turn.request if account is None else _loop.before_request(turn)
+                assert request is not None
+                issued = RequestIssued(self.id, request, round_)
+                if listeners:
+                    notify(listeners, issued)
+                if held is None:
+                    yield issued
+                else:
+                    held.append(issued)
+                allowance = None if account is None else _loop.output_allowance(turn, request)
+                accumulator = ResponseAccumulator() if allowance is None else MeteredAccumulator(*allowance)
+                add = accumulator.add
+                chunks = model.stream(request)
+                if deadline is not None and not runtime.handles_deadline:
+                    chunks = _Deadline(chunks, deadline)
+                try:
+                    if held is not None:
+                        # Primed: wait for the model to accept the request, then hand over.
+                        first = await anext(chunks, None)
+                        yield cast("Event", READY)
+                        for event in held:
+                            yield event
+                        held = None
+                        if first is not None:
+                            add(first)
+                            if first.__class__ in _FORWARD:
+                                yield first  # type: ignore[misc]
+                    async for chunk in chunks:
+                        add(chunk)
+                        if chunk.__class__ in _FORWARD:
+                            yield chunk  # type: ignore[misc]
+                except Exhausted:
+                    # A token limit: the response stops within one chunk of it (see _meter).
+                    assert isinstance(accumulator, MeteredAccumulator)
+                    raise _cut(turn, accumulator, request) from None
+                except ModelTimeoutError as exc:
+                    if deadline is not None and anyio.current_time() >= deadline:
+                        raise _timed_out(turn, accumulator, request) from exc
+                    raise
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await aclose_iterator(chunks)
+                response = accumulator.build(request)
+                step = _loop.after_response(turn, response)
+                received = ResponseReceived(self.id, response, round_)
+                if listeners:
+                    notify(listeners, received)
+                yield received
+                if step is _loop.Step.ANSWER:
+                    break
+                if step is _loop.Step.ASK:
+                    continue
+                calls = response.message.tool_calls
+                for call in calls:
+                    requested = ToolCallRequested(self.id, call, arguments_hash(call.arguments), round_)
+                    if listeners:
+                        notify(listeners, requested)
+                    yield requested
+                loop = turn.loop
+                assert loop is not None
+                round_run = loop.run_round(calls)
+                if deadline is not None:
+                    round_run = _scoped(turn, round_run, deadline)
+                executions = await round_run
+                for execution in executions:
+                    executed = ToolExecuted(self.id, execution)
+                    if listeners:
+                        notify(listeners, executed)
+                    yield executed
+                if _loop.after_round(turn, calls, executions) is _loop.Step.ANSWER:
+                    break
+            # output guardrails, parse, commit
+            text = _finish.answer_text(turn)
+            if turn.immediate is not None:
+                if turn.spec.output_kind == "stream":
+                    delta = TextDelta(text)
+                    yield delta
+            else:
+                assert turn.response is not None
+                turn.exchange.append(turn.response.message)
+                text = _finish.output_guardrails(turn, text)
+            value = _finish.parse(turn, text)
+            _finish.commit(turn)
+            completed: Completed[Any] = Completed(self.id, turn.result(value, text))
+            if listeners:
+                notify(listeners, completed)
+            done = True
+            yield completed
+        except BaseException as exc:
+            # A reader that stops at Completed and closes the stream is not a cancellation.
+            if listeners and not done:
+                cancelled = isinstance(exc, GeneratorExit | anyio.get_cancelled_exc_class())
+                notify(listeners, CancelledEvent(self.id) if cancelled else FailedEvent(self.id, exc))
+            raise
+
+
+async def _scoped(turn: Turn, step: Awaitable[_T], deadline: float) -> _T:
+    """Await one step of the turn under its deadline: cut there with `BudgetExceededError`.
+
+    Only steps that may wait (on I/O, a tool, a user's provider) are scoped: a cancel scope costs more
+    than the rest of a plain call.
+    """
+    with anyio.CancelScope(deadline=deadline) as scope:
+        return await step
+    assert scope.cancelled_caught
+    raise turn.exceeded("seconds")
+
+
+def _cut(turn: Turn, accumulator: MeteredAccumulator, request: ModelRequest) -> Exception:
+    """The error for a response stopped at a token limit (the stream is closed on the way out)."""
+    response = accumulator.build(request)
+    account = turn.account
+    assert account is not None
+    account.add_usage(response.usage)
+    return turn.exceeded(
+        accumulator.limit,
+        streamed=response,
+        cause=f"the response was stopped past {accumulator.allowance} output tokens",
+    )
+
+
+def _timed_out(turn: Turn, accumulator: ResponseAccumulator, request: ModelRequest) -> Exception:
+    """The error for a response cut at the deadline."""
+    response: ModelResponse = accumulator.build(request)
+    account = turn.account
+    assert account is not None
+    account.add_usage(response.usage)
+    return turn.exceeded("seconds", streamed=response, cause="while the model responded")
