@@ -19,10 +19,13 @@ import pickle
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Generic, SupportsIndex, TypeVar
 
+from ._budget import Budget, Spent
+from ._messages import AssistantMessage, ChatMessage, ToolCall
+
 if TYPE_CHECKING:
-    from ._budget import Budget, Spent
-    from ._messages import AssistantMessage, ChatMessage, ToolCall
-    from .models._protocol import ModelRequest
+    # models._protocol imports this module; it binds ModelRequest here once it is defined, so that
+    # typing.get_type_hints(RequestIssued) resolves.
+    from .models._protocol import ModelRequest  # noqa: TC004
 
 __all__ = [
     "CancelledEvent",

@@ -77,6 +77,7 @@ def _implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
     # Show the stub's signature (with `self`), not the wrapper's *args/**kwargs, and drop the
     # markers copied from the stub so the built method is not mistaken for a stub.
     vars(method).pop("__wrapped__", None)
+    vars(method).pop("__isabstractmethod__", None)  # an ABC's @abstractmethod stub is implemented
     method.__dict__.pop("__agentrt_user_message__", None)
     method.__dict__.pop("__agentrt_system_message__", None)
     vars(method)["__signature__"] = inspect.signature(spec.function)

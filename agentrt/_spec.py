@@ -7,12 +7,15 @@ asks of the model. Every mistake is a `ConfigurationError` naming `Class.method`
 
 from __future__ import annotations
 
+import ast
 import collections.abc
 import dis
 import inspect
+import textwrap
 import types
 import typing
 import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, TypeVar, get_args, get_origin
 
@@ -36,8 +39,6 @@ from .output import OutputParser, TextParser, parser_for
 from .output._parsers import SchemaError
 
 if typing.TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from .models._protocol import Capabilities
 
 __all__ = [
@@ -112,6 +113,52 @@ def user_message(template: str, /) -> Callable[[_T], _T]:
 
 # --- stub detection ----------------------------------------------------------------------------
 
+
+def is_stub(function: Callable[..., Any]) -> bool:
+    """Whether a function's body is only `...`, `pass`, a docstring, or `raise NotImplementedError`
+    (with or without a message or `from None`).
+
+    Read from the function's source when there is one (exact on every Python version); otherwise
+    from its bytecode, compared with stubs compiled by the running interpreter (where `return None`
+    and `pass` cannot be told apart).
+    """
+    code = getattr(function, "__code__", None)
+    if not isinstance(code, types.CodeType) or code.co_freevars or code.co_cellvars:
+        return False
+    body = _source_body(function)
+    if body is not None:
+        return all(_stub_statement(statement) for statement in body)
+    return _shape(code) in _STUB_SHAPES
+
+
+def _source_body(function: Callable[..., Any]) -> list[ast.stmt] | None:
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return None
+    node = tree.body[0] if tree.body else None
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or node.name != function.__name__:
+        return None
+    return node.body
+
+
+def _stub_statement(statement: ast.stmt) -> bool:
+    if isinstance(statement, ast.Pass):
+        return True
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+        return statement.value.value is Ellipsis or isinstance(statement.value.value, str)
+    if isinstance(statement, ast.Raise) and statement.exc is not None:
+        exc = statement.exc.func if isinstance(statement.exc, ast.Call) else statement.exc
+        cause = statement.cause
+        return (
+            isinstance(exc, ast.Name)
+            and exc.id == "NotImplementedError"
+            and (cause is None or (isinstance(cause, ast.Constant) and cause.value is None))
+        )
+    return False
+
+
 _STUB_BODIES: Final = (
     "...",
     "pass",
@@ -121,6 +168,8 @@ _STUB_BODIES: Final = (
     "raise NotImplementedError",
     "raise NotImplementedError()",
     'raise NotImplementedError("message")',
+    "raise NotImplementedError from None",
+    'raise NotImplementedError("message") from None',
     '"""doc"""\n    raise NotImplementedError',
     '"""doc"""\n    raise NotImplementedError()',
     '"""doc"""\n    raise NotImplementedError("message")',
@@ -150,14 +199,6 @@ def _reference_shapes() -> frozenset[tuple[tuple[str, object], ...]]:
 
 
 _STUB_SHAPES: Final = _reference_shapes()
-
-
-def is_stub(function: Callable[..., Any]) -> bool:
-    """Whether a function's body is only `...`, `pass`, a docstring, or `raise NotImplementedError`."""
-    code = getattr(function, "__code__", None)
-    if not isinstance(code, types.CodeType) or code.co_freevars or code.co_cellvars:
-        return False
-    return _shape(code) in _STUB_SHAPES
 
 
 # --- method specs ------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Final, Self
 
 import anyio
 import httpx
+from anyio.abc import Process
 
 from ._errors import AgentError
 from .models._protocol import Capabilities, ModelSettings
@@ -47,8 +48,6 @@ from .models._retry import RetryPolicy
 
 if TYPE_CHECKING:
     from types import TracebackType
-
-    from anyio.abc import Process
 
     from .models.openai import OpenAIChatModel
 

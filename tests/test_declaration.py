@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncIterator, Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 import pytest
@@ -253,9 +253,32 @@ def test_stub_bodies_that_count_as_stubs() -> None:
 
     def sync_dots() -> None: ...
 
-    stubs = [dots, documented, passes, not_implemented, not_implemented_call, documented_dots, sync_dots]
+    async def from_none() -> None:
+        raise NotImplementedError("agentrt implements this") from None
+
+    async def dots_then_pass() -> None:
+        ...
+        pass
+
+    async def returns_none() -> None:
+        return None
+
+    async def returns() -> None:
+        return
+
+    stubs = [
+        dots,
+        documented,
+        passes,
+        not_implemented,
+        not_implemented_call,
+        documented_dots,
+        sync_dots,
+        from_none,
+        dots_then_pass,
+    ]
     assert [f.__name__ for f in stubs if not is_stub(f)] == []
-    bodies = [real, raises_other, returns_text, documented_real, awaits]
+    bodies = [real, raises_other, returns_text, documented_real, awaits, returns_none, returns]
     assert [f.__name__ for f in bodies if is_stub(f)] == []
 
 
@@ -280,3 +303,30 @@ def test_static_and_class_method_stubs_are_rejected(wrapper: type) -> None:
 
     with pytest.raises(ConfigurationError, match=rf"Service\.ask: .*not a {wrapper.__name__}"):
         build(service)
+
+
+async def test_an_abc_with_abstract_stubs_builds() -> None:
+    import abc
+
+    class Abstract(abc.ABC):
+        @abc.abstractmethod
+        async def ask(self, question: str) -> str: ...
+
+        async def helper(self) -> str | None:
+            return None  # a real method, not a stub
+
+    service = build(Abstract, model=ScriptedModel("hi"))
+
+    assert await service.ask("q") == "hi"
+    assert await service.helper() is None
+
+
+def test_stubs_without_source_are_read_from_bytecode() -> None:
+    from agentrt._spec import is_stub
+
+    namespace: dict[str, Any] = {}
+    exec("async def stub(self):\n    raise NotImplementedError from None\n", namespace)
+    exec("async def real(self):\n    return 1\n", namespace)
+
+    assert is_stub(namespace["stub"])
+    assert not is_stub(namespace["real"])

@@ -71,3 +71,17 @@ def test_importing_agentrt_does_not_import_the_local_server_module() -> None:
     code = "import agentrt.local; print(agentrt.local.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "agentrt.local"
+
+
+def test_public_classes_resolve_their_annotations() -> None:
+    # pydantic models with a field of one of these types, and users' own tools, call get_type_hints.
+    unresolved = []
+    for module in (agentrt, agentrt.models, agentrt.output, agentrt.testing, agentrt.tools):
+        for name in module.__all__:
+            value = getattr(module, name)
+            if isinstance(value, type):
+                try:
+                    typing.get_type_hints(value)
+                except Exception as exc:
+                    unresolved.append(f"{module.__name__}.{name}: {exc}")
+    assert unresolved == []

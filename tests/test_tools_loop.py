@@ -386,10 +386,13 @@ async def test_final_answer_policy_makes_exactly_one_more_request_without_tools(
 
 
 @pytest.mark.parametrize("view", ["ask", "ask_stream"])
-async def test_final_answer_that_calls_tools_again_is_a_typed_error_not_an_empty_answer(view: str) -> None:
+@pytest.mark.parametrize("blank", ["", " ", "\n\n"])
+async def test_final_answer_that_calls_tools_again_is_a_typed_error_not_an_empty_answer(
+    view: str, blank: str
+) -> None:
     svc, model = assistant(
         *repeating(distinct=True, rounds=2),
-        [CallTool("temperature", {"city": "Basel"})],  # ignores "answer without tools"
+        [blank, CallTool("temperature", {"city": "Basel"})],  # ignores "answer without tools"
         settings=ToolSettings(max_rounds=1, on_limit="final_answer"),
     )
 

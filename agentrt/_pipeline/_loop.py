@@ -96,9 +96,9 @@ def after_response(turn: Turn, response: ModelResponse) -> Step:
     if loop is None or not calls:
         return Step.ANSWER
     if turn.final is not None:
-        if not response.message.text:
+        if not (response.message.text or "").strip():
             # Asked for an answer without tools, the model called tools again: a typed error with
-            # the partial result, never a silent empty answer.
+            # the partial result, never a silent empty (or blank) answer.
             raise _limit_error(turn, turn.final, "asked for a final answer, the model called tools again")
         return Step.ANSWER  # an answer with stray tool calls: the answer counts, the calls do not
     limit = loop.limit_before(calls)

@@ -5,16 +5,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .._budget import Budget
 from .._events import LifecycleEvent
+from .._messages import UserMessage
+from ..models._protocol import ChatModel, ModelSettings
+from ..tools._declare import ToolDefinition
 from ..tools._run import ThreadLimiter, ToolSettings
-
-if TYPE_CHECKING:
-    from .._budget import Budget
-    from .._messages import UserMessage
-    from ..models._protocol import ChatModel, ModelSettings
-    from ..tools._declare import ToolDefinition
 
 __all__ = ["Listener", "Runtime", "SystemMessageProvider", "ToolProvider", "ToolRequest", "notify"]
 

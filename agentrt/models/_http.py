@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -41,7 +42,7 @@ from ._failures import (
 from ._retry import Retryable, RetryPolicy
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
     import tenacity
     from pydantic import SecretStr

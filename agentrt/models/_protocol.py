@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from .. import _events
 from .._events import (
     Finish,
     FinishReason,
@@ -35,7 +37,7 @@ from .._messages import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping, Sequence
+    from collections.abc import AsyncIterator, Sequence
 
 __all__ = [
     "Capabilities",
@@ -151,6 +153,11 @@ class ModelRequest:
     deadline: float | None = field(default=None, compare=False)
     """When the response must be complete, on the async backend's clock (`anyio.current_time()`): set
     when the invocation has a time budget. Not sent to the provider."""
+
+
+# `RequestIssued.request` is annotated with ModelRequest in _events, which cannot import this module
+# (it imports _events): bind the name there for typing.get_type_hints.
+_events.ModelRequest = ModelRequest  # type: ignore[attr-defined]
 
 
 class ChatModel(Protocol):
