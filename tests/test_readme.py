@@ -1,7 +1,8 @@
 """Every Python block of README.md runs as written, in order, in one namespace.
 
-The README leaves one name to the reader: `model` in the quickstart ("`model` is any
-agentrt.ChatModel"). The test supplies a scripted model there and checks what the blocks sent. The
+The README leaves one name to the reader: `model` ("`model` is any agentrt.ChatModel"). Before each
+block that uses `model` without assigning it, the test supplies the next scripted model, and checks
+what the blocks sent. The
 block that starts the local model server (`agentrt.local`) runs in the end-to-end tier
 (tests/e2e/test_readme_local.py), where that server is installed.
 """
@@ -33,11 +34,16 @@ async def run_block(source: str, namespace: dict[str, Any]) -> None:
         await result
 
 
-async def run_readme(namespace: dict[str, Any], *, local: bool) -> list[str]:
+async def run_readme(namespace: dict[str, Any], *, local: bool, models: list[Any] | None = None) -> list[str]:
+    """Run the blocks (those that start the local server, or the others); `models` are handed out
+    as `model` to the blocks that use it without assigning it."""
     ran = []
+    supply = list(models or [])
     for block in python_blocks():
         if ("agentrt.local" in block) != local:
             continue
+        if supply and re.search(r"\bmodel\b", block) and not re.search(r"^model = ", block, re.MULTILINE):
+            namespace["model"] = supply.pop(0)
         await run_block(block, namespace)
         ran.append(block)
     return ran
@@ -52,15 +58,21 @@ async def test_every_readme_block_runs_as_written(monkeypatch: pytest.MonkeyPatc
         ["It ", "ships ", "today."],
         "Hello!",
     )
-    namespace: dict[str, Any] = {"__name__": "readme", "model": model}
+    budgeted = ScriptedModel("Rayleigh scattering.", ["Once ", "upon ", "a ", "time"])
+    namespace: dict[str, Any] = {"__name__": "readme"}
 
-    ran = await run_readme(namespace, local=False)
+    # The quickstart, the tools block (which only builds), the budgets block.
+    ran = await run_readme(namespace, local=False, models=[model, ScriptedModel(), budgeted])
 
     assert len(ran) == len(python_blocks()) - 1  # all but the local-server block
-    assert namespace["answer"] == "Order SO-2026-0001 ships tomorrow."
+    assert model.requests[0].messages[-1] == agentrt.UserMessage.of("Where is order SO-2026-0001?")
     ticket = namespace["ticket"]
     assert isinstance(ticket, BaseModel) and ticket.model_dump() == {"origin": "Bern", "destination": "Basel"}
     assert isinstance(namespace["result"], agentrt.Result) and namespace["result"].value == "Hello!"
+    assert namespace["answer"] == "Rayleigh scattering."
+    assert budgeted.requests[0].settings == agentrt.ModelSettings(temperature=0)
+    assert isinstance(namespace["stream"], agentrt.TokenStream)
+    await namespace["stream"].aclose()
     assert "It ships today." in capsys.readouterr().out
     system = model.requests[0].messages[0]
     assert system == agentrt.SystemMessage(text="You are a support assistant for Acme.")

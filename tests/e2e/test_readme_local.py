@@ -14,9 +14,14 @@ pytestmark = pytest.mark.e2e
 
 async def test_the_local_server_block_of_the_readme_runs_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-readme-test")
-    model = ScriptedModel("a", '{"origin": "a", "destination": "b"}', "c", "d")
-    namespace: dict[str, Any] = {"__name__": "readme", "model": model}
-    await run_readme(namespace, local=False)
+    models = [
+        ScriptedModel("a", '{"origin": "a", "destination": "b"}', "c", "d"),
+        ScriptedModel(),
+        ScriptedModel("e", "f"),
+    ]
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    await run_readme(namespace, local=False, models=models)
+    await namespace["stream"].aclose()
 
     ran = await run_readme(namespace, local=True)
 
