@@ -4,7 +4,18 @@ A minimal HTTP/1.1 server (its own process, asyncio streams) answers every chat 
 pre-built SSE stream of N one-token events, written event by event. Both clients talk to it over
 loopback with keep-alive; the difference is what agentrt adds per call and per streamed token (its
 service binding, pipeline, events, adapter, accounting). Prints milliseconds per call and microseconds
-per token for asyncio and trio; compare with the brief's budget (0.2 ms a call, 10 µs a token).
+per token for asyncio and trio; compare with the brief's budget (0.2 ms a call, 10 µs a token, and
+0.3 ms a tool round trip).
+
+The tool round trip row: a request that offers one tool is answered with a streamed call of it (in
+OpenAI's chunk format: the call's id and name first, its arguments in fragments, then usage), the
+request that carries the tool's result with a short streamed answer. agentrt runs a service with one
+sync `@tool` function, which runs in a worker thread as users write them. The hand-written loop does
+the same work: it streams request 1, assembles the call, runs the same sync function in a worker thread
+with `anyio.to_thread.run_sync` (what a hand-written async app does with blocking code, too; calling it
+on the event loop would not be the same program), sends request 2 with the assistant's tool-call
+message and the tool result, and streams the answer. The row is the median per round trip (both
+requests and the tool call) over many round trips, the two clients interleaved in blocks.
 
     .venv/bin/python benchmarks/bench_http.py
 """
@@ -12,11 +23,12 @@ per token for asyncio and trio; compare with the brief's budget (0.2 ms a call, 
 from __future__ import annotations
 
 import asyncio
+import functools
 import multiprocessing
 import socket
 import statistics
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
 import httpx
@@ -25,12 +37,15 @@ import orjson
 import agentrt
 from agentrt import LifecycleEvent, TokenStream
 from agentrt.models import ModelSettings, OpenAIChatModel, RetryPolicy
+from agentrt.tools import P, tool
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
 CALLS = 300
 TOKENS = 2000
+ROUND_TRIPS = 100  # per block; the tool row interleaves BLOCKS blocks of each client
+BLOCKS = 10
 
 
 def _event(delta: dict[str, object], finish: str | None = None) -> bytes:
@@ -48,11 +63,67 @@ def _stream(tokens: int) -> list[bytes]:
     events += [_event({"content": f" tok{i}"}) for i in range(tokens)]
     events.append(_event({}, "stop"))
     events.append(b"data: [DONE]\n\n")
+    return _chunked(events)
+
+
+def _chunked(events: list[bytes]) -> list[bytes]:
     return [b"%x\r\n%s\r\n" % (len(e), e) for e in events] + [b"0\r\n\r\n"]
+
+
+def _openai_event(delta: dict[str, object] | None, finish: str | None = None, usage: object = None) -> bytes:
+    """A chunk as OpenAI streams it (cassette 12 of the conformance tests)."""
+    payload = {
+        "id": "chatcmpl-ASv9l0RKJrq2fTx2dK5jhJoIr4rMI",
+        "object": "chat.completion.chunk",
+        "created": 1731456257,
+        "model": "gpt-4o-mini-2024-07-18",
+        "system_fingerprint": "fp_0ba0d124f1",
+        "choices": []
+        if delta is None
+        else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        "usage": usage,
+    }
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+_USAGE = {
+    "prompt_tokens": 75,
+    "completion_tokens": 17,
+    "total_tokens": 92,
+    "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+    "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
+}
+CALL_ID = "call_hqkL24CLEwnniv4GDrjk14Iu"
+
+
+def _tool_call_stream() -> list[bytes]:
+    """The first answer of a round trip: one streamed call of `get_current_weather`."""
+    function = {"name": "get_current_weather", "arguments": ""}
+    call = {"index": 0, "id": CALL_ID, "type": "function", "function": function}
+    events = [_openai_event({"role": "assistant", "content": None})]
+    events.append(_openai_event({"tool_calls": [call]}))
+    for fragment in ('{"lo', "catio", 'n": "S', "eatt", "le, W", 'A"}'):
+        events.append(_openai_event({"tool_calls": [{"index": 0, "function": {"arguments": fragment}}]}))
+    events.append(_openai_event({}, "tool_calls"))
+    events.append(_openai_event(None, usage=_USAGE))
+    events.append(b"data: [DONE]\n\n")
+    return _chunked(events)
+
+
+def _answer_stream() -> list[bytes]:
+    """The second answer of a round trip: a short text streamed token by token."""
+    events = [_openai_event({"role": "assistant", "content": ""})]
+    for token in ("It", "'s", " sunny", " in", " Seattle", ",", " 18", " °C", "."):
+        events.append(_openai_event({"content": token}))
+    events.append(_openai_event({}, "stop"))
+    events.append(_openai_event(None, usage=_USAGE))
+    events.append(b"data: [DONE]\n\n")
+    return _chunked(events)
 
 
 def serve(sock: socket.socket) -> None:
     cache: dict[int, list[bytes]] = {}
+    tool_call, answer = _tool_call_stream(), _answer_stream()
     head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -65,8 +136,11 @@ def serve(sock: socket.socket) -> None:
                     if line.lower().startswith(b"content-length:"):
                         length = int(line.split(b":")[1])
                 body = orjson.loads(await reader.readexactly(length))
-                tokens = int(body.get("max_tokens", 1))
-                chunks = cache.get(tokens) or cache.setdefault(tokens, _stream(tokens))
+                if body.get("tools"):  # the tool round trip: call the tool, then answer with its result
+                    chunks = answer if body["messages"][-1]["role"] == "tool" else tool_call
+                else:
+                    tokens = int(body.get("max_tokens", 1))
+                    chunks = cache.get(tokens) or cache.setdefault(tokens, _stream(tokens))
                 writer.write(head)
                 for chunk in chunks:
                     writer.write(chunk)
@@ -87,6 +161,29 @@ class Service:
     async def ask(self, question: str) -> str: ...
 
     async def stream(self, question: str) -> TokenStream: ...
+
+
+@tool("Get the current weather in a given location")
+def get_current_weather(location: Annotated[str, P("The city and state, e.g. Boston, MA")]) -> str:
+    """A sync tool, as users write them: agentrt runs it in a worker thread."""
+    return f"Sunny, 18 °C in {location}"
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_current_weather",
+        "description": "Get the current weather in a given location",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "location": {"type": "string", "description": "The city and state, e.g. Boston, MA"}
+            },
+            "required": ["location"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 async def plain(client: httpx.AsyncClient, url: str, tokens: int) -> str:
@@ -111,6 +208,64 @@ async def plain(client: httpx.AsyncClient, url: str, tokens: int) -> str:
     return "".join(parts)
 
 
+async def _stream_turn(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One streamed response of a hand-written loop: its text and its tool calls by index."""
+    parts: list[str] = []
+    calls: dict[int, list[str]] = {}
+    loads = orjson.loads
+    async with client.stream("POST", url, content=orjson.dumps(body)) as response:
+        buffer = b""
+        async for raw in response.aiter_bytes():
+            buffer = buffer + raw if buffer else raw
+            start = 0
+            while (end := buffer.find(b"\n\n", start)) >= 0:
+                data = buffer[start + 6 : end]
+                start = end + 2
+                if data == b"[DONE]":
+                    continue
+                choices = loads(data)["choices"]
+                if not choices:
+                    continue
+                delta = choices[0]["delta"]
+                if content := delta.get("content"):
+                    parts.append(content)
+                for fragment in delta.get("tool_calls") or ():
+                    call = calls.setdefault(fragment["index"], ["", "", ""])
+                    function = fragment.get("function") or {}
+                    call[0] = call[0] or fragment.get("id") or ""
+                    call[1] = call[1] or function.get("name") or ""
+                    call[2] += function.get("arguments") or ""
+            buffer = buffer[start:]
+    return {"text": "".join(parts), "calls": [calls[i] for i in sorted(calls)]}
+
+
+async def plain_round_trip(client: httpx.AsyncClient, url: str, functions: dict[str, Any]) -> str:
+    """The floor of a tool round trip: stream, run the called sync tool in a thread, stream again."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What's the weather in Seattle?"}]
+    body = {
+        "model": "bench",
+        "messages": messages,
+        "tools": [WEATHER_TOOL],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    turn = await _stream_turn(client, url, body)
+    calls = turn["calls"]
+    messages.append(
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in calls
+            ],
+        }
+    )
+    for call_id, name, arguments in calls:
+        function = functools.partial(functions[name], **orjson.loads(arguments))
+        result = await anyio.to_thread.run_sync(function)
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
+    return str((await _stream_turn(client, url, body))["text"])
+
+
 async def median_of(runs: int, body: Callable[[], Awaitable[object]]) -> float:
     samples = []
     for _ in range(runs):
@@ -120,7 +275,7 @@ async def median_of(runs: int, body: Callable[[], Awaitable[object]]) -> float:
     return statistics.median(samples)
 
 
-async def measure(port: int) -> tuple[float, float]:
+async def measure(port: int) -> tuple[float, float, float]:
     base = f"http://127.0.0.1:{port}/v1"
     events: list[LifecycleEvent] = []
     async with httpx.AsyncClient(timeout=30) as client:
@@ -140,9 +295,13 @@ async def measure(port: int) -> tuple[float, float]:
             retry=RetryPolicy.never(),
             settings=ModelSettings(max_tokens=TOKENS),
         )
+        chat = OpenAIChatModel("bench", base_url=base, api_key="x", client=client, retry=RetryPolicy.never())
         ask = agentrt.build(Service, model=one, listeners=[events.append])
         stream = agentrt.build(Service, model=many, listeners=[events.append])
+        weather = agentrt.build(Service, model=chat, listeners=[events.append], tools=[get_current_weather])
         url = f"{base}/chat/completions"
+        functions = {"get_current_weather": get_current_weather}
+        answer = "It's sunny in Seattle, 18 °C."
 
         async def plain_calls() -> None:
             for _ in range(CALLS):
@@ -167,9 +326,32 @@ async def measure(port: int) -> tuple[float, float]:
         call = await median_of(5, agentrt_calls) / CALLS
         floor_token = await median_of(9, plain_tokens) / TOKENS
         token = await median_of(9, agentrt_tokens) / TOKENS
-    print(f"    plain httpx+orjson: {floor_call * 1e3:6.3f} ms a call, {floor_token * 1e6:5.2f} µs a token")
-    print(f"    agentrt           : {call * 1e3:6.3f} ms a call, {token * 1e6:5.2f} µs a token")
-    return call - floor_call, token - floor_token
+
+        for _ in range(20):  # warm up both loops (and the worker threads)
+            assert await plain_round_trip(client, url, functions) == answer
+            assert await weather.ask("What's the weather in Seattle?") == answer
+        floor_samples: list[float] = []
+        samples: list[float] = []
+        for _ in range(BLOCKS):
+            for _ in range(ROUND_TRIPS):
+                started = time.perf_counter()
+                await plain_round_trip(client, url, functions)
+                floor_samples.append(time.perf_counter() - started)
+            for _ in range(ROUND_TRIPS):
+                started = time.perf_counter()
+                await weather.ask("What's the weather in Seattle?")
+                samples.append(time.perf_counter() - started)
+            events.clear()
+        floor_trip, trip = statistics.median(floor_samples), statistics.median(samples)
+    print(
+        f"    plain httpx+orjson: {floor_call * 1e3:6.3f} ms a call, {floor_token * 1e6:5.2f} µs a token, "
+        f"{floor_trip * 1e3:6.3f} ms a tool round trip"
+    )
+    print(
+        f"    agentrt           : {call * 1e3:6.3f} ms a call, {token * 1e6:5.2f} µs a token, "
+        f"{trip * 1e3:6.3f} ms a tool round trip"
+    )
+    return call - floor_call, token - floor_token, trip - floor_trip
 
 
 def main() -> None:
@@ -182,12 +364,15 @@ def main() -> None:
     try:
         print(
             f"agentrt over a local OpenAI-compatible server ({CALLS} one-token calls; "
-            f"{TOKENS}-token streams; listeners on)"
+            f"{TOKENS}-token streams; {BLOCKS * ROUND_TRIPS} tool round trips with a sync tool; listeners on)"
         )
         for backend in ("asyncio", "trio"):
             print(f"  {backend}")
-            call, token = anyio.run(measure, port, backend=backend)
-            print(f"    agentrt adds      : {call * 1e3:6.3f} ms a call, {token * 1e6:5.2f} µs a token")
+            call, token, trip = anyio.run(measure, port, backend=backend)
+            print(
+                f"    agentrt adds      : {call * 1e3:6.3f} ms a call, {token * 1e6:5.2f} µs a token, "
+                f"{trip * 1e3:6.3f} ms a tool round trip"
+            )
     finally:
         server.terminate()
         server.join()

@@ -185,10 +185,16 @@ class ToolDefinition:
     so a parameter may be called `json`, `schema` or `model_config` without clashing with pydantic."""
     immediate: bool = False
     timeout: float | None = None
+    _spec: ToolSpec = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Built once: every request of every invocation offers this same spec.
+        spec = ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+        object.__setattr__(self, "_spec", spec)
 
     @property
     def spec(self) -> ToolSpec:
-        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+        return self._spec
 
 
 def _is_async(function: Callable[..., Any]) -> bool:

@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 import anyio
 import anyio.lowlevel
@@ -34,10 +34,8 @@ from .._errors import (
 )
 from .._events import ToolExecution, ToolOutcome
 from .._messages import ToolCall, ToolResultMessage
+from ..models._protocol import ToolChoice  # at runtime: `get_type_hints(ToolSettings)` resolves it
 from ._declare import ToolContext, ToolDefinition, _Injected
-
-if TYPE_CHECKING:
-    from ..models._protocol import ToolChoice
 
 __all__ = [
     "FailurePolicy",
@@ -154,9 +152,18 @@ FINAL_ANSWER_PROMPT: Final = (
 )
 
 
+_last_hash: tuple[str, str] = ("", hashlib.sha256(b"").hexdigest()[:16])
+
+
 def arguments_hash(arguments: str) -> str:
     """A short, stable digest of a call's arguments (logged and reported instead of the arguments)."""
-    return hashlib.sha256(arguments.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    global _last_hash
+    last = _last_hash
+    if last[0] is arguments:  # the same call's arguments again: its request event, then its execution
+        return last[1]
+    digest = hashlib.sha256(arguments.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    _last_hash = (arguments, digest)
+    return digest
 
 
 def _default(value: Any) -> Any:
@@ -246,6 +253,7 @@ class ToolLoop:
         "_calls",
         "_failed_rounds",
         "_identical",
+        "_keyed",
         "context",
         "executions",
         "rounds",
@@ -270,6 +278,18 @@ class ToolLoop:
         self._calls = 0
         self._failed_rounds = 0
         self._identical: Counter[tuple[str, str]] = Counter()
+        self._keyed: tuple[tuple[ToolCall, ...], list[tuple[str, str]]] | None = None
+
+    def _keys(self, calls: Sequence[ToolCall]) -> list[tuple[str, str]]:
+        """(name, canonical arguments) of each call; `limit_before` and `run_round` of one round
+        share them when the round's calls are the same (immutable) tuple."""
+        keyed = self._keyed
+        if keyed is not None and keyed[0] is calls:
+            return keyed[1]
+        keys = [(call.name, _canonical(call.arguments)) for call in calls]
+        if type(calls) is tuple:
+            self._keyed = (calls, keys)
+        return keys
 
     def limit_before(self, calls: Sequence[ToolCall]) -> LoopLimit | None:
         """The limit that running `calls` as the next round would break, if any."""
@@ -278,11 +298,11 @@ class ToolLoop:
             return LoopLimit.MAX_ROUNDS
         if self._calls + len(calls) > settings.max_calls:
             return LoopLimit.MAX_CALLS
-        seen = self._identical.copy()
-        for call in calls:
-            key = (call.name, _canonical(call.arguments))
-            seen[key] += 1
-            if seen[key] > settings.max_identical_calls:
+        identical, most = self._identical, settings.max_identical_calls
+        seen: dict[tuple[str, str], int] = {}
+        for key in self._keys(calls):
+            count = seen[key] = seen.get(key, identical[key]) + 1
+            if count > most:
                 return LoopLimit.REPEATED_CALL
         return None
 
@@ -300,27 +320,30 @@ class ToolLoop:
         """
         self.rounds += 1
         self._calls += len(calls)
-        for call in calls:
-            self._identical[(call.name, _canonical(call.arguments))] += 1
-        results: list[tuple[ToolExecution, ToolError | None] | None] = [None] * len(calls)
-        limit = self.settings.max_concurrency
-        limiter = anyio.CapacityLimiter(limit) if limit else None
-
-        async def run(index: int, call: ToolCall) -> None:
-            if limiter is None:
-                results[index] = await self._execute(call)
-            else:
-                async with limiter:
-                    results[index] = await self._execute(call)
-
+        identical = self._identical
+        for key in self._keys(calls):
+            identical[key] += 1
+        self._keyed = None
         if len(calls) == 1:
-            await run(0, calls[0])
+            # One call needs neither a task group nor a concurrency limiter (it is always within it).
+            done = [await self._execute(calls[0])]
         else:
+            results: list[tuple[ToolExecution, ToolError | None] | None] = [None] * len(calls)
+            limit = self.settings.max_concurrency
+            limiter = anyio.CapacityLimiter(limit) if limit else None
+
+            async def run(index: int, call: ToolCall) -> None:
+                if limiter is None:
+                    results[index] = await self._execute(call)
+                else:
+                    async with limiter:
+                        results[index] = await self._execute(call)
+
             async with anyio.create_task_group() as group:
                 for index, call in enumerate(calls):
                     group.start_soon(run, index, call)
+            done = [r for r in results if r is not None]
 
-        done = [r for r in results if r is not None]
         executions = [execution for execution, _ in done]
         self.executions.extend(executions)
         if executions and all(e.is_error for e in executions):
@@ -356,9 +379,10 @@ class ToolLoop:
                 outcome, error = ToolOutcome.INVALID_ARGUMENTS, exc
             else:
                 kwargs = {param: getattr(arguments, field) for field, param in definition.fields}
-                for name, kind in definition.injected.items():
+                if definition.injected:
                     context = self.context(call, self.rounds)
-                    kwargs[name] = context.memory_id if kind == _Injected.MEMORY_ID else context
+                    for name, kind in definition.injected.items():
+                        kwargs[name] = context.memory_id if kind == _Injected.MEMORY_ID else context
                 try:
                     if timeout is None:
                         value = await self._call(definition, kwargs)
