@@ -226,3 +226,20 @@ async def test_an_output_token_limit_closes_the_http_response() -> None:
             await service.ask("hi")
     assert info.value.partial.text == "".join(f"w{i:02d} " for i in range(6))
     assert body.closed
+
+
+@pytest.mark.virtual_clock
+async def test_a_body_held_open_after_done_does_not_outlast_the_deadline() -> None:
+    # The answer is complete at [DONE]; the server keeps the body open. Reading its end (for the
+    # connection's reuse) stops at the deadline, and the complete answer is returned.
+    body = Body([event({"role": "assistant", "content": "ok"}, "stop"), b"data: [DONE]\n\n"], hang=True)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=body)
+
+    service, client = await service_over(handler, budget=Budget(seconds=0.2))
+    start = anyio.current_time()
+    async with client:
+        assert await service.ask("hi") == "ok"
+    assert anyio.current_time() - start == pytest.approx(0.2)
+    assert body.closed

@@ -466,6 +466,7 @@ async def stream_chunks(
             raise session.deadline_error(body, 1, mid_stream=False)
     response = exchange.response
     raw_chunks = response.aiter_bytes()
+    ended = False  # the body was read to its end: nothing left to release
     try:
         decoder = decoder_for(exchange)
         feed = decoder.feed
@@ -498,24 +499,30 @@ async def stream_chunks(
         if decoder.error is not None:
             session.report(decoder.error, body, exchange.attempt)
             raise decoder.error
-        await _drain(raw_chunks)
+        ended = await _drain(raw_chunks, deadline)
     finally:
         with anyio.CancelScope(shield=True):
-            await _release(raw_chunks)
+            if not ended:
+                await _release(raw_chunks)
             await response.aclose()
 
 
-async def _drain(raw_chunks: AsyncIterator[bytes]) -> None:
-    """Read what is left of a body whose last event arrived (usually nothing but its end)."""
+async def _drain(raw_chunks: AsyncIterator[bytes], deadline: float | None) -> bool:
+    """Read what is left of a body whose last event arrived (usually nothing but its end), for at
+    most `_DRAIN_SECONDS` and never past `deadline`. Whether the body ended (then there is nothing
+    left for `_release` to do, and it is skipped: its expired scope costs more than the rest)."""
     size = 0
-    with anyio.move_on_after(_DRAIN_SECONDS):
+    limit = anyio.current_time() + _DRAIN_SECONDS
+    with anyio.CancelScope(deadline=limit if deadline is None else min(limit, deadline)):
         try:
             async for part in raw_chunks:
                 size += len(part)
                 if size > _DRAIN_LIMIT:
-                    return
+                    return False
         except httpx.HTTPError:
-            return
+            return False
+        return True
+    return False
 
 
 async def _release(raw_chunks: AsyncIterator[bytes]) -> None:
