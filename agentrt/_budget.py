@@ -60,8 +60,12 @@ class Budget:
                 raise ConfigurationError(f"Budget.{f.name} must be a number or None, got {value!r}")
             if f.name != "seconds" and not isinstance(value, int):
                 raise ConfigurationError(f"Budget.{f.name} must be a whole number, got {value!r}")
-            if not value > 0 or (f.name == "seconds" and not math.isfinite(value)):
-                raise ConfigurationError(f"Budget.{f.name} must be positive, got {value!r}")
+            try:
+                finite = math.isfinite(value)
+            except OverflowError:
+                finite = False
+            if not value > 0 or (f.name == "seconds" and not finite):
+                raise ConfigurationError(f"Budget.{f.name} must be positive and finite, got {value!r}")
 
     def merge(self, other: Budget | None) -> Budget:
         """This budget with every limit `other` sets replacing this one's."""

@@ -284,10 +284,11 @@ class MethodSpec:
     def call_options(self, arguments: Mapping[str, Any]) -> CallOptions | None:
         """The options this call's arguments carry (typed parameters), if any."""
         budget = settings = None
+        defaults = self.signature.parameters
         for param, kind in self.option_params:
             value = arguments[param]
-            if value is None:
-                continue
+            if value is None or value is defaults[param].default:
+                continue  # a stub's default is the method's option (see `_method_options`)
             if kind == "budget":
                 if not isinstance(value, Budget):
                     raise TypeError(f"{self.qualname}(): {param!r} must be a Budget, got {value!r}")
@@ -383,6 +384,32 @@ class MethodSpec:
 class ServiceSpec:
     cls: type[Any]
     methods: Mapping[str, MethodSpec]
+
+
+def _method_options(
+    qualname: str, function: Callable[..., Any], signature: inspect.Signature, params: list[tuple[str, str]]
+) -> CallOptions | None:
+    """The method's own options: the defaults of its option parameters, under `@method_options`.
+
+    A default written in the stub belongs to the method, not to each call: an enclosing
+    `call_options(...)` block overrides it.
+    """
+    budget = settings = None
+    for param, kind in params:
+        default = signature.parameters[param].default
+        if default is inspect.Parameter.empty or default is None:
+            continue
+        if kind == "budget" and isinstance(default, Budget):
+            budget = default
+        elif kind == "settings" and isinstance(default, ModelSettings):
+            settings = default
+        else:
+            raise ConfigurationError(f"{qualname}: parameter {param!r} has a default of the wrong type")
+    decorated = method_options_of(function)
+    if budget is None and settings is None:
+        return decorated
+    own = CallOptions(budget, settings)
+    return decorated.over(own) if decorated is not None else own
 
 
 def _binder(parameters: list[inspect.Parameter]) -> Callable[..., dict[str, Any]]:
@@ -588,7 +615,7 @@ def _method_spec(cls: type[Any], function: Callable[..., Any]) -> MethodSpec:
         parser=parser,
         unbound=unbound,
         option_params=tuple(options),
-        options=method_options_of(function),
+        options=_method_options(qualname, function, signature, options),
         binder=_binder(parameters),
     )
 

@@ -288,10 +288,19 @@ class FunctionModel(_RecordingModel):
     async def _respond(
         self, request: ModelRequest, record: StreamRecord
     ) -> AsyncGenerator[_events.ModelChunk, None]:
-        script = self._function(request)
-        if inspect.isawaitable(script):
-            script = await script
-        played = _play(script, record, request.deadline if self.handles_deadline else None)
+        deadline = request.deadline if self.handles_deadline else None
+        answer = self._function(request)
+        script: Script | None = None
+        if not inspect.isawaitable(answer):
+            script = answer
+        elif deadline is None:
+            script = await answer
+        else:
+            with anyio.CancelScope(deadline=deadline):
+                script = await answer
+            if script is None:
+                raise ModelTimeoutError("the request reached its deadline before a response arrived")
+        played = _play(script, record, deadline)
         try:
             async for chunk in played:
                 yield chunk

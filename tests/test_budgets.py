@@ -431,3 +431,122 @@ async def test_text_delta_counts_are_not_lost_on_the_way() -> None:
     service, _ = build(model, budget=Budget(output_tokens=5))
     events = [e async for e in (await service.stream("go")).events()]
     assert [e for e in events if isinstance(e, TextDelta)] == [TextDelta("abcd")]
+
+
+# --- found by an outside review -----------------------------------------------------------------
+
+
+async def test_short_deltas_count_a_token_each_while_streaming() -> None:
+    # One character a delta (code, CJK text, a server streaming a token a delta without usage):
+    # four characters a token would let four times the limit through.
+    model = ScriptedModel(["字"] * 100)
+    service, _ = build(model, budget=Budget(output_tokens=30))
+
+    with pytest.raises(BudgetExceededError) as info:
+        await service.ask("go")
+
+    assert info.value.partial.text == "字" * 31
+    assert model.streams[0].closed and not model.streams[0].completed
+
+
+async def test_usage_reported_early_does_not_undercount_a_cut_response() -> None:
+    # Some providers report usage at the start of a stream (input and one output token).
+    model = ScriptedModel([Usage(10, 1), *chatter(40)])
+    service, _ = build(model, budget=Budget(output_tokens=20))
+
+    with pytest.raises(BudgetExceededError) as info:
+        await service.ask("go")
+
+    usage = info.value.partial.usage
+    assert usage.input_tokens == 10  # reported input counts are kept
+    assert usage.output_tokens == 21 and usage.estimated
+    spent = info.value.partial.spent
+    assert spent is not None and spent.output_tokens == 21 and spent.estimated
+
+
+async def test_a_request_whose_input_alone_would_pass_the_total_is_not_sent() -> None:
+    class Verbose:
+        @tool("Return a long text.")
+        async def lookup(self, query: str) -> str:
+            return "x" * 400  # about 100 tokens of input for the next request
+
+    model = ScriptedModel([CallTool("lookup", {"query": "q"}), Usage(40, 5)], "never")
+    service, _ = build(model, budget=Budget(total_tokens=100), tools=[Verbose()])
+
+    with pytest.raises(BudgetExceededError, match="before a model request") as info:
+        await service.ask("go")
+
+    assert info.value.limit == "total_tokens"
+    assert len(model.requests) == 1
+    spent = info.value.partial.spent
+    assert spent is not None and spent.model_requests == 1
+
+
+async def test_the_partial_transcript_is_what_happened() -> None:
+    # A limit found after a response: the transcript ends with that response.
+    model = ScriptedModel(["Hello there", Usage(3, 500)])
+    service, _ = build(model, budget=Budget(output_tokens=100))
+    with pytest.raises(BudgetExceededError) as info:
+        await service.ask("go")
+    partial = info.value.partial
+    assert partial.text == "Hello there"
+    assert partial.messages[-1] == agentrt.AssistantMessage(text="Hello there")
+
+    # A request that was not sent (here, the loop's final-answer request) is not in it.
+    class Quick:
+        @tool("Look up.")
+        async def lookup(self, query: str) -> str:
+            return "ok"
+
+    model = ScriptedModel([CallTool("lookup", {"query": "1"})], "never")
+    service = agentrt.build(
+        Chat,
+        model=model,
+        tools=[Quick()],
+        budget=Budget(model_requests=1),
+        tool_settings=agentrt.ToolSettings(max_rounds=1, on_limit="final_answer"),
+    )
+    with pytest.raises(BudgetExceededError) as info:
+        await service.ask("go")
+    messages = info.value.partial.messages
+    assert messages == (*model.requests[0].messages, *messages[-2:])
+    assert isinstance(messages[-1], ToolResultMessage)
+
+
+async def test_a_function_model_s_slow_response_function_is_cut_at_the_deadline() -> None:
+    async def slow(request: agentrt.ModelRequest) -> str:
+        await anyio.sleep(60)
+        return "late"
+
+    service, _ = build(FunctionModel(slow), budget=Budget(seconds=0.05))
+
+    with anyio.fail_after(10), pytest.raises(BudgetExceededError, match="time budget"):
+        await service.ask("go")
+
+
+def test_out_of_range_seconds_are_a_configuration_error() -> None:
+    with pytest.raises(agentrt.ConfigurationError, match=r"Budget\.seconds"):
+        Budget(seconds=10**400)
+
+
+async def test_a_stub_s_default_options_are_the_method_s() -> None:
+    # A default in the stub is the method's option: call_options and a passed argument win over it.
+    hour = Budget(seconds=60, tool_calls=1)
+
+    class Defaults:
+        @method_options(budget=Budget(model_requests=5))
+        async def ask(self, question: str, budget: Budget = hour) -> Result[str]: ...
+
+    service = agentrt.build(
+        Defaults, model=FunctionModel(lambda request: "ok"), budget=Budget(total_tokens=99)
+    )
+
+    assert (await service.ask("q")).budget == Budget(
+        seconds=60, tool_calls=1, model_requests=5, total_tokens=99
+    )
+    with call_options(budget=Budget(seconds=1)):
+        assert (await service.ask("q")).budget == Budget(
+            seconds=1, tool_calls=1, model_requests=5, total_tokens=99
+        )
+        passed = await service.ask("q", budget=Budget(seconds=2))
+    assert passed.budget == Budget(seconds=2, tool_calls=1, model_requests=5, total_tokens=99)

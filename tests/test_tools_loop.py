@@ -409,7 +409,9 @@ async def test_final_answer_that_calls_tools_again_is_a_typed_error_not_an_empty
     assert info.value.reason is LoopLimit.MAX_ROUNDS
     partial = info.value.partial
     assert len(partial.tool_executions) == 1  # the stray call did not run
-    assert partial.messages[-1] == UserMessage.of(agentrt.tools._run.FINAL_ANSWER_PROMPT)
+    # The transcript: the final request as sent (ending with the prompt), then its response.
+    assert partial.messages[-2] == UserMessage.of(agentrt.tools._run.FINAL_ANSWER_PROMPT)
+    assert partial.messages[-1].tool_calls  # type: ignore[union-attr]
     assert len(model.requests) == 3 and all(s.closed for s in model.streams)
 
 

@@ -24,7 +24,7 @@ from ..tools._run import FINAL_ANSWER_PROMPT
 if TYPE_CHECKING:
     from .._budget import BudgetLimit
     from .._events import ModelResponse, ToolExecution
-    from .._messages import ChatMessage, ToolCall
+    from .._messages import ToolCall
     from ..models._protocol import ModelRequest
     from ..tools._run import LoopLimit, ToolLoop
     from ._turn import Turn
@@ -45,36 +45,34 @@ class Step(enum.Enum):
     """Send `turn.request` (the next request is ready)."""
 
 
-def before_request(turn: Turn) -> ModelRequest:
-    """Check the budget, count the request, and return it (it carries the invocation's deadline,
-    which the model, or the pipeline around it, enforces).
+def before_request(turn: Turn) -> tuple[ModelRequest, tuple[int, BudgetLimit] | None]:
+    """Check the budget, count the request as sent, and return it (it carries the invocation's
+    deadline, which the model, or the pipeline around it, enforces) with the output tokens its
+    response may stream before a token limit is passed (`None` without token limits).
 
-    Raises `BudgetExceededError` when a limit forbids another request.
+    Raises `BudgetExceededError` when a limit forbids another request, or when the request's own
+    input (as estimated) would leave no output tokens.
     """
     request = turn.request
     assert request is not None
     account = turn.account
-    if account is None:
-        return request
-    limit = account.before_request()
-    if limit is not None:
-        raise turn.exceeded(limit, cause="before a model request")
-    account.model_requests += 1
-    return request
-
-
-def output_allowance(turn: Turn, request: ModelRequest) -> tuple[int, BudgetLimit] | None:
-    """Output tokens the response to `request` may stream before a token limit is exceeded."""
-    account = turn.account
-    if account is None:
-        return None
-    budget = account.budget
-    if budget.output_tokens is None and budget.total_tokens is None:
-        return None
-    estimate = 0
-    if budget.total_tokens is not None:
-        estimate = -(-request_text_chars(request.messages) // 4)
-    return account.output_allowance(estimate)
+    allowance = None
+    if account is not None:
+        limit = account.before_request()
+        if limit is not None:
+            raise turn.exceeded(limit, cause="before a model request")
+        budget = account.budget
+        if budget.output_tokens is not None or budget.total_tokens is not None:
+            estimate = 0
+            if budget.total_tokens is not None:
+                estimate = -(-request_text_chars(request.messages) // 4)
+            allowance = account.output_allowance(estimate)
+            if allowance is not None and allowance[0] <= 0:
+                raise turn.exceeded(allowance[1], cause="before a model request whose input would pass it")
+        account.model_requests += 1
+    turn.sent = request
+    turn.since_sent = []
+    return request, allowance
 
 
 def after_response(turn: Turn, response: ModelResponse) -> Step:
@@ -84,6 +82,7 @@ def after_response(turn: Turn, response: ModelResponse) -> Step:
     `ToolLoopLimitError` when a loop limit stops it and the settings say "raise".
     """
     turn.response = response
+    turn.since_sent.append(response.message)
     turn.usage = turn.usage + response.usage
     account = turn.account
     if account is not None:
@@ -104,8 +103,7 @@ def after_response(turn: Turn, response: ModelResponse) -> Step:
     limit = loop.limit_before(calls)
     if limit is not None:
         # The response's calls never run, so it is not part of the exchange.
-        assert turn.request is not None
-        _stop_at(turn, limit, (*turn.request.messages, response.message))
+        _stop_at(turn, limit)
         return Step.ASK
     if account is not None:
         over = account.before_tools(len(calls), anyio.current_time())
@@ -127,6 +125,7 @@ def after_round(turn: Turn, calls: tuple[ToolCall, ...], executions: list[ToolEx
     results = loop.result_messages(executions)
     turn.exchange.append(response.message)
     turn.exchange.extend(results)
+    turn.since_sent.extend(results)
     capabilities = turn.runtime.model.capabilities
     turn.request = replace(
         request,
@@ -140,14 +139,14 @@ def after_round(turn: Turn, calls: tuple[ToolCall, ...], executions: list[ToolEx
         return Step.ANSWER
     limit = loop.limit_after()
     if limit is not None:
-        _stop_at(turn, limit, turn.request.messages)
+        _stop_at(turn, limit)
     return Step.ASK
 
 
-def _stop_at(turn: Turn, limit: LoopLimit, messages: tuple[ChatMessage, ...]) -> None:
+def _stop_at(turn: Turn, limit: LoopLimit) -> None:
     """A loop limit: raise, or make the next request the last one (no tools, asking for an answer)."""
     if turn.runtime.tool_settings.on_limit != "final_answer":
-        raise _limit_error(turn, limit, messages=messages)
+        raise _limit_error(turn, limit)
     logger.info("invocation %s: tool loop limit %s; asking for a final answer", turn.id, limit)
     request = turn.request
     assert request is not None
@@ -162,9 +161,7 @@ def _stop_at(turn: Turn, limit: LoopLimit, messages: tuple[ChatMessage, ...]) ->
     turn.final = limit
 
 
-def _limit_error(
-    turn: Turn, limit: LoopLimit, detail: str = "", *, messages: tuple[ChatMessage, ...] | None = None
-) -> ToolLoopLimitError:
+def _limit_error(turn: Turn, limit: LoopLimit, detail: str = "") -> ToolLoopLimitError:
     loop: ToolLoop | None = turn.loop
     assert loop is not None
     return ToolLoopLimitError(
@@ -172,5 +169,5 @@ def _limit_error(
         f"after {loop.rounds} round(s) and {len(loop.executions)} call(s)"
         + (f"; {detail}" if detail else ""),
         reason=limit,
-        partial=turn.partial(messages=messages),
+        partial=turn.partial(),
     )

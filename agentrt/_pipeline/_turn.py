@@ -59,7 +59,9 @@ class Turn:
         "request",
         "response",
         "runtime",
+        "sent",
         "settings",
+        "since_sent",
         "spec",
         "system",
         "tools",
@@ -94,6 +96,10 @@ class Turn:
         self.loop: ToolLoop | None = None
         self.request: ModelRequest | None = None
         """The request to send next."""
+        self.sent: ModelRequest | None = None
+        """The last request sent."""
+        self.since_sent: list[ChatMessage] = []
+        """What happened after `sent`: its response, the results of a tool round on it."""
         self.exchange: list[ChatMessage] = []
         """This turn's messages after the user's: assistant messages and tool results, in order."""
         self.response: ModelResponse | None = None
@@ -122,17 +128,16 @@ class Turn:
 
     # --- results -------------------------------------------------------------------------------
 
-    def partial(
-        self, streamed: ModelResponse | None = None, *, messages: tuple[ChatMessage, ...] | None = None
-    ) -> Result[Any]:
+    def partial(self, streamed: ModelResponse | None = None) -> Result[Any]:
         """What the turn has so far, as a `Result` whose value is `None` (for errors that stop it).
 
-        `streamed` is a response that was cut short: its text and usage count, and its message ends
-        the transcript. `messages` replaces the transcript (the next request's messages by default).
+        The transcript is what happened: the last request sent, then what followed it (its response,
+        the results of a tool round on it), never a request that was not sent. `streamed` is a
+        response that was cut short: its text and usage count, and its message ends the transcript.
         """
         response = streamed or self.response
-        if messages is None:
-            messages = self.request.messages if self.request is not None else ()
+        sent = self.sent
+        messages: tuple[ChatMessage, ...] = (*sent.messages, *self.since_sent) if sent is not None else ()
         usage = self.usage
         if streamed is not None:
             usage = usage + streamed.usage

@@ -143,7 +143,6 @@ class Invocation:
         if listeners:
             notify(listeners, started)
         held: list[Event] | None = [started] if prime else None
-        account = turn.account
         deadline = turn.deadline  # fixed for the invocation; None without a time budget
         done = False
         try:
@@ -156,8 +155,7 @@ class Invocation:
             round_ = 0
             while True:
                 round_ += 1
-                request = turn.request if account is None else _loop.before_request(turn)
-                assert request is not None
+                request, allowance = _loop.before_request(turn)
                 issued = RequestIssued(self.id, request, round_)
                 if listeners:
                     notify(listeners, issued)
@@ -165,7 +163,6 @@ class Invocation:
                     yield issued
                 else:
                     held.append(issued)
-                allowance = None if account is None else _loop.output_allowance(turn, request)
                 accumulator = ResponseAccumulator() if allowance is None else MeteredAccumulator(*allowance)
                 add = accumulator.add
                 chunks = model.stream(request)
@@ -266,7 +263,7 @@ async def _scoped(turn: Turn, step: Awaitable[_T], deadline: float) -> _T:
 
 def _cut(turn: Turn, accumulator: MeteredAccumulator, request: ModelRequest) -> Exception:
     """The error for a response stopped at a token limit (the stream is closed on the way out)."""
-    response = accumulator.build(request)
+    response = accumulator.build(request, cut=True)
     account = turn.account
     assert account is not None
     account.add_usage(response.usage)
@@ -279,7 +276,7 @@ def _cut(turn: Turn, accumulator: MeteredAccumulator, request: ModelRequest) -> 
 
 def _timed_out(turn: Turn, accumulator: ResponseAccumulator, request: ModelRequest) -> Exception:
     """The error for a response cut at the deadline."""
-    response: ModelResponse = accumulator.build(request)
+    response: ModelResponse = accumulator.build(request, cut=True)
     account = turn.account
     assert account is not None
     account.add_usage(response.usage)

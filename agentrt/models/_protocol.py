@@ -276,11 +276,13 @@ class ResponseAccumulator:
     def text(self) -> str:
         return "".join(self._text)
 
-    def build(self, request: ModelRequest) -> ModelResponse:
+    def build(self, request: ModelRequest, *, cut: bool = False) -> ModelResponse:
         """The response so far; usage is estimated (and marked so) when the model reported none.
 
         The estimate is about four characters a token, and never fewer output tokens than text and
-        thinking deltas received.
+        thinking deltas received. For a response `cut` short (a budget stopped it), reported output
+        tokens are raised to the estimate where they are lower: a provider may have reported only
+        early counts.
         """
         text = "".join(self._text)
         thinking = "".join(self._thinking)
@@ -296,8 +298,8 @@ class ResponseAccumulator:
             refusal="".join(self._refusal) or None,
         )
         usage = self._usage
-        if usage is None:
-            usage = Usage(
+        if usage is None or cut:
+            estimate = Usage(
                 input_tokens=_tokens_for_chars(request_text_chars(request.messages)),
                 # Servers that stream send about one token a delta: never estimate fewer.
                 # (one list item a delta: no counter on the per-token path)
@@ -306,6 +308,11 @@ class ResponseAccumulator:
                 ),
                 estimated=True,
             )
+            if usage is None:
+                usage = estimate
+            elif usage.output_tokens < estimate.output_tokens:
+                # (reported input counts are exact from the start; output counts may be early ones)
+                usage = dataclasses.replace(usage, output_tokens=estimate.output_tokens, estimated=True)
         finish = self._finish
         reason = finish.reason if finish is not None else None
         if reason is None and calls:
