@@ -9,8 +9,9 @@ A payload that is not of its protocol's shape (not JSON, not an object, a field 
 the mapper raise: `MalformedPayload` where it checks a shape itself, or whatever Python raises where it
 reads one of the wrong type. The decoder translates that, in one place (`_unreadable`), into a
 `ModelResponseError` that says what was wrong and carries the payload as its `body`; the mapper's
-exception is its `__cause__`. The checks cost nothing on the way of a well-formed payload: a `try`
-around the mapper is free while nothing raises.
+exception is its `__cause__`, unless the payload holds the key (`_failures.unreadable`). The checks
+cost nothing on the way of a well-formed payload: a `try` around the mapper is free while nothing
+raises.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import orjson
 
 from .._errors import ModelError
 from .._events import FinishReason
+from ._failures import MalformedPayload
 from ._ndjson import NDJSONDecoder
 from ._sse import SSEDecoder
 
@@ -68,11 +70,6 @@ _PROBLEMS: Final = (ValueError, TypeError, AttributeError, LookupError, Arithmet
 `ValueError`s)."""
 
 
-class MalformedPayload(ValueError):
-    """A mapper found a payload of the wrong shape; the message says what (never quoting the payload:
-    the decoder adds it to the error, scrubbed)."""
-
-
 def json_type(value: Any) -> str:
     """The JSON type of a parsed value, for messages: "a number", "a list", "null", ..."""
     if value is None:
@@ -91,14 +88,9 @@ def json_type(value: Any) -> str:
 def _unreadable(
     mapper: PayloadMapper, what: str, exc: Exception, data: bytes | None, *, mid_stream: bool
 ) -> ModelError:
-    """The error for a payload `exc` found malformed: what was wrong, and the payload itself."""
-    if isinstance(exc, MalformedPayload):
-        reason = str(exc)
-    elif isinstance(exc, orjson.JSONDecodeError):
-        reason = f"not JSON: {exc}"
-    else:
-        reason = f"{type(exc).__name__}: {exc}"
-    return mapper.unreadable(f"{what} ({reason})", mid_stream=mid_stream, data=data, cause=exc)
+    """The error for a payload `exc` found malformed: what was wrong (`_failures.unreadable` adds what
+    `exc` says, as far as it can without showing a piece of the key), and the payload itself."""
+    return mapper.unreadable(what, mid_stream=mid_stream, data=data, cause=exc)
 
 
 class PayloadMapper(Protocol):
@@ -122,7 +114,7 @@ class PayloadMapper(Protocol):
         self, what: str, *, mid_stream: bool, data: bytes | None = None, cause: BaseException | None = None
     ) -> ModelError:
         """The error for a response that does not follow the protocol: `data` is the offending payload,
-        `cause` what found it malformed."""
+        `cause` what found it malformed (the error says what it found)."""
 
 
 class SSEChunkDecoder:
@@ -148,9 +140,11 @@ class SSEChunkDecoder:
             and raw.startswith(b"data: {")
             and raw.endswith(b"\n\n")
             and raw.find(b"\n", 7) == len(raw) - 2
+            and 13 not in raw
         ):
             # The common read: exactly one event of one JSON data line, between events. Same result
-            # as the SSE decoder's, without its bookkeeping.
+            # as the SSE decoder's, without its bookkeeping. A "\r" anywhere is a line end too (or
+            # half of one): such a read goes to the SSE decoder.
             try:
                 self._mapper.feed(_loads(raw[6:-2]), out)
             except ModelError as exc:

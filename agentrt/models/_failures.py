@@ -8,7 +8,8 @@ the provider's `code`/`type`, then by message where a provider has no dedicated 
 `metadata.raw`), Anthropic's `{"type": "error", "error": {"type", "message"}}`, Gemini's
 `{"error": {"code", "message", "status"}}`, Ollama's `{"error": "..."}` and bare
 `{"message"|"detail": ...}` bodies. Secrets given by the caller are scrubbed from every message, body,
-request id and code, also in their escaped forms (`secret_forms`).
+request id and code, also in their escaped forms (`secret_forms`), and before any text is cut: a cut
+through a secret would leave a piece of it that no scrubbing recognises.
 
 This module and the adapters are the only places in agentrt that know httpx exceptions.
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 import email.utils
 import math
 import re
-import urllib.parse
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "REDACTED",
     "ErrorContext",
+    "MalformedPayload",
     "error_from_payload",
     "error_from_response",
     "parse_retry_after",
@@ -105,34 +106,95 @@ REDACTED: Final = "***"
 """What a secret is replaced with."""
 
 
+class MalformedPayload(ValueError):
+    """A mapper found a payload of the wrong shape; the message says what (never quoting the payload:
+    `unreadable` adds it to the error, scrubbed)."""
+
+
+_ESCAPE: Final = r"\\\\{0,7}+"
+"""The backslashes of an escape (JSON, `repr`): one, or up to eight where the escape was escaped again
+(JSON in JSON, the `repr` of JSON). Possessive: what follows them is not a backslash."""
+_PERCENT: Final = "%(?:25){0,3}"
+"""A percent sign, percent-encoded again up to three times (a URL in a URL)."""
+_SHORT_ESCAPES: Final = {"/": "/", "'": "'", '"': '"', "\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t"}
+_FORM_REACH: Final = 16
+"""Characters a UTF-8 byte of a secret takes at most, in any form `scrub` matches (13: eight
+backslashes and `u002b` for one ASCII character)."""
+
+
+def _hex(value: int, digits: int) -> str:
+    """`value` in hexadecimal, matched in either case."""
+    return "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in f"{value:0{digits}x}")
+
+
+def _char_forms(char: str) -> list[str]:
+    """Patterns of the ways one character of a secret is written, each starting with a literal
+    character: its escapes, as JSON and `repr` write them (`\\/`, `\\'`, `\\n`, `\\xNN`, `\\uNNNN`, a
+    surrogate pair beyond the BMP, `\\UNNNNNNNN`, the `\\xNN` of each UTF-8 byte in the `repr` of
+    bytes); its percent-encoding; itself. Hex digits in either case; every escape possibly escaped
+    again (`_ESCAPE`, `_PERCENT`)."""
+    code = ord(char)
+    utf8 = char.encode("utf-8", "surrogatepass")
+    if char == "\\":
+        itself = r"\\\\{0,8}"  # itself, or escaped (`\\\\`) up to eight times over
+    else:
+        itself = re.escape(char)
+    escapes = []
+    short = _SHORT_ESCAPES.get(char)
+    if short is not None:
+        escapes.append(re.escape(short))
+    if code < 0x100:
+        escapes.append(f"x{_hex(code, 2)}")
+    if code < 0x10000:
+        escapes.append(f"u{_hex(code, 4)}")
+    else:
+        high, low = 0xD800 + ((code - 0x10000) >> 10), 0xDC00 + ((code - 0x10000) & 0x3FF)
+        escapes.append(f"u{_hex(high, 4)}{_ESCAPE}u{_hex(low, 4)}")
+        escapes.append(f"U{_hex(code, 8)}")
+    if code >= 0x80:
+        escapes.append(_ESCAPE.join(f"x{_hex(byte, 2)}" for byte in utf8))
+    percent = _PERCENT.join(_hex(byte, 2) for byte in utf8)
+    # Escapes first: the regex takes the first form that matches, and a secret's last character
+    # written `\\u005c` must not be matched as a `\\` that leaves `u005c` behind.
+    return [f"{_ESCAPE}(?:{'|'.join(escapes)})", _PERCENT + percent, itself]
+
+
+class _Forms(tuple[str, ...]):
+    """The secrets, longest first, and `pattern`, which matches each in any of its forms."""
+
+    pattern: re.Pattern[str]
+
+    def __new__(cls, secrets: Iterable[str]) -> _Forms:
+        self = super().__new__(cls, sorted({secret for secret in secrets if secret}, key=len, reverse=True))
+        # Each character in any of its forms. The first character's forms are alternatives of the
+        # whole pattern, so that each alternative starts with a literal character: the regex engine
+        # then skips, without trying a match, every position that holds none of those few characters.
+        alternatives = []
+        for secret in self:
+            rest = "".join(f"(?:{'|'.join(_char_forms(char))})" for char in secret[1:])
+            alternatives += [first + rest for first in _char_forms(secret[0])]
+        self.pattern = re.compile("|".join(alternatives) or "(?!)")
+        return self
+
+
 def secret_forms(secrets: Iterable[str]) -> tuple[str, ...]:
-    """The texts `scrub` replaces, longest first: each secret as it is, as `repr` writes it in a str or
-    bytes (inside either kind of quotes), as JSON writes it, and percent-encoded as in a URL."""
-    forms: set[str] = set()
-    for secret in secrets:
-        if not secret:
-            continue
-        slashed = secret.replace("\\", "\\\\")
-        forms.update(
-            (
-                secret,
-                repr(secret)[1:-1],
-                repr(secret.encode(errors="replace"))[2:-1],
-                slashed,
-                slashed.replace("'", "\\'"),
-                slashed.replace('"', '\\"'),  # JSON's form of a printable ASCII key
-                urllib.parse.quote(secret, safe=""),
-            )
-        )
-    return tuple(sorted(forms, key=len, reverse=True))
+    """What `scrub` needs to replace `secrets` in any of the forms they are written in: as they are, as
+    `repr` writes them in a str or bytes, as JSON writes them (`\\/`, `\\"`, `\\uNNNN` in either case,
+    as .NET does for `+`), percent-encoded (with `/` or without, in either case), each character in any
+    of its forms, and escaped again (JSON in JSON, the repr of JSON).
+
+    A tuple of the secrets, longest first; the matcher is compiled once, here.
+    """
+    return _Forms(secrets)
 
 
 def scrub(text: str, forms: tuple[str, ...]) -> str:
-    """`text` with every one of `forms` (from `secret_forms`) replaced by `REDACTED`."""
-    for form in forms:
-        if form in text:
-            text = text.replace(form, REDACTED)
-    return text
+    """`text` with every secret of `forms` (from `secret_forms`), in any of its forms, replaced by
+    `REDACTED`."""
+    if not forms:
+        return text
+    pattern = forms.pattern if isinstance(forms, _Forms) else _Forms(forms).pattern
+    return pattern.sub(REDACTED, text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +211,15 @@ class ErrorContext:
     def scrub(self, text: str) -> str:
         """`text` with every secret replaced, also in the escaped forms messages, bodies and logs use."""
         return scrub(text, self.forms)
+
+    def shows_secret(self, data: str | bytes) -> bool:
+        """Whether `data` (all of it) holds a secret, in any of the forms `scrub` knows."""
+        forms = self.forms
+        if not isinstance(forms, _Forms) or not forms:
+            return False
+        if isinstance(data, bytes):
+            data = data.decode("utf-8", "replace")
+        return forms.pattern.search(data) is not None
 
 
 def redact_url(url: httpx.URL | str) -> str:
@@ -177,19 +248,25 @@ def parse_retry_after(headers: Mapping[str, str], *, now: datetime | None = None
         return seconds
     try:
         when = email.utils.parsedate_to_datetime(value.strip())
-    except (TypeError, ValueError, IndexError):
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    except _BAD_VALUE:  # not a date; or a year, day, time or zone out of range (`OverflowError`)
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max((when - (now or datetime.now(UTC))).total_seconds(), 0.0)
+    return seconds if seconds > 0 else 0.0
+
+
+_BAD_VALUE: Final = (TypeError, ValueError, LookupError, ArithmeticError)
 
 
 def _seconds(value: str) -> float | None:
     try:
         seconds = float(value.strip())
-    except ValueError:
+    except _BAD_VALUE:
         return None
-    return max(seconds, 0.0) if math.isfinite(seconds) else None
+    if not math.isfinite(seconds):
+        return None
+    return seconds if seconds > 0 else 0.0
 
 
 @dataclass(slots=True)
@@ -206,7 +283,28 @@ def _text(value: Any) -> str | None:
         return None
     if isinstance(value, str):
         return value or None
-    return orjson.dumps(value, default=str).decode()
+    try:
+        return orjson.dumps(value, default=str).decode()
+    except orjson.JSONEncodeError:  # nested deeper than orjson writes (254 levels; it reads 1024)
+        return orjson.dumps(_pruned(value, _MAX_DEPTH), default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+_MAX_DEPTH: Final = 32
+"""Levels of a too deeply nested payload that its text shows."""
+
+
+def _pruned(value: Any, depth: int) -> Any:
+    """`value` with what is nested deeper than `depth` levels replaced by a marker (and integers
+    orjson does not write, as text)."""
+    if isinstance(value, int) and not -(2**63) <= value < 2**64:
+        return str(value)
+    if isinstance(value, dict | list):
+        if depth <= 0:
+            return "..."
+        if isinstance(value, dict):
+            return {key: _pruned(item, depth - 1) for key, item in value.items()}
+        return [_pruned(item, depth - 1) for item in value]
+    return value
 
 
 def _details(payload: Any) -> _Details:
@@ -336,7 +434,8 @@ def error_from_response(
     except orjson.JSONDecodeError:
         payload = None
     details = _details(payload)
-    message = details.message or text.strip()[:500] or _reason(status)
+    # Scrubbed before it is cut (as everywhere): a cut through a secret would leave half of it.
+    message = details.message or excerpt(text.strip(), context, 500) or _reason(status)
     kind = _classify(status, details)
     return _build(
         kind,
@@ -401,8 +500,13 @@ def unreadable(
     """The error for a response that does not follow the protocol.
 
     `body` is the offending payload or response, kept as a scrubbed excerpt. `cause` is what found it
-    malformed; it becomes the error's `__cause__`, unless its own message quotes a secret.
+    malformed: the message says what it found (see `_found`), and it becomes the error's `__cause__`
+    unless the payload holds a secret.
     """
+    chained = None
+    if cause is not None:
+        found, chained = _found(cause, context, body)
+        what = f"{what} ({found})"
     error = ModelResponseError(
         excerpt(what, context, _MAX_MESSAGE),
         body=excerpt(body, context) if body else None,
@@ -411,9 +515,31 @@ def unreadable(
         mid_stream=mid_stream,
     )
     if cause is not None:
-        detail = str(cause)
-        error.__cause__ = cause if context.scrub(detail) == detail else None
+        error.__cause__ = chained
     return error
+
+
+def _found(
+    cause: BaseException, context: ErrorContext, payload: bytes | None
+) -> tuple[str, BaseException | None]:
+    """What `cause` found wrong with `payload`, and the exception to chain to the error, if any.
+
+    A `MalformedPayload` says it in its own words, which never quote the payload. Any other exception's
+    message may quote a piece of the payload, and Python cuts what it quotes (`int()` keeps 200
+    characters): a secret in the payload could show half of it, past what scrubbing recognises. So when
+    the payload holds a secret, the exception is not chained (orjson's decode error even keeps the
+    whole payload, as `doc`) and only its type is named, with orjson's (fixed) reason and position.
+    """
+    if isinstance(cause, MalformedPayload):
+        return str(cause), cause
+    name = type(cause).__name__
+    decoding = isinstance(cause, orjson.JSONDecodeError)
+    found = f"not JSON: {cause}" if decoding else f"{name}: {cause}"  # orjson's: never the text there
+    if not context.secrets or (payload is not None and not context.shows_secret(payload)):
+        return found, cause
+    if decoding:
+        return found, None
+    return f"{name}; its message is withheld, as the payload holds a secret", None
 
 
 _MAX_MESSAGE: Final = 1000
@@ -426,9 +552,8 @@ def excerpt(data: bytes | str, context: ErrorContext, limit: int = MAX_BODY) -> 
     Scrubbed before it is cut, so that a secret the cut would split is not left half shown; only the
     part of `data` that can reach the excerpt is decoded and searched.
     """
-    # Every form of a secret that `scrub` knows is at most four characters a UTF-8 byte (`\\xNN`).
     longest = max((len(secret.encode(errors="surrogatepass")) for secret in context.secrets), default=0)
-    reach = limit + 4 * longest
+    reach = limit + _FORM_REACH * longest
     if isinstance(data, bytes):
         data = data[: 4 * reach].decode("utf-8", "replace")
     return context.scrub(data[:reach])[:limit]
