@@ -109,6 +109,7 @@ def after_response(turn: Turn, response: ModelResponse) -> Step:
         over = account.before_tools(len(calls), anyio.current_time())
         if over is not None:
             raise turn.exceeded(over, cause=f"before a round of {len(calls)} tool call(s)")
+        account.tool_calls += len(calls)  # counted as they start: a round cut short spent them
     return Step.TOOLS
 
 
@@ -120,8 +121,6 @@ def after_round(turn: Turn, calls: tuple[ToolCall, ...], executions: list[ToolEx
     assert loop is not None
     assert response is not None
     assert request is not None
-    if turn.account is not None:
-        turn.account.tool_calls += len(calls)
     results = loop.result_messages(executions)
     turn.exchange.append(response.message)
     turn.exchange.extend(results)

@@ -13,7 +13,9 @@ import functools
 import hashlib
 import inspect
 import logging
+import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -227,23 +229,61 @@ _ERRORS: Final[Mapping[ToolOutcome, type[ToolError]]] = {
 class ThreadLimiter:
     """The worker-thread limit of one service's sync tools, shared by all its invocations.
 
-    A `CapacityLimiter` belongs to one async backend, so there is one per backend the service runs on
-    (asyncio and trio in one process, as tests do), each created on first use.
+    Two bounds, because a worker thread cannot be killed:
+
+    - a `threading.BoundedSemaphore` counts the tool bodies that run, across every event loop and
+      backend, abandoned ones included (a call cut by a timeout, a deadline or a cancellation leaves
+      its thread running; it keeps its slot until the body returns);
+    - one `CapacityLimiter` per event loop bounds the worker threads that loop starts (a started
+      thread waits for the semaphore in the thread, never on the loop). It is kept per loop, weakly,
+      because a limiter belongs to its loop: several loops in several threads, or one `trio.run`
+      after another, each get their own.
+
+    A call abandoned while its thread still waits for the semaphore gives up without running the
+    body.
     """
 
-    __slots__ = ("_limiters", "total")
+    __slots__ = ("_limiters", "_running", "total")
+
+    _POLL: Final = 0.05  # how soon a waiting thread notices that its call was abandoned
 
     def __init__(self, total: int) -> None:
         self.total = total
-        self._limiters: dict[object, anyio.CapacityLimiter] = {}
+        self._running = threading.BoundedSemaphore(total)
+        self._limiters: weakref.WeakKeyDictionary[object, anyio.CapacityLimiter] = weakref.WeakKeyDictionary()
 
-    def current(self) -> anyio.CapacityLimiter:
+    def _loop_limiter(self) -> anyio.CapacityLimiter:
         token = anyio.lowlevel.current_token()
-        backend = getattr(token, "backend_class", None) or type(token)
-        limiter = self._limiters.get(backend)
+        loop = getattr(token, "native_token", token)  # anyio >= 4.11 wraps the loop's own token
+        limiter = self._limiters.get(loop)
         if limiter is None:
-            limiter = self._limiters[backend] = anyio.CapacityLimiter(self.total)
+            limiter = self._limiters[loop] = anyio.CapacityLimiter(self.total)
         return limiter
+
+    async def run(self, function: Callable[[], Any]) -> Any:
+        """Run `function` in a worker thread within the limit (anyio copies the context into it).
+
+        Cancellation abandons the thread, as `anyio.to_thread.run_sync(abandon_on_cancel=True)`.
+        """
+        abandoned = threading.Event()
+        running = self._running
+        poll = self._POLL
+
+        def body() -> Any:
+            while not running.acquire(timeout=poll):
+                if abandoned.is_set():
+                    return None
+            try:
+                if abandoned.is_set():
+                    return None
+                return function()
+            finally:
+                running.release()
+
+        try:
+            return await anyio.to_thread.run_sync(body, abandon_on_cancel=True, limiter=self._loop_limiter())
+        finally:
+            abandoned.set()
 
 
 class ToolLoop:
@@ -316,7 +356,8 @@ class ToolLoop:
         """Run one round of calls concurrently; returns their executions in the model's order.
 
         Raises the first typed `ToolError` (in the model's order) of a failure whose policy is "raise",
-        after every call of the round has finished.
+        after every call of the round has finished. A round cut short (cancelled, or at a deadline)
+        still records the executions of the calls that finished in `executions`.
         """
         self.rounds += 1
         self._calls += len(calls)
@@ -339,9 +380,13 @@ class ToolLoop:
                     async with limiter:
                         results[index] = await self._execute(call)
 
-            async with anyio.create_task_group() as group:
-                for index, call in enumerate(calls):
-                    group.start_soon(run, index, call)
+            try:
+                async with anyio.create_task_group() as group:
+                    for index, call in enumerate(calls):
+                        group.start_soon(run, index, call)
+            except BaseException:
+                self.executions.extend(r[0] for r in results if r is not None)
+                raise
             done = [r for r in results if r is not None]
 
         executions = [execution for execution, _ in done]
@@ -449,14 +494,10 @@ class ToolLoop:
         if definition.is_async:
             value = await definition.function(**kwargs)
         else:
-            # Sync tools run in worker threads under the service's own limiter, not anyio's default
-            # one (a thread that hangs past its timeout is abandoned, not killed, and must not starve
-            # the rest of the program); anyio copies the context, so context variables reach them.
-            value = await anyio.to_thread.run_sync(
-                functools.partial(definition.function, **kwargs),
-                abandon_on_cancel=True,
-                limiter=self.threads.current(),
-            )
+            # Sync tools run in worker threads under the service's own limit, not anyio's default
+            # limiter (a thread that hangs past its timeout is abandoned, not killed, and must not
+            # starve the rest of the program); context variables reach them.
+            value = await self.threads.run(functools.partial(definition.function, **kwargs))
         if inspect.isawaitable(value):  # a sync callable that returned a coroutine
             value = await value
         return value
