@@ -8,14 +8,20 @@ and tool round, and while a response streams.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Final, Literal
+
+import anyio
 
 from ._errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._events import Usage
 
 __all__ = ["Budget", "BudgetAccount", "BudgetLimit", "Spent"]
@@ -82,11 +88,12 @@ class Budget:
         return any(getattr(self, f.name) is not None for f in fields(self))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Spent:
     """What an invocation spent, against each limit of its budget (`Result.spent`).
 
-    `estimated` is true when some token count was estimated because the server reported none.
+    `estimated` is true when some token count was estimated because the server reported none. Made
+    once per call (so not frozen, which costs a setattr a field); treat it as immutable all the same.
     """
 
     seconds: float = 0.0
@@ -125,41 +132,12 @@ class BudgetAccount:
         self.tool_calls = 0
         self.estimated = False
 
-    def add_usage(self, usage: Usage) -> None:
-        """Count the usage of one finished (or abandoned) response."""
+    def record(self, usage: Usage) -> BudgetLimit | None:
+        """Count the usage of one response; the token limit it took the account past, if any."""
         self.input_tokens += usage.input_tokens
         self.output_tokens += usage.output_tokens
-        self.estimated = self.estimated or usage.estimated
-
-    def before_request(self) -> BudgetLimit | None:
-        """The limit (other than time, which the deadline enforces) that forbids another model
-        request, if any."""
-        budget = self.budget
-        if budget.model_requests is not None and self.model_requests >= budget.model_requests:
-            return "model_requests"
-        return self._tokens_spent()
-
-    def before_tools(self, calls: int, now: float) -> BudgetLimit | None:
-        """The limit that forbids running `calls` more tool calls, if any."""
-        if self.deadline is not None and now >= self.deadline:
-            return "seconds"
-        limit = self.budget.tool_calls
-        if limit is not None and self.tool_calls + calls > limit:
-            return "tool_calls"
-        return None
-
-    def _tokens_spent(self) -> BudgetLimit | None:
-        budget = self.budget
-        if budget.input_tokens is not None and self.input_tokens >= budget.input_tokens:
-            return "input_tokens"
-        if budget.output_tokens is not None and self.output_tokens >= budget.output_tokens:
-            return "output_tokens"
-        if budget.total_tokens is not None and self.input_tokens + self.output_tokens >= budget.total_tokens:
-            return "total_tokens"
-        return None
-
-    def over(self) -> BudgetLimit | None:
-        """The token limit that what was spent so far exceeds (after a response), if any."""
+        if usage.estimated:
+            self.estimated = True
         budget = self.budget
         if budget.input_tokens is not None and self.input_tokens > budget.input_tokens:
             return "input_tokens"
@@ -169,21 +147,41 @@ class BudgetAccount:
             return "total_tokens"
         return None
 
-    def output_allowance(self, input_estimate: int) -> tuple[int, BudgetLimit] | None:
-        """Output tokens the next response may stream before a token limit is exceeded, and which
-        limit that is; `None` without token limits that bind output.
+    def before_request(self, input_chars: Callable[[], int]) -> BudgetLimit | tuple[int, BudgetLimit] | None:
+        """Whether another model request may be sent, and what its response may stream.
 
-        `input_estimate` is the request's input tokens as estimated before the provider reports them.
+        Returns the limit (other than time, which the deadline enforces) that forbids the request;
+        else the output tokens its response may stream before a token limit is passed, and which
+        limit that is; else `None` (no token limit binds output). `input_chars` gives the request's
+        input size, asked only for a total-token limit: its input tokens are estimated before the
+        provider reports them, and a request whose input alone would pass the total is not sent.
         """
         budget = self.budget
-        best: tuple[int, BudgetLimit] | None = None
+        if budget.model_requests is not None and self.model_requests >= budget.model_requests:
+            return "model_requests"
+        spent_in, spent_out = self.input_tokens, self.output_tokens
+        if budget.input_tokens is not None and spent_in >= budget.input_tokens:
+            return "input_tokens"
+        allowance: tuple[int, BudgetLimit] | None = None
         if budget.output_tokens is not None:
-            best = (budget.output_tokens - self.output_tokens, "output_tokens")
+            allowance = (budget.output_tokens - spent_out, "output_tokens")
         if budget.total_tokens is not None:
-            left = budget.total_tokens - self.input_tokens - input_estimate - self.output_tokens
-            if best is None or left < best[0]:
-                best = (left, "total_tokens")
-        return (max(0, best[0]), best[1]) if best is not None else None
+            estimate = -(-input_chars() // _CHARS_PER_TOKEN)
+            left = budget.total_tokens - spent_in - estimate - spent_out
+            if allowance is None or left < allowance[0]:
+                allowance = (left, "total_tokens")
+        if allowance is not None and allowance[0] <= 0:
+            return allowance[1]
+        return allowance
+
+    def before_tools(self, calls: int, now: float) -> BudgetLimit | None:
+        """The limit that forbids running `calls` more tool calls, if any."""
+        if self.deadline is not None and now >= self.deadline:
+            return "seconds"
+        limit = self.budget.tool_calls
+        if limit is not None and self.tool_calls + calls > limit:
+            return "tool_calls"
+        return None
 
     def spent(self, now: float) -> Spent:
         return Spent(
@@ -195,6 +193,18 @@ class BudgetAccount:
             tool_calls=self.tool_calls,
             estimated=self.estimated,
         )
+
+
+def now() -> float:
+    """`anyio.current_time()` without its backend lookup: the asyncio loop's own clock, or trio's
+    (what anyio reads on each)."""
+    trio = sys.modules.get("trio")
+    if trio is not None and getattr(trio.lowlevel, "in_trio_run", bool)():
+        return float(trio.current_time())
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return anyio.current_time()
 
 
 def chars_for_tokens(tokens: int) -> int:

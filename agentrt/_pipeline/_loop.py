@@ -58,17 +58,10 @@ def before_request(turn: Turn) -> tuple[ModelRequest, tuple[int, BudgetLimit] | 
     account = turn.account
     allowance = None
     if account is not None:
-        limit = account.before_request()
-        if limit is not None:
-            raise turn.exceeded(limit, cause="before a model request")
-        budget = account.budget
-        if budget.output_tokens is not None or budget.total_tokens is not None:
-            estimate = 0
-            if budget.total_tokens is not None:
-                estimate = -(-request_text_chars(request.messages) // 4)
-            allowance = account.output_allowance(estimate)
-            if allowance is not None and allowance[0] <= 0:
-                raise turn.exceeded(allowance[1], cause="before a model request whose input would pass it")
+        verdict = account.before_request(lambda: request_text_chars(request.messages))
+        if isinstance(verdict, str):
+            raise turn.exceeded(verdict, cause="before a model request")
+        allowance = verdict
         account.model_requests += 1
     turn.sent = request
     turn.since_sent = []
@@ -86,8 +79,7 @@ def after_response(turn: Turn, response: ModelResponse) -> Step:
     turn.usage = turn.usage + response.usage
     account = turn.account
     if account is not None:
-        account.add_usage(response.usage)
-        spent = account.over()
+        spent = account.record(response.usage)
         if spent is not None:
             raise turn.exceeded(spent, cause="after a model response")
     calls = response.message.tool_calls

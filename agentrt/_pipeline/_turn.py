@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-import anyio
-
-from .._budget import Budget, BudgetAccount, BudgetLimit
+from .._budget import Budget, BudgetAccount, BudgetLimit, now
 from .._errors import BudgetExceededError
 from .._events import Result, Usage
 
@@ -83,9 +81,9 @@ class Turn:
         self.spec = spec
         self.arguments = arguments
         self.settings = settings
-        self.account = BudgetAccount(budget, anyio.current_time()) if budget is not None else None
+        self.account = BudgetAccount(budget, now()) if budget is not None else None
         self.deadline = self.account.deadline if self.account is not None else None
-        """When the invocation's time budget ends (`anyio.current_time()`), if it has one."""
+        """When the invocation's time budget ends (`now()`), if it has one."""
         self.memory_id: Any = arguments[spec.memory_param] if spec.memory_param else DEFAULT_MEMORY_ID
         self.system: str | None = None
         self.user: UserMessage | None = None
@@ -155,7 +153,7 @@ class Turn:
             messages=messages,
             invocation_id=self.id,
             budget=account.budget if account is not None else None,
-            spent=account.spent(anyio.current_time()) if account is not None else None,
+            spent=account.spent(now()) if account is not None else None,
         )
 
     def result(self, value: Any, text: str) -> Result[Any]:
@@ -177,5 +175,5 @@ class Turn:
             messages=((*self.request.messages, message) if self.immediate is None else self.request.messages),
             invocation_id=self.id,
             budget=account.budget if account is not None else None,
-            spent=account.spent(anyio.current_time()) if account is not None else None,
+            spent=account.spent(now()) if account is not None else None,
         )

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import anyio
 
+from .._budget import chars_for_tokens
 from .._errors import ModelTimeoutError
 from .._events import (
     CancelledEvent,
@@ -40,15 +41,14 @@ from .._events import (
 )
 from ..models._protocol import ResponseAccumulator, aclose_iterator
 from ..tools._run import arguments_hash
-from . import _finish, _loop, _stages
-from ._meter import Exhausted, MeteredAccumulator
+from . import _finish, _loop, _meter, _stages
 from ._runtime import notify
 from ._turn import Turn
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 
-    from .._budget import Budget
+    from .._budget import Budget, BudgetLimit
     from .._events import ModelChunk, ModelResponse
     from .._spec import MethodSpec
     from ..models._protocol import ModelRequest, ModelSettings
@@ -163,11 +163,15 @@ class Invocation:
                     yield issued
                 else:
                     held.append(issued)
-                accumulator = ResponseAccumulator() if allowance is None else MeteredAccumulator(*allowance)
+                accumulator = ResponseAccumulator()
                 add = accumulator.add
+                append = accumulator.text_sink()  # what `add` does for a TextDelta, without the call
                 chunks = model.stream(request)
                 if deadline is not None and not runtime.handles_deadline:
                     chunks = _Deadline(chunks, deadline)
+                # A token limit: the allowance in characters, spent chunk by chunk (see _meter); the
+                # response stops within one chunk of it.
+                left = chars_for_tokens(allowance[0]) if allowance is not None else 0
                 try:
                     if held is not None:
                         # Primed: wait for the model to accept the request, then hand over.
@@ -180,14 +184,37 @@ class Invocation:
                             add(first)
                             if first.__class__ in _FORWARD:
                                 yield first  # type: ignore[misc]
-                    async for chunk in chunks:
-                        add(chunk)
-                        if chunk.__class__ in _FORWARD:
-                            yield chunk  # type: ignore[misc]
-                except Exhausted:
-                    # A token limit: the response stops within one chunk of it (see _meter).
-                    assert isinstance(accumulator, MeteredAccumulator)
-                    raise _cut(turn, accumulator, request) from None
+                            if allowance is not None:
+                                left -= _meter.spend(first, allowance[0])
+                                if left < 0:
+                                    raise _cut(turn, accumulator, request, allowance)
+                    if allowance is None:
+                        async for chunk in chunks:
+                            if chunk.__class__ is TextDelta:
+                                append(chunk.text)
+                                yield chunk
+                            else:
+                                add(chunk)
+                                if chunk.__class__ in _FORWARD:
+                                    yield chunk  # type: ignore[misc]
+                    else:
+                        most = allowance[0]
+                        async for chunk in chunks:
+                            if chunk.__class__ is TextDelta:
+                                text = chunk.text
+                                append(text)
+                                size = len(text)
+                                left -= size if size > _meter.TOKEN else _meter.TOKEN
+                                if left < 0:
+                                    raise _cut(turn, accumulator, request, allowance)
+                                yield chunk
+                            else:
+                                add(chunk)
+                                left -= _meter.spend(chunk, most)
+                                if left < 0:
+                                    raise _cut(turn, accumulator, request, allowance)
+                                if chunk.__class__ in _FORWARD:
+                                    yield chunk  # type: ignore[misc]
                 except ModelTimeoutError as exc:
                     if deadline is not None and anyio.current_time() >= deadline:
                         raise _timed_out(turn, accumulator, request) from exc
@@ -261,16 +288,16 @@ async def _scoped(turn: Turn, step: Awaitable[_T], deadline: float) -> _T:
     raise turn.exceeded("seconds")
 
 
-def _cut(turn: Turn, accumulator: MeteredAccumulator, request: ModelRequest) -> Exception:
+def _cut(
+    turn: Turn, accumulator: ResponseAccumulator, request: ModelRequest, allowance: tuple[int, BudgetLimit]
+) -> Exception:
     """The error for a response stopped at a token limit (the stream is closed on the way out)."""
     response = accumulator.build(request, cut=True)
     account = turn.account
     assert account is not None
-    account.add_usage(response.usage)
+    account.record(response.usage)
     return turn.exceeded(
-        accumulator.limit,
-        streamed=response,
-        cause=f"the response was stopped past {accumulator.allowance} output tokens",
+        allowance[1], streamed=response, cause=f"the response was stopped past {allowance[0]} output tokens"
     )
 
 
@@ -279,5 +306,5 @@ def _timed_out(turn: Turn, accumulator: ResponseAccumulator, request: ModelReque
     response: ModelResponse = accumulator.build(request, cut=True)
     account = turn.account
     assert account is not None
-    account.add_usage(response.usage)
+    account.record(response.usage)
     return turn.exceeded("seconds", streamed=response, cause="while the model responded")

@@ -37,7 +37,7 @@ from .._messages import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Callable, Sequence
 
 __all__ = [
     "Capabilities",
@@ -275,6 +275,11 @@ class ResponseAccumulator:
     @property
     def text(self) -> str:
         return "".join(self._text)
+
+    def text_sink(self) -> Callable[[str], None]:
+        """What `add` does with a `TextDelta`'s text, for a reader's per-token loop that dispatches
+        on the chunk's type itself (it saves a method call per token)."""
+        return self._text.append
 
     def build(self, request: ModelRequest, *, cut: bool = False) -> ModelResponse:
         """The response so far; usage is estimated (and marked so) when the model reported none.
