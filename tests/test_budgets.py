@@ -550,3 +550,32 @@ async def test_a_stub_s_default_options_are_the_method_s() -> None:
         )
         passed = await service.ask("q", budget=Budget(seconds=2))
     assert passed.budget == Budget(seconds=2, tool_calls=1, model_requests=5, total_tokens=99)
+
+
+async def test_short_thinking_deltas_count_a_token_each_too() -> None:
+    model = ScriptedModel([*[agentrt.ThinkingDelta("a")] * 50, "answer"])
+    service, _ = build(model, budget=Budget(output_tokens=10))
+
+    with pytest.raises(BudgetExceededError) as info:
+        await service.ask("go")
+
+    assert info.value.partial.thinking == "a" * 11
+    assert model.streams[0].closed and not model.streams[0].completed
+
+
+async def test_a_stream_s_first_chunk_is_metered_too() -> None:
+    # The first chunk arrives while `await service.stream()` waits for the model's acceptance.
+    model = ScriptedModel(["a long first chunk of text", "more"])
+    service, _ = build(model, budget=Budget(output_tokens=2))
+
+    stream = await service.stream("go")
+    received: list[str] = []
+
+    async def read() -> None:
+        async for token in stream:
+            received.append(token)
+
+    with pytest.raises(BudgetExceededError):
+        await read()
+    assert received == ["a long first chunk of text"]
+    assert model.streams[0].closed and not model.streams[0].completed
