@@ -132,13 +132,24 @@ def is_stub(function: Callable[..., Any]) -> bool:
 
 
 def _source_body(function: Callable[..., Any]) -> list[ast.stmt] | None:
+    """The statements of `function`'s body from its source, if its source can be found and is its own.
+
+    Source can be missing (code made by `exec`) or wrong (a file changed on disk, or code compiled with
+    a file name whose lines are other lines): anything `inspect` or `ast` raises, a name or parameters
+    that differ from the code object's, mean "no source".
+    """
     try:
         source = textwrap.dedent(inspect.getsource(function))
         tree = ast.parse(source)
-    except (OSError, TypeError, SyntaxError):
+    except Exception:
         return None
     node = tree.body[0] if tree.body else None
     if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or node.name != function.__name__:
+        return None
+    code = function.__code__
+    arguments = node.args
+    names = [a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)]
+    if names != list(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]):
         return None
     return node.body
 

@@ -330,3 +330,10 @@ def test_stubs_without_source_are_read_from_bytecode() -> None:
 
     assert is_stub(namespace["stub"])
     assert not is_stub(namespace["real"])
+
+    # Code compiled under the name of a file whose lines are other lines (as a notebook or a README
+    # runner does): its "source" is someone else's, and the bytecode decides.
+    exec(compile("async def stub(self):\n    ...\n", __file__, "exec"), namespace)
+    exec(compile("\n\nasync def real(self):\n    return 1\n", __file__, "exec"), namespace)
+    assert is_stub(namespace["stub"])
+    assert not is_stub(namespace["real"])
