@@ -127,6 +127,11 @@ def _steps(script: Script) -> list[Step]:
     return steps
 
 
+def _guard(request: ModelRequest, handles_deadline: bool) -> float | None:
+    """The deadline a test model stops its waits at: the request's, unless the caller watches it."""
+    return request.deadline if handles_deadline and not request.deadline_watched else None
+
+
 async def _wait(seconds: float, deadline: float | None) -> None:
     """Sleep (forever for `inf`), stopping at the request's deadline as the HTTP adapters do."""
     if deadline is None:
@@ -260,7 +265,7 @@ class ScriptedModel(_RecordingModel):
                 f"{self.name}: request {record.index + 1} has no scripted response "
                 f"(only {len(self._responses)} scripted)"
             )
-        deadline = request.deadline if self.handles_deadline else None
+        deadline = _guard(request, self.handles_deadline)
         return _RecordedStream(_play(self._responses[record.index], record, deadline), record)
 
 
@@ -288,7 +293,7 @@ class FunctionModel(_RecordingModel):
     async def _respond(
         self, request: ModelRequest, record: StreamRecord
     ) -> AsyncGenerator[_events.ModelChunk, None]:
-        deadline = request.deadline if self.handles_deadline else None
+        deadline = _guard(request, self.handles_deadline)
         answer = self._function(request)
         script: Script | None = None
         if not inspect.isawaitable(answer):

@@ -275,7 +275,12 @@ async def median_of(runs: int, body: Callable[[], Awaitable[object]]) -> float:
     return statistics.median(samples)
 
 
-async def measure(port: int) -> tuple[float, float, float]:
+# A budget that never binds but is checked all the way: a deadline (each network read under a cancel
+# scope) and a total-token limit (the stream metered chunk by chunk).
+BUDGET = agentrt.Budget(seconds=600, total_tokens=10**9)
+
+
+async def measure(port: int) -> tuple[float, float, float, float, float]:
     base = f"http://127.0.0.1:{port}/v1"
     events: list[LifecycleEvent] = []
     async with httpx.AsyncClient(timeout=30) as client:
@@ -299,6 +304,8 @@ async def measure(port: int) -> tuple[float, float, float]:
         ask = agentrt.build(Service, model=one, listeners=[events.append])
         stream = agentrt.build(Service, model=many, listeners=[events.append])
         weather = agentrt.build(Service, model=chat, listeners=[events.append], tools=[get_current_weather])
+        ask_budget = agentrt.build(Service, model=one, listeners=[events.append], budget=BUDGET)
+        stream_budget = agentrt.build(Service, model=many, listeners=[events.append], budget=BUDGET)
         url = f"{base}/chat/completions"
         functions = {"get_current_weather": get_current_weather}
         answer = "It's sunny in Seattle, 18 °C."
@@ -320,12 +327,25 @@ async def measure(port: int) -> tuple[float, float, float]:
                 pass
             events.clear()
 
+        async def budget_calls() -> None:
+            for _ in range(CALLS):
+                await ask_budget.ask("hi")
+            events.clear()
+
+        async def budget_tokens() -> None:
+            async for _ in await stream_budget.stream("hi"):
+                pass
+            events.clear()
+
         await plain_calls()  # warm up both paths and the connection pool
         await agentrt_calls()
         floor_call = await median_of(5, plain_calls) / CALLS
         call = await median_of(5, agentrt_calls) / CALLS
         floor_token = await median_of(9, plain_tokens) / TOKENS
         token = await median_of(9, agentrt_tokens) / TOKENS
+        await budget_calls()
+        budget_call = await median_of(5, budget_calls) / CALLS
+        budget_token = await median_of(9, budget_tokens) / TOKENS
 
         for _ in range(20):  # warm up both loops (and the worker threads)
             assert await plain_round_trip(client, url, functions) == answer
@@ -351,7 +371,14 @@ async def measure(port: int) -> tuple[float, float, float]:
         f"    agentrt           : {call * 1e3:6.3f} ms a call, {token * 1e6:5.2f} µs a token, "
         f"{trip * 1e3:6.3f} ms a tool round trip"
     )
-    return call - floor_call, token - floor_token, trip - floor_trip
+    print(f"    agentrt, budget   : {budget_call * 1e3:6.3f} ms a call, {budget_token * 1e6:5.2f} µs a token")
+    return (
+        call - floor_call,
+        token - floor_token,
+        trip - floor_trip,
+        budget_call - floor_call,
+        budget_token - floor_token,
+    )
 
 
 def main() -> None:
@@ -368,10 +395,13 @@ def main() -> None:
         )
         for backend in ("asyncio", "trio"):
             print(f"  {backend}")
-            call, token, trip = anyio.run(measure, port, backend=backend)
+            call, token, trip, budget_call, budget_token = anyio.run(measure, port, backend=backend)
             print(
                 f"    agentrt adds      : {call * 1e3:6.3f} ms a call, {token * 1e6:5.2f} µs a token, "
                 f"{trip * 1e3:6.3f} ms a tool round trip"
+            )
+            print(
+                f"    with a budget     : {budget_call * 1e3:6.3f} ms a call, {budget_token * 1e6:5.2f} µs a token"
             )
     finally:
         server.terminate()

@@ -138,6 +138,7 @@ def first_request(turn: Turn, history: list[ChatMessage]) -> ModelRequest:
         response_format=spec.parser.response_format(capabilities),
         settings=turn.settings,
         deadline=turn.deadline,
+        deadline_watched=turn.watched,
     )
 
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .._events import ModelResponse, ToolExecution
     from .._messages import ChatMessage, UserMessage
     from .._spec import MethodSpec
-    from ..models._protocol import ModelRequest, ModelSettings
+    from ..models._protocol import ModelRequest, ModelSettings, ResponseAccumulator
     from ..tools._declare import ToolDefinition
     from ..tools._run import LoopLimit, ToolLoop
     from ._runtime import Runtime
@@ -61,10 +61,12 @@ class Turn:
         "settings",
         "since_sent",
         "spec",
+        "streaming",
         "system",
         "tools",
         "usage",
         "user",
+        "watched",
     )
 
     def __init__(
@@ -83,7 +85,12 @@ class Turn:
         self.settings = settings
         self.account = BudgetAccount(budget, now()) if budget is not None else None
         self.deadline = self.account.deadline if self.account is not None else None
-        """When the invocation's time budget ends (`now()`), if it has one."""
+        """When the invocation's time budget ends (`anyio.current_time()`), if it has one."""
+        self.watched = False
+        """Whether the consumer (`Invocation.result`) holds a cancel scope at `deadline` around the
+        whole invocation, so that no step needs one of its own."""
+        self.streaming: ResponseAccumulator | None = None
+        """The response under way, while it streams (for the partial result of a cut)."""
         self.memory_id: Any = arguments[spec.memory_param] if spec.memory_param else DEFAULT_MEMORY_ID
         self.system: str | None = None
         self.user: UserMessage | None = None

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import anyio
 
-from .._budget import chars_for_tokens
-from .._errors import ModelTimeoutError
+from .._budget import chars_for_tokens, now
+from .._errors import BudgetExceededError, ModelTimeoutError
 from .._events import (
     CancelledEvent,
     Completed,
@@ -115,9 +115,27 @@ class Invocation:
         self._turn = Turn(self.id, runtime, spec, arguments, settings, budget)
 
     async def result(self) -> Result[Any]:
-        """Run to the end and return the result: the fold of `events()`."""
+        """Run to the end and return the result: the fold of `events()`.
+
+        With a time budget, the whole fold runs under one cancel scope at the deadline, held by this
+        coroutine (one task, no `yield` to anyone else), so nothing inside needs a scope of its own:
+        not the network reads, not the tool rounds. Cut there, the call raises `BudgetExceededError`.
+        """
+        turn = self._turn
+        deadline = turn.deadline
+        if deadline is None:
+            return await self._fold(self.events())
+        turn.watched = True
+        with anyio.CancelScope(deadline=deadline) as scope:
+            return await self._fold(self.events())
+        assert scope.cancelled_caught
+        error = _timed_out(turn)
+        notify(turn.runtime.listeners, FailedEvent(self.id, error))
+        raise error
+
+    @staticmethod
+    async def _fold(events: AsyncGenerator[Event, None]) -> Result[Any]:
         result: Result[Any] | None = None
-        events = self.events()
         try:
             async for event in events:
                 if type(event) is Completed:
@@ -144,13 +162,16 @@ class Invocation:
             notify(listeners, started)
         held: list[Event] | None = [started] if prime else None
         deadline = turn.deadline  # fixed for the invocation; None without a time budget
+        # Steps that may wait are put under the deadline here, unless `result()` holds a scope at it
+        # around the whole invocation (`watched`).
+        guard = None if turn.watched else deadline
         done = False
         try:
             if held is None:
                 yield started
             prepare = _stages.prepare(turn)
-            if deadline is not None and _stages.may_wait(turn):
-                prepare = _scoped(turn, prepare, deadline)
+            if guard is not None and _stages.may_wait(turn):
+                prepare = _scoped(turn, prepare, guard)
             await prepare
             round_ = 0
             while True:
@@ -163,12 +184,12 @@ class Invocation:
                     yield issued
                 else:
                     held.append(issued)
-                accumulator = ResponseAccumulator()
+                accumulator = turn.streaming = ResponseAccumulator()
                 add = accumulator.add
                 append = accumulator.text_sink()  # what `add` does for a TextDelta, without the call
                 chunks = model.stream(request)
-                if deadline is not None and not runtime.handles_deadline:
-                    chunks = _Deadline(chunks, deadline)
+                if guard is not None and not runtime.handles_deadline:
+                    chunks = _Deadline(chunks, guard)
                 # A token limit: the allowance in characters, spent chunk by chunk (see _meter); the
                 # response stops within one chunk of it.
                 left = chars_for_tokens(allowance[0]) if allowance is not None else 0
@@ -217,12 +238,13 @@ class Invocation:
                                     yield chunk  # type: ignore[misc]
                 except ModelTimeoutError as exc:
                     if deadline is not None and anyio.current_time() >= deadline:
-                        raise _timed_out(turn, accumulator, request) from exc
+                        raise _timed_out(turn) from exc
                     raise
                 finally:
                     with anyio.CancelScope(shield=True):
                         await aclose_iterator(chunks)
                 response = accumulator.build(request)
+                turn.streaming = None
                 step = _loop.after_response(turn, response)
                 received = ResponseReceived(self.id, response, round_)
                 if listeners:
@@ -241,8 +263,8 @@ class Invocation:
                 loop = turn.loop
                 assert loop is not None
                 round_run = loop.run_round(calls)
-                if deadline is not None:
-                    round_run = _scoped(turn, round_run, deadline)
+                if guard is not None:
+                    round_run = _scoped(turn, round_run, guard)
                 executions = await round_run
                 for execution in executions:
                     executed = ToolExecuted(self.id, execution)
@@ -272,7 +294,10 @@ class Invocation:
             # A reader that stops at Completed and closes the stream is not a cancellation.
             if listeners and not done:
                 cancelled = isinstance(exc, GeneratorExit | anyio.get_cancelled_exc_class())
-                notify(listeners, CancelledEvent(self.id) if cancelled else FailedEvent(self.id, exc))
+                if cancelled and turn.watched and deadline is not None and now() >= deadline:
+                    pass  # result()'s deadline: it reports the BudgetExceededError
+                else:
+                    notify(listeners, CancelledEvent(self.id) if cancelled else FailedEvent(self.id, exc))
             raise
 
 
@@ -301,10 +326,14 @@ def _cut(
     )
 
 
-def _timed_out(turn: Turn, accumulator: ResponseAccumulator, request: ModelRequest) -> Exception:
-    """The error for a response cut at the deadline."""
-    response: ModelResponse = accumulator.build(request, cut=True)
+def _timed_out(turn: Turn) -> BudgetExceededError:
+    """The error for an invocation cut at its deadline, with the response under way, if any."""
     account = turn.account
     assert account is not None
+    accumulator, request = turn.streaming, turn.sent
+    if accumulator is None or request is None:
+        return turn.exceeded("seconds")
+    turn.streaming = None
+    response: ModelResponse = accumulator.build(request, cut=True)
     account.record(response.usage)
     return turn.exceeded("seconds", streamed=response, cause="while the model responded")

@@ -444,6 +444,7 @@ async def stream_chunks(
     build: Callable[[], Mapping[str, Any]],
     decoder_for: Callable[[Exchange], ChunkDecoder],
     deadline: float | None = None,
+    watched: bool = False,
 ) -> AsyncGenerator[ModelChunk, None]:
     """The chunks of one model call: build the body, open (with retries), decode, close.
 
@@ -453,14 +454,16 @@ async def stream_chunks(
     (briefly, bounded) so that the connection can go back to the pool.
 
     With a `deadline` (the request's), opening and every network read stop there with
-    `ModelTimeoutError`: a cancel scope per read, never held across a `yield`. Without one, reads
-    take no scope of their own (the hot path).
+    `ModelTimeoutError`: a cancel scope per read, never held across a `yield`. Without one, or when
+    the caller `watched` the deadline itself (a scope around the whole response), reads take no
+    scope of their own (the hot path); retries never sleep past the deadline either way.
     """
     body = build()
-    if deadline is None:
-        exchange = await session.open(body)
+    guard = None if watched else deadline
+    if guard is None:
+        exchange = await session.open(body, deadline)
     else:
-        with anyio.CancelScope(deadline=deadline) as scope:
+        with anyio.CancelScope(deadline=guard) as scope:
             exchange = await session.open(body, deadline)
         if scope.cancelled_caught:
             raise session.deadline_error(body, 1, mid_stream=False)
@@ -471,7 +474,7 @@ async def stream_chunks(
         decoder = decoder_for(exchange)
         feed = decoder.feed
         try:
-            if deadline is None:
+            if guard is None:
                 async for raw in raw_chunks:
                     chunks = feed(raw)
                     for chunk in chunks:
@@ -480,7 +483,7 @@ async def stream_chunks(
                         break
             else:
                 while True:
-                    with anyio.CancelScope(deadline=deadline) as scope:
+                    with anyio.CancelScope(deadline=guard) as scope:
                         raw = await anext(raw_chunks, b"")
                     if scope.cancelled_caught:
                         raise session.deadline_error(body, exchange.attempt, mid_stream=True)
@@ -499,7 +502,9 @@ async def stream_chunks(
         if decoder.error is not None:
             session.report(decoder.error, body, exchange.attempt)
             raise decoder.error
-        ended = await _drain(raw_chunks, deadline)
+        # With a deadline the body's end is not waited for (only what already arrived is taken, by
+        # _release): the answer is complete, and the call must not end later than it can.
+        ended = await _drain(raw_chunks) if deadline is None else False
     finally:
         with anyio.CancelScope(shield=True):
             if not ended:
@@ -507,13 +512,12 @@ async def stream_chunks(
             await response.aclose()
 
 
-async def _drain(raw_chunks: AsyncIterator[bytes], deadline: float | None) -> bool:
+async def _drain(raw_chunks: AsyncIterator[bytes]) -> bool:
     """Read what is left of a body whose last event arrived (usually nothing but its end), for at
-    most `_DRAIN_SECONDS` and never past `deadline`. Whether the body ended (then there is nothing
-    left for `_release` to do, and it is skipped: its expired scope costs more than the rest)."""
+    most `_DRAIN_SECONDS`. Whether the body ended (then there is nothing left for `_release` to do,
+    and it is skipped: its expired scope costs more than the rest)."""
     size = 0
-    limit = anyio.current_time() + _DRAIN_SECONDS
-    with anyio.CancelScope(deadline=limit if deadline is None else min(limit, deadline)):
+    with anyio.move_on_after(_DRAIN_SECONDS):
         try:
             async for part in raw_chunks:
                 size += len(part)

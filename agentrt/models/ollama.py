@@ -137,6 +137,7 @@ class OllamaChatModel(HttpChatModel):
             partial(self.request_body, request),
             partial(self._decoder, request),
             request.deadline,
+            request.deadline_watched,
         )
 
     # --- request ---------------------------------------------------------------------------------

@@ -157,7 +157,11 @@ class OpenAIChatModel(HttpChatModel):
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """The response's chunks as they arrive. Closing the iterator closes the HTTP response."""
         return stream_chunks(
-            self._session, partial(self.request_body, request), self._decoder, request.deadline
+            self._session,
+            partial(self.request_body, request),
+            self._decoder,
+            request.deadline,
+            request.deadline_watched,
         )
 
     # --- request ---------------------------------------------------------------------------------
