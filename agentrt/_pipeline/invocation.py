@@ -35,6 +35,7 @@ from .._events import (
     Started,
     TextDelta,
     ThinkingDelta,
+    ToolCallDelta,
     ToolCallRequested,
     ToolExecuted,
     Usage,
@@ -60,6 +61,8 @@ _T = TypeVar("_T")
 
 # Chunks the pipeline forwards to readers as they are; the others are folded into ResponseReceived.
 _FORWARD: Final = frozenset({TextDelta, ThinkingDelta, RefusalDelta, Usage})
+# Chunks other than text deltas that spend an output-token allowance (see _meter).
+_METERED: Final = frozenset({ThinkingDelta, ToolCallDelta, Usage})
 
 
 class _Ready:
@@ -231,9 +234,10 @@ class Invocation:
                                 yield chunk
                             else:
                                 add(chunk)
-                                left -= _meter.spend(chunk, most)
-                                if left < 0:
-                                    raise _cut(turn, accumulator, request, allowance)
+                                if chunk.__class__ in _METERED:
+                                    left -= _meter.spend(chunk, most)
+                                    if left < 0:
+                                        raise _cut(turn, accumulator, request, allowance)
                                 if chunk.__class__ in _FORWARD:
                                     yield chunk  # type: ignore[misc]
                 except ModelTimeoutError as exc:

@@ -206,7 +206,11 @@ def _tokens_for_chars(chars: int) -> int:
 
 def _message_chars(message: ChatMessage) -> int:
     if isinstance(message, UserMessage):
-        return sum(len(c.text) if isinstance(c, TextContent) else 256 for c in message.contents)
+        contents = message.contents
+        if len(contents) == 1:  # the common case, without a generator
+            only = contents[0]
+            return len(only.text) if isinstance(only, TextContent) else 256
+        return sum(len(c.text) if isinstance(c, TextContent) else 256 for c in contents)
     if isinstance(message, SystemMessage | ToolResultMessage):
         return len(message.text)
     size = len(message.text or "") + len(message.thinking or "")
