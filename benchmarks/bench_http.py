@@ -401,7 +401,8 @@ def main() -> None:
                 f"{trip * 1e3:6.3f} ms a tool round trip"
             )
             print(
-                f"    with a budget     : {budget_call * 1e3:6.3f} ms a call, {budget_token * 1e6:5.2f} µs a token"
+                f"    with a budget     : {budget_call * 1e3:6.3f} ms a call, "
+                f"{budget_token * 1e6:5.2f} µs a token"
             )
     finally:
         server.terminate()
