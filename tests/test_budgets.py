@@ -222,11 +222,6 @@ async def test_a_total_token_limit_counts_every_request_and_the_next_input() -> 
         chatter(40),
     )
 
-    class Quick:
-        @tool("Look up.")
-        async def lookup(self, query: str) -> str:
-            return "ok"
-
     service, _ = build(model, budget=Budget(total_tokens=60), tools=[Quick()])
 
     with pytest.raises(BudgetExceededError) as info:
@@ -246,11 +241,6 @@ async def test_a_total_token_limit_counts_every_request_and_the_next_input() -> 
 
 async def test_an_input_token_limit_stops_before_the_next_request() -> None:
     model = ScriptedModel([CallTool("lookup", {"query": "q"}), Usage(500, 5)], "never")
-
-    class Quick:
-        @tool("Look up.")
-        async def lookup(self, query: str) -> str:
-            return "ok"
 
     service, _ = build(model, budget=Budget(input_tokens=100), tools=[Quick()])
 
@@ -493,11 +483,6 @@ async def test_the_partial_transcript_is_what_happened() -> None:
     assert partial.messages[-1] == agentrt.AssistantMessage(text="Hello there")
 
     # A request that was not sent (here, the loop's final-answer request) is not in it.
-    class Quick:
-        @tool("Look up.")
-        async def lookup(self, query: str) -> str:
-            return "ok"
-
     model = ScriptedModel([CallTool("lookup", {"query": "1"})], "never")
     service = agentrt.build(
         Chat,
