@@ -61,6 +61,14 @@ class Probe:
         return f"found {query}"
 
 
+class Quick:
+    """A tool that answers at once."""
+
+    @tool("Look up.")
+    async def lookup(self, query: str) -> str:
+        return "ok"
+
+
 def build(
     model: Any, *, budget: Budget | None = None, tools: list[object] | None = None
 ) -> tuple[Chat, list[LifecycleEvent]]:
