@@ -572,3 +572,26 @@ async def test_a_stream_s_first_chunk_is_metered_too() -> None:
         await read()
     assert received == ["a long first chunk of text"]
     assert model.streams[0].closed and not model.streams[0].completed
+
+
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize("outer", [4.0, 5.0, 6.0])
+async def test_the_caller_s_own_deadline_and_the_budget_s_report_one_terminal_event(outer: float) -> None:
+    # An awaited call holds its budget's scope itself; the caller's own scope may fire first, at the
+    # same instant, or after. Whichever stops the call, listeners hear of it exactly once.
+    model = ScriptedModel(["a", Hang()])
+    service, events = build(model, budget=Budget(seconds=5))
+
+    with pytest.raises((TimeoutError, BudgetExceededError)) as info:  # noqa: PT012
+        with anyio.fail_after(outer):
+            await service.ask("go")
+
+    terminal = [e for e in events if isinstance(e, FailedEvent | Completed | agentrt.CancelledEvent)]
+    assert len(terminal) == 1
+    if isinstance(info.value, BudgetExceededError):
+        assert outer >= 5
+        assert isinstance(terminal[0], FailedEvent) and terminal[0].error is info.value
+    else:
+        assert outer <= 5
+        assert isinstance(terminal[0], agentrt.CancelledEvent)
+    assert model.streams[0].closed

@@ -128,12 +128,21 @@ class Invocation:
         deadline = turn.deadline
         if deadline is None:
             return await self._fold(self.events())
+        # Watched, the pipeline reports no cancellation itself: this scope, or one outside it, may
+        # have caused it, and only here is it known which.
         turn.watched = True
-        with anyio.CancelScope(deadline=deadline) as scope:
-            return await self._fold(self.events())
+        listeners = turn.runtime.listeners
+        try:
+            with anyio.CancelScope(deadline=deadline) as scope:
+                return await self._fold(self.events())
+        except anyio.get_cancelled_exc_class():
+            if listeners:
+                notify(listeners, CancelledEvent(self.id))  # someone else's cancellation
+            raise
         assert scope.cancelled_caught
         error = _timed_out(turn)
-        notify(turn.runtime.listeners, FailedEvent(self.id, error))
+        if listeners:
+            notify(listeners, FailedEvent(self.id, error))
         raise error
 
     @staticmethod
@@ -298,9 +307,7 @@ class Invocation:
             # A reader that stops at Completed and closes the stream is not a cancellation.
             if listeners and not done:
                 cancelled = isinstance(exc, GeneratorExit | anyio.get_cancelled_exc_class())
-                if cancelled and turn.watched and deadline is not None and now() >= deadline:
-                    pass  # result()'s deadline: it reports the BudgetExceededError
-                else:
+                if not (cancelled and turn.watched):  # watched: result() reports cancellations
                     notify(listeners, CancelledEvent(self.id) if cancelled else FailedEvent(self.id, exc))
             raise
 
@@ -335,8 +342,8 @@ def _timed_out(turn: Turn) -> BudgetExceededError:
     account = turn.account
     assert account is not None
     accumulator, request = turn.streaming, turn.sent
-    if accumulator is None or request is None:
-        return turn.exceeded("seconds")
+    if accumulator is None or request is None or not accumulator.started:
+        return turn.exceeded("seconds")  # nothing of a response arrived: no response to report
     turn.streaming = None
     response: ModelResponse = accumulator.build(request, cut=True)
     account.record(response.usage)

@@ -502,9 +502,7 @@ async def stream_chunks(
         if decoder.error is not None:
             session.report(decoder.error, body, exchange.attempt)
             raise decoder.error
-        # With a deadline the body's end is not waited for (only what already arrived is taken, by
-        # _release): the answer is complete, and the call must not end later than it can.
-        ended = await _drain(raw_chunks) if deadline is None else False
+        ended = await _drain(raw_chunks, deadline)
     finally:
         with anyio.CancelScope(shield=True):
             if not ended:
@@ -512,12 +510,18 @@ async def stream_chunks(
             await response.aclose()
 
 
-async def _drain(raw_chunks: AsyncIterator[bytes]) -> bool:
-    """Read what is left of a body whose last event arrived (usually nothing but its end), for at
-    most `_DRAIN_SECONDS`. Whether the body ended (then there is nothing left for `_release` to do,
-    and it is skipped: its expired scope costs more than the rest)."""
+async def _drain(raw_chunks: AsyncIterator[bytes], deadline: float | None) -> bool:
+    """Read what is left of a body whose last event arrived (usually nothing but its end), so that
+    the connection goes back to the pool: for at most `_DRAIN_SECONDS`, and with a `deadline`, at
+    most half the time left (the answer is complete: the call ends well before the deadline, inside
+    any scope that watches it). Whether the body ended (then there is nothing left for `_release` to
+    do, and it is skipped: its expired scope costs more than the rest)."""
     size = 0
-    with anyio.move_on_after(_DRAIN_SECONDS):
+    now = anyio.current_time()
+    limit = now + _DRAIN_SECONDS
+    if deadline is not None:
+        limit = min(limit, now + max(0.0, deadline - now) / 2)
+    with anyio.CancelScope(deadline=limit):
         try:
             async for part in raw_chunks:
                 size += len(part)

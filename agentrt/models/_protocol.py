@@ -284,6 +284,19 @@ class ResponseAccumulator:
     def text(self) -> str:
         return "".join(self._text)
 
+    @property
+    def started(self) -> bool:
+        """Whether any chunk arrived."""
+        return bool(
+            self._text
+            or self._thinking
+            or self._refusal
+            or self._calls
+            or self._usage is not None
+            or self._finish is not None
+            or self._meta is not None
+        )
+
     def text_sink(self) -> Callable[[str], None]:
         """What `add` does with a `TextDelta`'s text, for a reader's per-token loop that dispatches
         on the chunk's type itself (it saves a method call per token)."""
