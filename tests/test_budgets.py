@@ -582,7 +582,7 @@ async def test_the_caller_s_own_deadline_and_the_budget_s_report_one_terminal_ev
     model = ScriptedModel(["a", Hang()])
     service, events = build(model, budget=Budget(seconds=5))
 
-    with pytest.raises((TimeoutError, BudgetExceededError)) as info:  # noqa: PT012
+    with pytest.raises((TimeoutError, BudgetExceededError)) as info:
         with anyio.fail_after(outer):
             await service.ask("go")
 

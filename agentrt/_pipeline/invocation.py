@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import anyio
 
-from .._budget import chars_for_tokens, now
+from .._budget import chars_for_tokens
 from .._errors import BudgetExceededError, ModelTimeoutError
 from .._events import (
     CancelledEvent,
