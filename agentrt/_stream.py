@@ -10,10 +10,10 @@ an enclosing `async with`. Closing rules:
   before the cancellation reaches the reader; the stream is then finished;
 - `break` out of `async for` leaves the stream open where it stopped, like a file: read on, call
   `result()`, or close it. A stream nobody holds any more (`async for t in await svc.stream(): break`,
-  or one dropped unfinished) is closed from a fresh task of the running event loop as soon as it is
-  collected, as the loops' own async-generator finalizers do, but without relying on them (trio
-  warns when it has to). Since nothing else can reach a collected stream, that close never races a
-  reader.
+  or one dropped unfinished) is closed from a fresh task of the event loop it was made in as soon as
+  it is collected, in whatever thread the collector runs, as the loops' own async-generator
+  finalizers do, but without relying on them (trio warns when it has to). Since nothing else can
+  reach a collected stream, that close never races a reader.
 """
 
 from __future__ import annotations
@@ -44,28 +44,40 @@ async def _close_quietly(events: AsyncGenerator[Event, None]) -> None:
         logger.exception("closing an abandoned agentrt stream failed")
 
 
-def _close_later(events: AsyncGenerator[Event, None]) -> None:
-    """Close an abandoned pipeline from a fresh task of the running event loop (from `__del__`)."""
-    if getattr(events, "ag_frame", None) is None:
-        return  # finished, or never started: nothing to clean up
+Schedule = Callable[[Callable[[], object]], object]
+
+
+def _home() -> Schedule | None:
+    """A thread-safe way to run a callback in the event loop that is running here, if any."""
+    trio = sys.modules.get("trio")
+    if trio is not None and getattr(trio.lowlevel, "in_trio_run", bool)():
+        run_sync_soon: Schedule = trio.lowlevel.current_trio_token().run_sync_soon
+        return run_sync_soon
     try:
-        loop = asyncio.get_running_loop()
+        return asyncio.get_running_loop().call_soon_threadsafe
     except RuntimeError:
+        return None
+
+
+def _close_later(events: AsyncGenerator[Event, None], home: Schedule | None) -> None:
+    """Close an abandoned pipeline from a fresh task of the event loop it was made in (from
+    `__del__`, which may run in any thread: the garbage collector runs where it runs)."""
+    if home is None or getattr(events, "ag_frame", None) is None:
+        return  # finished, or never started: nothing to clean up
+
+    def start() -> None:
         trio = sys.modules.get("trio")
-        if trio is None:
-            return
-        try:
+        if trio is not None and getattr(trio.lowlevel, "in_trio_run", bool)():
             trio.lowlevel.spawn_system_task(_close_quietly, events)
-        except RuntimeError:
-            return  # no trio run in this thread: nothing left to clean up with
-    else:
+            return
+        task = asyncio.get_running_loop().create_task(_close_quietly(events))
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
 
-        def start() -> None:
-            task = loop.create_task(_close_quietly(events))
-            _closing.add(task)
-            task.add_done_callback(_closing.discard)
-
-        loop.call_soon(start)
+    try:
+        home(start)
+    except RuntimeError:
+        return  # the loop is closed (trio's RunFinishedError is a RuntimeError): nothing to clean up with
 
 
 class _Events(AsyncIterator[Event]):
@@ -101,12 +113,13 @@ class TokenStream(AsyncIterator[str]):
     reading some tokens and then calling `result()` continues where the tokens stopped.
     """
 
-    __slots__ = ("__weakref__", "_error", "_events", "_result")
+    __slots__ = ("__weakref__", "_error", "_events", "_home", "_result")
 
     def __init__(self, events: AsyncGenerator[Event, None]) -> None:
         self._events = events
         self._result: Result[str] | None = None
         self._error: Exception | None = None
+        self._home = _home()
 
     async def __anext__(self) -> str:
         events = self._events
@@ -125,7 +138,7 @@ class TokenStream(AsyncIterator[str]):
                 self._result = event.result  # type: ignore[union-attr]
 
     def __del__(self) -> None:
-        _close_later(self._events)
+        _close_later(self._events, self._home)
 
     def events(self) -> AsyncIterator[Event]:
         """Every remaining event, in order (the last one is `Completed`)."""

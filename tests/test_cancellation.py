@@ -201,3 +201,23 @@ async def test_dropping_an_unfinished_stream_closes_it() -> None:
 
     with anyio.fail_after(5):
         await model.streams[0].wait_closed()
+
+
+async def test_a_stream_dropped_in_a_worker_thread_is_closed_in_its_own_loop() -> None:
+    # The garbage collector runs wherever the last reference goes: here, in a sync tool's or a
+    # callback's worker thread. The close is handed to the stream's own event loop.
+    svc, model, events = service(SCRIPT)
+    stream = await svc.stream("hi")
+    assert await stream.__anext__() == "one "
+    holder = [stream]
+    del stream
+
+    def drop() -> None:
+        holder.pop()
+        gc.collect()
+
+    await anyio.to_thread.run_sync(drop)
+
+    with anyio.fail_after(5):
+        await model.streams[0].wait_closed()
+    assert isinstance(events[-1], CancelledEvent)
