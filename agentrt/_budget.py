@@ -82,11 +82,6 @@ class Budget:
         }
         return dataclasses.replace(self, **changes) if changes else self
 
-    @property
-    def limited(self) -> bool:
-        """Whether any limit is set."""
-        return any(getattr(self, f.name) is not None for f in fields(self))
-
 
 @dataclass(slots=True)
 class Spent:
