@@ -14,7 +14,6 @@ import gc
 import json
 import logging
 import socket
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from served import serve
 
 CORE = "Zq7SECRETx9"
 """In every key: any form of a key that escapes only punctuation still shows it."""
@@ -68,26 +68,8 @@ def _app() -> Any:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    """The base URL of the echoing app, served by uvicorn in a child process on a socket opened here."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    port = listener.getsockname()[1]
-    process = subprocess.Popen(
-        [sys.executable, str(Path(__file__)), str(listener.fileno())],
-        pass_fds=(listener.fileno(),),
-        stdin=subprocess.DEVNULL,
-    )
-    listener.close()
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    """The base URL of the app, served in a child process (see `served.serve`)."""
+    yield from serve(Path(__file__))
 
 
 # --- helpers --------------------------------------------------------------------------------------

@@ -4,14 +4,13 @@ separate process (tests/servers/openai_app.py), on a socket this test opened."""
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
+from served import serve
 
 import agentrt
 from agentrt import AuthenticationError, ModelConnectionError, TextDelta, TokenStream, UserMessage
@@ -23,27 +22,8 @@ KEY = "test-key"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    """The base URL of the app. The socket listens before the process starts, so there is nothing to
-    wait for: connections queue until uvicorn accepts them."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    port = listener.getsockname()[1]
-    process = subprocess.Popen(
-        [sys.executable, str(APP), str(listener.fileno())],
-        pass_fds=(listener.fileno(),),
-        stdin=subprocess.DEVNULL,
-    )
-    listener.close()
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    """The base URL of the app, served in a child process (see `served.serve`)."""
+    yield from serve(APP)
 
 
 def model(base_url: str, **options: object) -> OpenAIChatModel:
