@@ -5,16 +5,19 @@ Declare a class of `async def` stubs, `build` it with a model, and await, stream
 
 from __future__ import annotations
 
-from . import models, output, testing, tools
+from . import memory, models, output, testing, tools
 from ._budget import Budget, Spent
 from ._errors import (
     AgentError,
     AuthenticationError,
     BadRequestError,
     BudgetExceededError,
+    ChatMemoryError,
     ConfigurationError,
     ContentRefusedError,
     ContextLengthExceededError,
+    ConversationBusyError,
+    ConversationLockLostError,
     ModelConnectionError,
     ModelError,
     ModelNotFoundError,
@@ -89,12 +92,15 @@ __all__ = [
     "BudgetExceededError",
     "CancelledEvent",
     "Capabilities",
+    "ChatMemoryError",
     "ChatMessage",
     "ChatModel",
     "Completed",
     "ConfigurationError",
     "ContentRefusedError",
     "ContextLengthExceededError",
+    "ConversationBusyError",
+    "ConversationLockLostError",
     "Event",
     "FailedEvent",
     "FinishReason",
@@ -153,6 +159,7 @@ __all__ = [
     "build",
     "call_options",
     "create",
+    "memory",
     "messages_from_json",
     "messages_to_json",
     "method_options",

@@ -44,9 +44,12 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "BudgetExceededError",
+    "ChatMemoryError",
     "ConfigurationError",
     "ContentRefusedError",
     "ContextLengthExceededError",
+    "ConversationBusyError",
+    "ConversationLockLostError",
     "ModelConnectionError",
     "ModelError",
     "ModelNotFoundError",
@@ -291,3 +294,22 @@ class BudgetExceededError(AgentError):
         super().__init__(message)
         self.limit = limit
         self.partial = partial
+
+
+class ChatMemoryError(AgentError):
+    """Chat memory could not serve a turn: its conversation was busy, its lock was lost, or its store
+    failed. Nothing of the turn was stored."""
+
+
+class ConversationBusyError(ChatMemoryError):
+    """Another turn held the conversation longer than the memory's wait limit; `memory_id` names it."""
+
+    def __init__(self, message: str, *, memory_id: Any) -> None:
+        super().__init__(message)
+        self.memory_id = memory_id
+
+
+class ConversationLockLostError(ChatMemoryError):
+    """A shared store's lock on the conversation expired or was taken while the turn ran (the holder
+    stopped renewing it, e.g. a paused process): the turn was not stored, so no other turn's messages
+    were overwritten or interleaved."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -14,6 +15,8 @@ from ._options import CURRENT_OPTIONS, CallOptions
 from ._pipeline import READY, Invocation, Listener, Runtime, SystemMessageProvider, ToolProvider
 from ._spec import MethodSpec, OutputKind, service_spec
 from ._stream import TokenStream
+from .memory._memory import ChatMemory, Memory
+from .memory._store import ChatMemoryStore
 from .models._protocol import ModelSettings
 from .tools._declare import collect_tools
 from .tools._run import ThreadLimiter, ToolSettings
@@ -23,7 +26,17 @@ if TYPE_CHECKING:
 
     from .models._protocol import ChatModel
 
-__all__ = ["build", "create"]
+__all__ = ["build", "create", "runtime_of"]
+
+# The runtime of each built service class (for `agentrt.memory.access`), without an attribute on it
+# that could clash with the user's own.
+_RUNTIMES: weakref.WeakKeyDictionary[type, Runtime] = weakref.WeakKeyDictionary()
+
+
+def runtime_of(service: object) -> Runtime | None:
+    """The runtime of a built service; `None` for any other object."""
+    return _RUNTIMES.get(type(service))
+
 
 S = TypeVar("S")
 
@@ -136,6 +149,7 @@ def build(
     tool_provider: ToolProvider | None = None,
     tool_settings: ToolSettings | None = None,
     budget: Budget | None = None,
+    memory: ChatMemory | ChatMemoryStore | None = None,
 ) -> S:
     """Build a service: an instance of `cls` whose stub methods call `model`.
 
@@ -149,6 +163,8 @@ def build(
     - `tool_settings`: timeouts, concurrency, loop limits and failure policies (`ToolSettings`).
     - `budget`: what one call may spend (`Budget`: seconds, tokens, model requests, tool calls);
       `@method_options` and the call's own options override it field by field.
+    - `memory`: chat memory (`agentrt.memory.window(...)`, a `ChatMemory`, or a bare store, which
+      keeps whole conversations): turns on one memory id see the turns before them.
 
     Raises `ConfigurationError`, naming `Class.method` and the parameter, for every declaration
     mistake; nothing is deferred to the first call.
@@ -185,6 +201,13 @@ def build(
         raise ConfigurationError(
             f"{cls.__name__}: settings must be an agentrt.ModelSettings, got {settings!r}"
         )
+    if memory is not None and not isinstance(memory, ChatMemory):
+        if not isinstance(memory, ChatMemoryStore):
+            raise ConfigurationError(
+                f"{cls.__name__}: memory must be an agentrt.memory.ChatMemory or a ChatMemoryStore, "
+                f"got {memory!r}"
+            )
+        memory = ChatMemory(store=memory)
     tool_settings = tool_settings or ToolSettings()
     _check_tool_choice(cls.__name__, model, tool_settings, definitions, tool_provider)
 
@@ -200,6 +223,7 @@ def build(
         threads=ThreadLimiter(tool_settings.thread_limit),
         budget=budget,
         handles_deadline=getattr(model, "handles_deadline", False) is True,
+        memory=Memory(memory, f"{cls.__module__}.{cls.__qualname__}") if memory is not None else None,
     )
     namespace: dict[str, Any] = {
         name: _implement(method_spec, runtime) for name, method_spec in spec.methods.items()
@@ -208,6 +232,7 @@ def build(
     namespace["__qualname__"] = cls.__qualname__
     namespace["__repr__"] = lambda self: f"<{cls.__qualname__} service on {model.name!r}>"
     service_class = type(cls.__name__, (cls,), namespace)
+    _RUNTIMES[service_class] = runtime
     instance: S = object.__new__(service_class)
     return instance
 

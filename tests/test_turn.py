@@ -1,8 +1,8 @@
 """The turn state: what the commit stage receives is the user's own message and the whole exchange.
 
-Memory is not built yet; `_finish.commit` is its seam. A recorder in its place keeps what the
-pipeline passed to it, so these tests fail if the stored message were the augmented one (with format
-instructions) or if part of the exchange (tool calls, tool results) went missing.
+A recorder around `_finish.commit` keeps what the pipeline passed to it, and the store is read back,
+so these tests fail if the stored message were the augmented one (with format instructions) or if
+part of the exchange (tool calls, tool results) went missing.
 """
 
 from __future__ import annotations
@@ -39,12 +39,13 @@ class Stations:
 
 @pytest.fixture
 def commits(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """What the pipeline handed the commit stage, recorded before the real commit runs."""
     recorded: list[dict[str, Any]] = []
     original = _finish.commit
 
-    def record(turn: Turn) -> None:
+    async def record(turn: Turn) -> None:
         recorded.append({"user": turn.user, "outgoing": turn.outgoing, "exchange": list(turn.exchange)})
-        original(turn)
+        await original(turn)
 
     monkeypatch.setattr(_finish, "commit", record)
     return recorded
@@ -55,7 +56,7 @@ async def test_the_stored_message_is_the_user_s_not_the_one_with_format_instruct
 ) -> None:
     # A model without structured output gets format instructions appended to the outgoing message.
     model = ScriptedModel('{"origin": "Bern", "destination": "Basel"}', capabilities=Capabilities())
-    service = agentrt.build(Tickets, model=model)
+    service = agentrt.build(Tickets, model=model, memory=agentrt.memory.window())
 
     ticket = await service.extract("Bern to Basel")
 
@@ -65,6 +66,11 @@ async def test_the_stored_message_is_the_user_s_not_the_one_with_format_instruct
     [commit] = commits
     assert commit["user"] == UserMessage.of("Bern to Basel")
     assert commit["outgoing"] == sent
+    stored = await agentrt.memory.access(service).read()
+    assert stored == [
+        UserMessage.of("Bern to Basel"),
+        AssistantMessage(text='{"origin": "Bern", "destination": "Basel"}'),
+    ]
 
 
 async def test_the_whole_exchange_reaches_the_commit(commits: list[dict[str, Any]]) -> None:
@@ -76,7 +82,7 @@ async def test_the_whole_exchange_reaches_the_commit(commits: list[dict[str, Any
         ],
         "Bern to Basel.",
     )
-    service = agentrt.build(Tickets, model=model, tools=[Stations()])
+    service = agentrt.build(Tickets, model=model, tools=[Stations()], memory=agentrt.memory.window())
 
     assert await service.ask("bern to basel?") == "Bern to Basel."
 
@@ -94,12 +100,14 @@ async def test_the_whole_exchange_reaches_the_commit(commits: list[dict[str, Any
     assert exchange[3].text == "Bern to Basel."
     # The exchange is exactly what followed the user's message in the last request, plus the answer.
     assert tuple(exchange[:3]) == model.requests[1].messages[-3:]
+    assert await agentrt.memory.access(service).read() == [UserMessage.of("bern to basel?"), *exchange]
 
 
 async def test_nothing_is_committed_when_the_call_fails(commits: list[dict[str, Any]]) -> None:
     model = ScriptedModel("not json", capabilities=Capabilities())
-    service = agentrt.build(Tickets, model=model)
+    service = agentrt.build(Tickets, model=model, memory=agentrt.memory.window())
 
     with pytest.raises(agentrt.OutputParsingError):
         await service.extract("Bern to Basel")
     assert commits == []
+    assert await agentrt.memory.access(service).read() == []

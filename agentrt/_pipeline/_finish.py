@@ -41,6 +41,15 @@ def parse(turn: Turn, text: str) -> Any:
     return parser.parse(text)
 
 
-def commit(turn: Turn) -> None:
-    """Seam: write the turn (`turn.user`, `turn.exchange`) to memory, atomically and only on success.
-    Plain until memory exists: the invocation awaits it, under the deadline, once it can wait."""
+async def commit(turn: Turn) -> None:
+    """Write the turn to its conversation in one atomic write: the user's own message (without format
+    instructions or retrieved text), then the exchange (assistant messages and tool results, the
+    answer last). Only a turn that succeeded gets here; re-asks and repairs are not in the exchange.
+
+    The invocation awaits it shielded: a write that started is finished, so a turn is either stored
+    whole and reported, or not stored (a cancellation that arrives meanwhile takes effect after it).
+    """
+    conversation = turn.conversation
+    assert conversation is not None
+    assert turn.user is not None
+    await conversation.commit([turn.user, *turn.exchange])

@@ -10,6 +10,7 @@ from typing import Any
 from .._budget import Budget
 from .._events import LifecycleEvent
 from .._messages import UserMessage
+from ..memory._memory import Memory
 from ..models._protocol import ChatModel, ModelSettings
 from ..tools._declare import ToolDefinition
 from ..tools._run import ThreadLimiter, ToolSettings
@@ -56,6 +57,8 @@ class Runtime:
     threads: ThreadLimiter = field(default_factory=lambda: ThreadLimiter(ToolSettings().thread_limit))
     handles_deadline: bool = False
     """The model stops at `ModelRequest.deadline` itself (`ChatModel.handles_deadline`)."""
+    memory: Memory | None = None
+    """The service's chat memory, if it keeps conversations."""
 
 
 def notify(listeners: Sequence[Listener], event: LifecycleEvent) -> None:

@@ -35,7 +35,7 @@ async def prepare(turn: Turn) -> None:
     if turn.system is None and runtime.system_message is not None:
         await provided_system_message(turn)
     input_guardrails(turn)
-    history = load_memory(turn)
+    history = await load_memory(turn) if runtime.memory is not None else []
     augment(turn)
     if runtime.tool_provider is not None:
         await provided_tools(turn)
@@ -45,9 +45,12 @@ async def prepare(turn: Turn) -> None:
 
 
 def may_wait(turn: Turn) -> bool:
-    """Whether `prepare` may wait (on a user's provider; later: a memory store, a retriever)."""
+    """Whether `prepare` may wait (on a user's provider, a conversation's lock or its store; later: a
+    retriever)."""
     runtime = turn.runtime
-    return runtime.system_message is not None or runtime.tool_provider is not None
+    return (
+        runtime.system_message is not None or runtime.tool_provider is not None or runtime.memory is not None
+    )
 
 
 def render(turn: Turn) -> None:
@@ -75,9 +78,13 @@ def input_guardrails(turn: Turn) -> None:
     """Seam: input guardrails (may rewrite `turn.user` or stop the invocation)."""
 
 
-def load_memory(turn: Turn) -> list[ChatMessage]:
-    """Seam: lock the conversation and load its history."""
-    return []
+async def load_memory(turn: Turn) -> list[ChatMessage]:
+    """Lock the conversation (waiting for a turn that holds it) and load the window of its history.
+    The invocation releases the lock however it ends."""
+    memory = turn.runtime.memory
+    assert memory is not None
+    turn.conversation = conversation = await memory.open(turn.memory_id, turn.spec.qualname)
+    return conversation.history()
 
 
 def augment(turn: Turn) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .._budget import Budget, BudgetAccount, BudgetLimit, now
 from .._errors import BudgetExceededError
 from .._events import Result, Usage
+from ..memory._memory import DEFAULT_MEMORY_ID
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -21,14 +22,13 @@ if TYPE_CHECKING:
     from .._events import ModelResponse, ToolExecution
     from .._messages import ChatMessage, UserMessage
     from .._spec import MethodSpec
+    from ..memory._memory import Conversation
     from ..models._protocol import ModelRequest, ModelSettings, ResponseAccumulator
     from ..tools._declare import ToolDefinition
     from ..tools._run import LoopLimit, ToolLoop
     from ._runtime import Runtime
 
 __all__ = ["DEFAULT_MEMORY_ID", "Turn"]
-
-DEFAULT_MEMORY_ID: Final = "default"
 
 _LIMIT_TEXT: Final[dict[str, str]] = {
     "seconds": "its time budget of {} s",
@@ -46,6 +46,7 @@ class Turn:
     __slots__ = (
         "account",
         "arguments",
+        "conversation",
         "deadline",
         "exchange",
         "final",
@@ -92,6 +93,10 @@ class Turn:
         self.streaming: ResponseAccumulator | None = None
         """The response under way, while it streams (for the partial result of a cut)."""
         self.memory_id: Any = arguments[spec.memory_param] if spec.memory_param else DEFAULT_MEMORY_ID
+        if self.memory_id is None:
+            raise TypeError(f"{spec.qualname}(): the memory id {spec.memory_param!r} is None")
+        self.conversation: Conversation | None = None
+        """The conversation, locked from the memory stage until the turn is committed or ends."""
         self.system: str | None = None
         self.user: UserMessage | None = None
         """The user message as the caller made it: what memory stores."""

@@ -297,7 +297,13 @@ class Invocation:
                 turn.exchange.append(turn.response.message)
                 text = _finish.output_guardrails(turn, text)
             value = _finish.parse(turn, text)
-            _finish.commit(turn)
+            conversation = turn.conversation
+            if conversation is not None:
+                # The turn is done: store it, and let the next turn on the conversation start now,
+                # not when this stream's reader gets to its end.
+                with anyio.CancelScope(shield=True):
+                    await _finish.commit(turn)
+                    await conversation.release()
             completed: Completed[Any] = Completed(self.id, turn.result(value, text))
             if listeners:
                 notify(listeners, completed)
@@ -310,6 +316,15 @@ class Invocation:
                 if not (cancelled and turn.watched):  # watched: result() reports cancellations
                     notify(listeners, CancelledEvent(self.id) if cancelled else FailedEvent(self.id, exc))
             raise
+        finally:
+            conversation = turn.conversation
+            if conversation is not None and conversation.held:
+                # Not committed: nothing was written. Release, whichever task closes the stream.
+                if conversation.owner is None:
+                    conversation.release_local()
+                else:
+                    with anyio.CancelScope(shield=True):
+                        await conversation.release()
 
 
 async def _scoped(turn: Turn, step: Awaitable[_T], deadline: float) -> _T:

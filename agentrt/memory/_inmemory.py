@@ -1,0 +1,100 @@
+"""The in-memory store: conversations in a dict, for development and single-process apps."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .._messages import ChatMessage
+
+__all__ = ["InMemoryStore"]
+
+
+class InMemoryStore:
+    """Conversations in this process's memory, lost when it exits.
+
+    - `max_conversations`: keep at most this many; the least recently used (loaded or written) is
+      evicted first.
+    - `ttl`: forget a conversation not used for this many seconds.
+
+    Messages are immutable values, so a store keeps them as they are (no copy, no serialization): a
+    turn costs a few dictionary operations. Writes are plain code with no await, so they are atomic.
+    Turns are serialized by the memory's lock per conversation, within one event loop; a conversation
+    evicted (by the bound or the TTL) while a turn on it runs loses its older messages.
+    """
+
+    __slots__ = ("__weakref__", "_clock", "_data", "max_conversations", "ttl")
+
+    def __init__(self, *, max_conversations: int | None = None, ttl: float | None = None) -> None:
+        if max_conversations is not None and (
+            not isinstance(max_conversations, int)
+            or isinstance(max_conversations, bool)
+            or max_conversations < 1
+        ):
+            raise ValueError(f"max_conversations must be a positive int or None, got {max_conversations!r}")
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0):
+            raise ValueError(f"ttl must be a positive number of seconds or None, got {ttl!r}")
+        self.max_conversations = max_conversations
+        self.ttl = ttl
+        self._clock = time.monotonic
+        # key -> (messages, when it expires); ordered from least to most recently used.
+        self._data: OrderedDict[str, tuple[tuple[ChatMessage, ...], float]] = OrderedDict()
+
+    def __repr__(self) -> str:
+        return (
+            f"InMemoryStore({len(self._data)} conversations, max_conversations={self.max_conversations}, "
+            f"ttl={self.ttl})"
+        )
+
+    def __len__(self) -> int:
+        """Conversations kept now (expired ones included until they are next touched)."""
+        return len(self._data)
+
+    def _get(self, key: str) -> tuple[ChatMessage, ...]:
+        entry = self._data.get(key)
+        if entry is None:
+            return ()
+        if self.ttl is not None:
+            now = self._clock()
+            if entry[1] <= now:
+                del self._data[key]
+                return ()
+            self._data[key] = (entry[0], now + self.ttl)
+        self._data.move_to_end(key)
+        return entry[0]
+
+    def _put(self, key: str, messages: tuple[ChatMessage, ...]) -> None:
+        data = self._data
+        ttl = self.ttl
+        now = self._clock() if ttl is not None else 0.0
+        data[key] = (messages, now + ttl if ttl is not None else 0.0)
+        data.move_to_end(key)
+        if ttl is not None:  # the least recently used come first: drop the expired among them
+            while data:
+                oldest, (_, expires) = next(iter(data.items()))
+                if expires > now:
+                    break
+                del data[oldest]
+        bound = self.max_conversations
+        if bound is not None:
+            while len(data) > bound:
+                data.popitem(last=False)
+
+    async def load(self, key: str) -> list[ChatMessage]:
+        return list(self._get(key))
+
+    async def commit(
+        self, key: str, messages: Sequence[ChatMessage], *, drop: int = 0, owner: str | None = None
+    ) -> None:
+        stored = self._get(key)
+        self._put(key, (*stored[drop:], *messages))
+
+    async def replace(self, key: str, messages: Sequence[ChatMessage], *, owner: str | None = None) -> None:
+        self._put(key, tuple(messages))
+
+    async def delete(self, key: str, *, owner: str | None = None) -> None:
+        self._data.pop(key, None)

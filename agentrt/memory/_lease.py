@@ -1,0 +1,82 @@
+"""Lease renewal for shared stores: a daemon thread that renews the locks a process holds.
+
+A lock across processes is a lease with an expiry, so that a crashed holder's lock frees itself. A
+live holder must renew it for as long as its turn runs, and a turn may wait minutes on a tool or a
+slow model without reaching a checkpoint of the pipeline. So renewal is not the pipeline's job: a
+thread renews every held lease each `interval` seconds (a third of the lease), whatever the event
+loops of the process are doing, on asyncio and trio alike. The thread runs only while leases are
+held and exits when the last one is released.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Collection
+
+__all__ = ["LeaseRenewer"]
+
+logger = logging.getLogger("agentrt.memory")
+
+
+class LeaseRenewer:
+    """Renews held `(key, owner)` leases from a daemon thread.
+
+    `renew` is called in that thread with the leases held and returns those it could not renew
+    (another owner has them now): they are forgotten. It must be a plain blocking function that opens
+    its own connections; an error it raises is logged and renewal is tried again next interval.
+    """
+
+    def __init__(
+        self,
+        renew: Callable[[Collection[tuple[str, str]]], Collection[tuple[str, str]]],
+        interval: float,
+        name: str,
+    ) -> None:
+        self._renew = renew
+        self._interval = interval
+        self._name = name
+        self._held: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+
+    def hold(self, key: str, owner: str) -> None:
+        """Renew this lease from now on."""
+        with self._lock:
+            self._held.add((key, owner))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+
+    def release(self, key: str, owner: str) -> None:
+        """Stop renewing this lease."""
+        with self._lock:
+            self._held.discard((key, owner))
+            if not self._held:
+                self._wake.notify()
+
+    def held(self) -> frozenset[tuple[str, str]]:
+        """The leases renewed now."""
+        with self._lock:
+            return frozenset(self._held)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._wake.wait(self._interval)
+                if not self._held:
+                    self._thread = None
+                    return
+                leases = list(self._held)
+            try:
+                lost = self._renew(leases)
+            except Exception:  # a store that is down now may be up at the next interval
+                logger.warning("%s: could not renew %d lease(s)", self._name, len(leases), exc_info=True)
+                continue
+            if lost:
+                with self._lock:
+                    self._held.difference_update(lost)

@@ -1,0 +1,370 @@
+"""Chat memory: a store, a window and a lock per conversation.
+
+A turn opens its conversation (locks it, loads it), and at its end either commits (one atomic write
+of the user message, the tool exchanges and the answer) or writes nothing; either way it releases the
+lock. Turns on one conversation therefore run one after another, each seeing the one before; turns
+on different conversations never wait for each other.
+
+The lock within a process is a FIFO queue per conversation that any task may release: the task that
+closes a stream is not always the one that opened it (a stream abandoned by its reader is closed by
+its finalizer), and an `anyio.Lock` must be released by its owner. Across processes, a shared store
+adds its own lease (see `SharedChatMemoryStore`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
+import orjson
+
+from .._errors import ConfigurationError, ConversationBusyError
+from .._messages import SystemMessage, ToolResultMessage
+from ._inmemory import InMemoryStore
+from ._store import ChatMemoryStore, SharedChatMemoryStore
+from ._window import TokenCounter, estimate_tokens, window_start
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .._messages import ChatMessage
+
+__all__ = ["DEFAULT_MEMORY_ID", "ChatMemory", "Conversation", "Memory", "memory_key", "window"]
+
+DEFAULT_MEMORY_ID: Final = "default"
+"""The conversation of methods without a `MemoryId` parameter."""
+
+_FIRST_POLL: Final = 0.002  # seconds between tries of a shared store's lock, doubling up to _LAST_POLL
+_LAST_POLL: Final = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMemory:
+    """What `build(..., memory=...)` takes: a store and a window.
+
+    - `store`: where conversations live (`InMemoryStore()` by default; `SQLiteStore`, `RedisStore`,
+      or your own `ChatMemoryStore`).
+    - `max_messages`, `max_tokens`: the window; `None` keeps everything. What falls out of the window
+      is removed from the store when the next turn is committed.
+    - `counter`: counts a message's tokens for `max_tokens` (`estimate_tokens` by default).
+    - `namespace`: conversations are per service (its module and class name) unless services name
+      the same namespace here, to share them on purpose.
+    - `wait`: the longest a turn waits for its conversation while another turn holds it, in seconds,
+      before `ConversationBusyError`; `None` waits as long as the call's time budget allows.
+    """
+
+    store: ChatMemoryStore = field(default_factory=InMemoryStore)
+    max_messages: int | None = None
+    max_tokens: int | None = None
+    counter: TokenCounter = estimate_tokens
+    namespace: str | None = None
+    wait: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.store, ChatMemoryStore):
+            raise ConfigurationError(
+                f"memory store {self.store!r} is not a ChatMemoryStore (async load, commit, replace, delete)"
+            )
+        for name in ("max_messages", "max_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigurationError(f"memory {name} must be a positive int or None, got {value!r}")
+        if not callable(self.counter):
+            raise ConfigurationError(f"memory counter must be callable, got {self.counter!r}")
+        if self.namespace is not None and (not isinstance(self.namespace, str) or not self.namespace):
+            raise ConfigurationError(f"memory namespace must be a non-empty string, got {self.namespace!r}")
+        wait = self.wait
+        if wait is not None and (
+            isinstance(wait, bool)
+            or not isinstance(wait, int | float)
+            or not (wait >= 0 and math.isfinite(wait))
+        ):
+            raise ConfigurationError(f"memory wait must be a number of seconds >= 0 or None, got {wait!r}")
+
+
+def window(
+    *,
+    max_messages: int | None = None,
+    max_tokens: int | None = None,
+    store: ChatMemoryStore | None = None,
+    counter: TokenCounter = estimate_tokens,
+    namespace: str | None = None,
+    wait: float | None = None,
+) -> ChatMemory:
+    """A `ChatMemory` that keeps the newest `max_messages` / `max_tokens` of each conversation."""
+    return ChatMemory(
+        store=store if store is not None else InMemoryStore(),
+        max_messages=max_messages,
+        max_tokens=max_tokens,
+        counter=counter,
+        namespace=namespace,
+        wait=wait,
+    )
+
+
+def memory_key(namespace: str, memory_id: Any, where: str) -> str:
+    """The store key of a conversation: the namespace and the memory id as JSON (so `"1"` and `1` are
+    different conversations). `TypeError` for an id that is `None`, unhashable or not JSON."""
+    if memory_id is None:
+        raise TypeError(f"{where}: the memory id is None; pass the id of a conversation")
+    try:
+        hash(memory_id)
+        encoded = orjson.dumps(memory_id)
+    except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
+        raise TypeError(
+            f"{where}: memory id {memory_id!r} cannot name a conversation: it must be hashable and "
+            f"serializable as JSON (a str, an int, a UUID, ...): {exc}"
+        ) from None
+    if encoded == b"null":  # NaN and infinities encode as null
+        raise TypeError(f"{where}: memory id {memory_id!r} cannot name a conversation")
+    return f"{namespace}:{encoded.decode()}"
+
+
+class _Queue:
+    """Who holds one conversation's lock (implicit: whoever was handed it) and who waits, in order."""
+
+    __slots__ = ("waiters",)
+
+    def __init__(self) -> None:
+        self.waiters: deque[anyio.Event] = deque()
+
+
+class _Locks:
+    """The conversation locks of one store, per thread (an event loop runs in one thread, and its
+    events must be set from it)."""
+
+    __slots__ = ("_local",)
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def table(self) -> dict[str, _Queue]:
+        try:
+            table: dict[str, _Queue] = self._local.table
+        except AttributeError:
+            table = self._local.table = {}
+        return table
+
+
+_LOCKS: weakref.WeakKeyDictionary[Any, _Locks] = weakref.WeakKeyDictionary()
+_STRONG_LOCKS: dict[int, tuple[Any, _Locks]] = {}  # stores that cannot be weakly referenced
+
+
+def _locks_for(store: ChatMemoryStore) -> _Locks:
+    """The locks of `store`, shared by every service that uses it (two services sharing a namespace
+    on one store lock the same conversations)."""
+    try:
+        locks = _LOCKS.get(store)
+        if locks is None:
+            locks = _LOCKS[store] = _Locks()
+    except TypeError:
+        entry = _STRONG_LOCKS.get(id(store))
+        if entry is None:
+            entry = _STRONG_LOCKS[id(store)] = (store, _Locks())
+        locks = entry[1]
+    return locks
+
+
+async def _acquire(table: dict[str, _Queue], key: str) -> None:
+    """Wait for the lock of `key`; a waiter that is cancelled after it was handed the lock passes it on."""
+    queue = table.get(key)
+    if queue is None:
+        table[key] = _Queue()
+        return
+    event = anyio.Event()
+    queue.waiters.append(event)
+    try:
+        await event.wait()
+    except BaseException:
+        if event.is_set():
+            _release(table, key)
+        else:
+            queue.waiters.remove(event)
+        raise
+
+
+def _release(table: dict[str, _Queue], key: str) -> None:
+    """Hand the lock of `key` to the next waiter, or free it."""
+    queue = table[key]
+    if queue.waiters:
+        queue.waiters.popleft().set()
+    else:
+        del table[key]
+
+
+class Memory:
+    """A service's chat memory, resolved at build: the `ChatMemory` and the service's namespace."""
+
+    __slots__ = ("config", "counter", "locks", "max_messages", "max_tokens", "namespace", "shared", "store")
+
+    def __init__(self, config: ChatMemory, namespace: str) -> None:
+        self.config = config
+        self.store = config.store
+        self.namespace = config.namespace or namespace
+        self.shared = isinstance(config.store, SharedChatMemoryStore)
+        self.max_messages = config.max_messages
+        self.max_tokens = config.max_tokens
+        self.counter = config.counter
+        self.locks = _locks_for(config.store)
+
+    def key(self, memory_id: Any, where: str) -> str:
+        return memory_key(self.namespace, memory_id, where)
+
+    def start(self, messages: Sequence[ChatMessage]) -> int:
+        """Where the window of `messages` starts."""
+        if self.max_messages is None and self.max_tokens is None:
+            start = 0
+            while start < len(messages) and isinstance(messages[start], ToolResultMessage):
+                start += 1
+            return start
+        return window_start(messages, self.max_messages, self.max_tokens, self.counter)
+
+    async def open(self, memory_id: Any, where: str) -> Conversation:
+        """Lock the conversation of `memory_id` (waiting for the turn that holds it) and load it."""
+        key = self.key(memory_id, where)
+        wait = self.config.wait
+        table = self.locks.table()
+        if key not in table:
+            table[key] = _Queue()  # free: taken without an await
+        else:
+            with anyio.move_on_after(wait if wait is not None else math.inf) as scope:
+                await _acquire(table, key)
+            if scope.cancelled_caught:
+                raise ConversationBusyError(
+                    f"{where}: conversation {memory_id!r} stayed busy with another turn for {wait} s",
+                    memory_id=memory_id,
+                )
+        conversation = Conversation(self, table, key, memory_id)
+        try:
+            if self.shared:
+                await conversation.lease(where)
+            conversation.stored = await self.store.load(key)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await conversation.release()
+            raise
+        return conversation
+
+
+class Conversation:
+    """One conversation, locked for one turn (or one write through `MemoryAccess`)."""
+
+    __slots__ = ("_table", "held", "key", "memory", "memory_id", "owner", "stored")
+
+    def __init__(self, memory: Memory, table: dict[str, _Queue], key: str, memory_id: Any) -> None:
+        self.memory = memory
+        self._table = table
+        self.key = key
+        self.memory_id = memory_id
+        self.held = True
+        self.owner: str | None = None
+        """The owner token of a shared store's lock, once taken."""
+        self.stored: list[ChatMessage] = []
+        """The conversation as loaded."""
+
+    def history(self) -> list[ChatMessage]:
+        """What the model is sent: the window of the stored conversation."""
+        stored = self.stored
+        start = self.memory.start(stored)
+        return stored[start:] if start else stored
+
+    async def lease(self, where: str) -> None:
+        """Take the shared store's lock, trying again until it is free (the time budget and the
+        memory's `wait` bound the wait)."""
+        store = self.memory.store
+        assert isinstance(store, SharedChatMemoryStore)
+        owner = os.urandom(16).hex()
+        wait = self.memory.config.wait
+        give_up = anyio.current_time() + wait if wait is not None else math.inf
+        delay = _FIRST_POLL
+        while True:
+            try:
+                taken = await store.try_lock(self.key, owner)
+            except BaseException:
+                # Cancelled in flight, the lock may be ours without our knowing: give it back.
+                with anyio.CancelScope(shield=True):
+                    await store.unlock(self.key, owner)
+                raise
+            if taken:
+                self.owner = owner
+                return
+            if anyio.current_time() + delay > give_up:
+                raise ConversationBusyError(
+                    f"{where}: conversation {self.memory_id!r} stayed busy with another process's turn "
+                    f"for {wait} s",
+                    memory_id=self.memory_id,
+                )
+            await anyio.sleep(delay)
+            delay = min(delay * 2, _LAST_POLL)
+
+    async def commit(self, messages: Sequence[ChatMessage]) -> None:
+        """Append the turn and drop what falls out of the window, in one write of the store."""
+        stored = self.stored
+        combined = [*stored, *messages]
+        start = self.memory.start(combined)
+        kept = len(stored)
+        drop = start if start < kept else kept
+        appended = messages if start <= kept else messages[start - kept :]
+        await self.memory.store.commit(self.key, appended, drop=drop, owner=self.owner)
+        self.stored = combined[start:]
+
+    async def replace(self, messages: Sequence[ChatMessage]) -> None:
+        await self.memory.store.replace(self.key, messages, owner=self.owner)
+        self.stored = list(messages)
+
+    async def delete(self) -> None:
+        await self.memory.store.delete(self.key, owner=self.owner)
+        self.stored = []
+
+    def release_local(self) -> None:
+        """Release the lock within the process (the whole lock, for a store that is not shared)."""
+        if self.held:
+            self.held = False
+            _release(self._table, self.key)
+
+    async def release(self) -> None:
+        """Release the lock: the shared store's first, then the process's. Call shielded."""
+        if not self.held:
+            return
+        owner = self.owner
+        if owner is not None:
+            self.owner = None
+            store = self.memory.store
+            assert isinstance(store, SharedChatMemoryStore)
+            try:
+                with anyio.move_on_after(10):  # a store that is down: its lease expires by itself
+                    await store.unlock(self.key, owner)
+            finally:
+                self.release_local()
+        else:
+            self.release_local()
+
+
+def check_history(messages: Sequence[ChatMessage], where: str) -> None:
+    """A conversation written through `MemoryAccess`: messages only, no system message (it is
+    rendered per turn), and every tool result after the call it answers."""
+    from .._messages import AssistantMessage, UserMessage
+
+    calls: set[str] = set()
+    for index, message in enumerate(messages):
+        if isinstance(message, SystemMessage):
+            raise ValueError(
+                f"{where}: message {index} is a system message; conversations do not store it "
+                "(the system message is rendered for each turn)"
+            )
+        if isinstance(message, AssistantMessage):
+            calls.update(call.id for call in message.tool_calls)
+        elif isinstance(message, ToolResultMessage):
+            if message.tool_call_id not in calls:
+                raise ValueError(
+                    f"{where}: message {index} answers tool call {message.tool_call_id!r}, which no "
+                    "earlier assistant message made"
+                )
+        elif not isinstance(message, UserMessage):
+            raise TypeError(f"{where}: message {index} is not a chat message: {message!r}")

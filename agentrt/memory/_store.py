@@ -1,0 +1,68 @@
+"""The store protocol: where conversations live. Stores only keep messages; windows, locking and
+namespacing are the memory's (`ChatMemory`), so a new store is four small async methods.
+
+A conversation is named by a key (a string the memory builds from the service's namespace and the
+memory id). A store keeps its messages in order and never loses a field of one (contents, tool
+calls, thinking): `messages_to_json` / `messages_from_json` are the round trip to bytes.
+
+A store that several processes share (`SharedChatMemoryStore`) also locks a conversation for an owner:
+a lease with an expiry that the store renews while it is held, so a crashed holder's lock expires and
+a live holder's does not. Its writes take the owner and are refused (`ConversationLockLostError`) when
+the lease is no longer that owner's: a holder that lost its lock can never interleave its messages
+with the next holder's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .._messages import ChatMessage
+
+__all__ = ["ChatMemoryStore", "SharedChatMemoryStore"]
+
+
+@runtime_checkable
+class ChatMemoryStore(Protocol):
+    """Keeps conversations: ordered lists of messages (never a system message), by key.
+
+    Every method is safe to cancel: a write that was cancelled happened entirely or not at all.
+    """
+
+    async def load(self, key: str) -> list[ChatMessage]:
+        """The conversation's messages, oldest first; `[]` for a conversation never written."""
+        ...
+
+    async def commit(
+        self, key: str, messages: Sequence[ChatMessage], *, drop: int = 0, owner: str | None = None
+    ) -> None:
+        """In one atomic write: remove the first `drop` stored messages, then append `messages`.
+
+        With `owner` (shared stores), only while `owner` holds the conversation's lock; otherwise
+        raise `ConversationLockLostError` and change nothing.
+        """
+        ...
+
+    async def replace(self, key: str, messages: Sequence[ChatMessage], *, owner: str | None = None) -> None:
+        """Make the conversation exactly `messages`, in one atomic write (`owner` as in `commit`)."""
+        ...
+
+    async def delete(self, key: str, *, owner: str | None = None) -> None:
+        """Remove the conversation; a missing one is not an error (`owner` as in `commit`)."""
+        ...
+
+
+@runtime_checkable
+class SharedChatMemoryStore(ChatMemoryStore, Protocol):
+    """A store several processes share: it also locks conversations across them."""
+
+    async def try_lock(self, key: str, owner: str) -> bool:
+        """Take the conversation's lock for `owner` if nobody holds it (or its holder's lease
+        expired); `True` when taken. The store renews the lease until `unlock`."""
+        ...
+
+    async def unlock(self, key: str, owner: str) -> None:
+        """Stop renewing and release the lock if `owner` still holds it (otherwise do nothing)."""
+        ...

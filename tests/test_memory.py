@@ -1,0 +1,653 @@
+"""Chat memory through services: what is sent, what is stored, and when nothing is.
+
+The store is read back after each scenario, and the requests the model received are compared with it,
+so these tests fail if a turn were stored partly, stored on failure, stored with format instructions,
+or if turns on one conversation interleaved.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+from typing import Annotated, Any
+
+import anyio
+import pytest
+from pydantic import BaseModel
+
+import agentrt
+from agentrt import (
+    AssistantMessage,
+    Budget,
+    ChatMessage,
+    MemoryId,
+    SystemMessage,
+    TokenStream,
+    ToolResultMessage,
+    UserMessage,
+    system_message,
+    tool,
+    user_message,
+)
+from agentrt.memory import ChatMemory, InMemoryStore
+from agentrt.models import ModelRequest
+from agentrt.testing import CallTool, FunctionModel, Hang, Raise, ScriptedModel
+from agentrt.tools import ToolSettings
+
+
+@system_message("You are a concierge for {{guest}}.")
+class Concierge:
+    async def chat(self, conversation: Annotated[str, MemoryId], guest: str, question: str) -> str: ...
+
+    async def stream(
+        self, conversation: Annotated[str, MemoryId], guest: str, question: str
+    ) -> TokenStream: ...
+
+    @user_message("{{question}}")
+    async def plain(self, guest: str, question: str) -> str: ...
+
+
+class Other:
+    async def chat(self, conversation: Annotated[Any, MemoryId], question: str) -> str: ...
+
+
+def echo(request: ModelRequest) -> str:
+    """Answers with the user text it was asked and how many messages of history came with it."""
+    last = request.messages[-1]
+    assert isinstance(last, UserMessage)
+    history = [m for m in request.messages[:-1] if not isinstance(m, SystemMessage)]
+    return f"{last.text}#{len(history)}"
+
+
+def turn(question: str, answer: str) -> list[ChatMessage]:
+    return [UserMessage.of(question), AssistantMessage(text=answer)]
+
+
+async def test_a_second_turn_sees_the_first() -> None:
+    model = ScriptedModel("Hello Ada.", "Your name is Ada.")
+    svc = agentrt.build(Concierge, model=model, memory=agentrt.memory.window())
+
+    await svc.chat("c1", "Ada", "My name is Ada.")
+    answer = await svc.chat("c1", "Ada", "What is my name?")
+
+    assert answer == "Your name is Ada."
+    assert model.requests[1].messages == (
+        SystemMessage(text="You are a concierge for Ada."),
+        *turn("My name is Ada.", "Hello Ada."),
+        UserMessage.of("What is my name?"),
+    )
+    # The system message is rendered per turn, never stored.
+    assert await agentrt.memory.access(svc).read("c1") == [
+        *turn("My name is Ada.", "Hello Ada."),
+        *turn("What is my name?", "Your name is Ada."),
+    ]
+
+
+async def test_without_memory_nothing_is_remembered() -> None:
+    model = ScriptedModel("one", "two")
+    svc = agentrt.build(Concierge, model=model)
+
+    await svc.chat("c1", "Ada", "first")
+    await svc.chat("c1", "Ada", "second")
+
+    assert model.requests[1].messages == (
+        SystemMessage(text="You are a concierge for Ada."),
+        UserMessage.of("second"),
+    )
+    with pytest.raises(agentrt.ConfigurationError, match="without memory="):
+        agentrt.memory.access(svc)
+
+
+async def test_the_system_message_is_rendered_each_turn_not_stored() -> None:
+    model = FunctionModel(echo)
+    svc = agentrt.build(Concierge, model=model, memory=agentrt.memory.window())
+
+    await svc.chat("c1", "Ada", "hi")
+    await svc.chat("c1", "Grace", "hi again")
+
+    assert model.requests[1].messages[0] == SystemMessage(text="You are a concierge for Grace.")
+    assert not any(isinstance(m, SystemMessage) for m in await agentrt.memory.access(svc).read("c1"))
+
+
+async def test_conversations_are_per_memory_id_and_methods_without_one_share_the_default() -> None:
+    model = FunctionModel(echo)
+    svc = agentrt.build(Concierge, model=model, memory=agentrt.memory.window())
+    access = agentrt.memory.access(svc)
+
+    assert await svc.chat("a", "Ada", "a1") == "a1#0"
+    assert await svc.chat("b", "Ada", "b1") == "b1#0"
+    assert await svc.chat("a", "Ada", "a2") == "a2#2"
+    assert await svc.plain("Ada", "p1") == "p1#0"
+    assert await svc.plain("Ada", "p2") == "p2#2"
+
+    assert await access.read("a") == [*turn("a1", "a1#0"), *turn("a2", "a2#2")]
+    assert await access.read("b") == turn("b1", "b1#0")
+    assert await access.read() == [*turn("p1", "p1#0"), *turn("p2", "p2#2")]
+    assert await access.read(agentrt.memory.DEFAULT_MEMORY_ID) == await access.read()
+
+
+async def test_ids_of_different_types_name_different_conversations() -> None:
+    model = FunctionModel(echo)
+    svc = agentrt.build(Other, model=model, memory=agentrt.memory.window())
+
+    assert await svc.chat("1", "as text") == "as text#0"
+    assert await svc.chat(1, "as number") == "as number#0"
+    assert await svc.chat(("tenant", 7), "as tuple") == "as tuple#0"
+    assert await svc.chat(("tenant", 7), "again") == "again#2"
+
+
+@pytest.mark.parametrize(
+    ("memory_id", "match"),
+    [
+        (None, "is None"),
+        (["unhashable"], "hashable"),
+        (object(), "JSON"),
+        (float("nan"), "cannot name a conversation"),
+    ],
+    ids=["none", "list", "object", "nan"],
+)
+async def test_a_bad_memory_id_is_a_type_error_naming_the_method(memory_id: Any, match: str) -> None:
+    model = FunctionModel(echo)
+    svc = agentrt.build(Other, model=model, memory=agentrt.memory.window())
+
+    with pytest.raises(TypeError, match=match) as caught:
+        await svc.chat(memory_id, "hi")
+    assert "Other.chat" in str(caught.value)
+    assert model.requests == []
+
+
+async def test_a_none_memory_id_is_an_error_without_memory_too() -> None:
+    svc = agentrt.build(Other, model=FunctionModel(echo))
+    with pytest.raises(TypeError, match=r"Other\.chat\(\): the memory id 'conversation' is None"):
+        await svc.chat(None, "hi")
+
+
+async def test_services_do_not_share_conversations_unless_they_name_a_namespace() -> None:
+    store = InMemoryStore()
+    model = FunctionModel(echo)
+    first = agentrt.build(Other, model=model, memory=ChatMemory(store))
+    second = agentrt.build(Concierge, model=model, memory=ChatMemory(store))
+
+    await first.chat("c", "one")
+    assert await second.chat("c", "Ada", "two") == "two#0"
+
+    shared_a = agentrt.build(Other, model=model, memory=ChatMemory(store, namespace="support"))
+    shared_b = agentrt.build(Concierge, model=model, memory=ChatMemory(store, namespace="support"))
+    await shared_a.chat("c", "three")
+    assert await shared_b.chat("c", "Ada", "four") == "four#2"
+    assert agentrt.memory.access(shared_a).namespace == "support"
+    assert agentrt.memory.access(first).namespace == f"{__name__}.Other"
+
+
+async def test_a_bare_store_keeps_whole_conversations() -> None:
+    store = InMemoryStore()
+    svc = agentrt.build(Other, model=FunctionModel(echo), memory=store)
+    for index in range(30):
+        await svc.chat("c", f"q{index}")
+    assert len(await agentrt.memory.access(svc).read("c")) == 60
+
+
+@pytest.mark.parametrize(
+    "memory",
+    ["a store", 3, ChatMemory],
+    ids=["string", "int", "class"],
+)
+def test_memory_of_the_wrong_kind_is_a_configuration_error(memory: Any) -> None:
+    with pytest.raises(agentrt.ConfigurationError, match="memory must be"):
+        agentrt.build(Other, model=FunctionModel(echo), memory=memory)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "match"),
+    [
+        ({"store": object()}, "not a ChatMemoryStore"),
+        ({"max_messages": 0}, "max_messages"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"namespace": ""}, "namespace"),
+        ({"wait": -1}, "wait"),
+        ({"wait": float("inf")}, "wait"),
+        ({"counter": 3}, "counter"),
+    ],
+)
+def test_bad_memory_settings_are_configuration_errors(arguments: dict[str, Any], match: str) -> None:
+    with pytest.raises(agentrt.ConfigurationError, match=match):
+        ChatMemory(**arguments)
+
+
+def test_bad_in_memory_store_settings_are_value_errors() -> None:
+    with pytest.raises(ValueError, match="max_conversations"):
+        InMemoryStore(max_conversations=0)
+    with pytest.raises(ValueError, match="ttl"):
+        InMemoryStore(ttl=-1)
+
+
+# --- what a turn stores ------------------------------------------------------------------------
+
+
+class Shop:
+    @tool("The status of an order.")
+    async def order_status(self, order_id: str) -> str:
+        return f"{order_id}: shipped"
+
+    @tool("Fails.")
+    async def broken(self) -> str:
+        raise RuntimeError("the warehouse is down")
+
+
+async def test_a_turn_stores_its_tool_exchange_in_order() -> None:
+    model = ScriptedModel(
+        [CallTool("order_status", {"order_id": "SO-1"}, id="c1")],
+        "It shipped.",
+        "You asked about SO-1.",
+    )
+    svc = agentrt.build(Other, model=model, tools=[Shop()], memory=agentrt.memory.window())
+
+    await svc.chat("c", "Where is SO-1?")
+    await svc.chat("c", "What did I ask?")
+
+    stored = await agentrt.memory.access(svc).read("c")
+    assert [type(m) for m in stored] == [
+        UserMessage,
+        AssistantMessage,
+        ToolResultMessage,
+        AssistantMessage,
+        UserMessage,
+        AssistantMessage,
+    ]
+    assert stored[1].tool_calls[0].id == "c1"  # type: ignore[union-attr]
+    assert stored[2] == ToolResultMessage(tool_call_id="c1", tool_name="order_status", text="SO-1: shipped")
+    # The second request carried the first turn exactly as stored.
+    assert list(model.requests[2].messages[:-1]) == stored[:4]
+
+
+# --- nothing is stored on failure -------------------------------------------------------------
+
+PRIOR = turn("before", "prior answer")
+
+
+async def _seeded(**build: Any) -> tuple[Other, agentrt.memory.MemoryAccess]:
+    svc = agentrt.build(Other, memory=agentrt.memory.window(), **build)
+    access = agentrt.memory.access(svc)
+    await access.replace("c", PRIOR)
+    return svc, access
+
+
+async def _next_turn_proceeds(svc: Other, model: ScriptedModel | FunctionModel) -> None:
+    """The lock was released: a following turn on the conversation runs and sees only PRIOR."""
+    with anyio.fail_after(5):
+        await svc.chat("c", "after")
+    history = [m for m in model.requests[-1].messages[:-1] if not isinstance(m, SystemMessage)]
+    assert history == PRIOR
+
+
+FAILURES: dict[str, tuple[list[Any], dict[str, Any], type[BaseException]]] = {
+    "model error": ([[Raise(agentrt.ServerError("boom", status=500))]], {}, agentrt.ServerError),
+    "model error mid-stream": (
+        [["partial ", Raise(agentrt.ModelConnectionError("reset"))]],
+        {},
+        agentrt.ModelConnectionError,
+    ),
+    "tool error with on_error=raise": (
+        [[CallTool("broken", {}, id="c1")]],
+        {"tools": [Shop()], "tool_settings": ToolSettings(on_error="raise")},
+        agentrt.ToolExecutionError,
+    ),
+    "tool loop limit": (
+        [[CallTool("order_status", {"order_id": "1"})], [CallTool("order_status", {"order_id": "2"})]],
+        {"tools": [Shop()], "tool_settings": ToolSettings(max_rounds=1, on_limit="raise")},
+        agentrt.ToolLoopLimitError,
+    ),
+    "output tokens budget": (
+        [["far too long " * 50]],
+        {"budget": Budget(output_tokens=5)},
+        agentrt.BudgetExceededError,
+    ),
+    "model requests budget": (
+        [[CallTool("order_status", {"order_id": "1"})], "done"],
+        {"tools": [Shop()], "budget": Budget(model_requests=1)},
+        agentrt.BudgetExceededError,
+    ),
+    "tool calls budget": (
+        [[CallTool("order_status", {"order_id": "1"}), CallTool("order_status", {"order_id": "2"})]],
+        {"tools": [Shop()], "budget": Budget(tool_calls=1)},
+        agentrt.BudgetExceededError,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FAILURES))
+async def test_a_failed_turn_leaves_the_conversation_as_it_was(case: str) -> None:
+    script, build, error = FAILURES[case]
+    model = ScriptedModel(*script, "after answer")
+    svc, access = await _seeded(model=model, **build)
+
+    with pytest.raises(error):
+        await svc.chat("c", "this fails")
+
+    assert await access.read("c") == PRIOR
+    await _next_turn_proceeds(svc, model)
+
+
+class Count(BaseModel):
+    count: int
+
+
+class Typed:
+    async def number(self, conversation: Annotated[str, MemoryId], question: str) -> Count: ...
+
+    async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> str: ...
+
+
+async def test_a_parse_failure_leaves_the_conversation_as_it_was() -> None:
+    model = ScriptedModel("not a number", "after answer")
+    svc = agentrt.build(Typed, model=model, memory=agentrt.memory.window())
+    access = agentrt.memory.access(svc)
+    await access.replace("c", PRIOR)
+
+    with pytest.raises(agentrt.OutputParsingError):
+        await svc.number("c", "how many?")
+
+    assert await access.read("c") == PRIOR
+    await _next_turn_proceeds(svc, model)  # type: ignore[arg-type]
+
+
+@pytest.mark.virtual_clock
+async def test_a_time_budget_stop_leaves_the_conversation_as_it_was() -> None:
+    model = ScriptedModel(["partial ", Hang()], "after answer")
+    svc, access = await _seeded(model=model, budget=Budget(seconds=2))
+
+    with anyio.fail_after(10), pytest.raises(agentrt.BudgetExceededError) as caught:
+        await svc.chat("c", "this hangs")
+
+    assert caught.value.limit == "seconds"
+    assert await access.read("c") == PRIOR
+    await _next_turn_proceeds(svc, model)
+
+
+# Where a cancellation can land in a turn: waiting for the model, in mid-stream, in a tool.
+class Gate:
+    def __init__(self) -> None:
+        self.entered = anyio.Event()
+
+    @tool("Waits forever.")
+    async def wait(self) -> str:
+        self.entered.set()
+        await anyio.sleep_forever()
+        return "never"
+
+
+@pytest.mark.parametrize("where", ["first chunk", "mid-stream", "tool"])
+async def test_a_cancelled_turn_leaves_the_conversation_as_it_was(where: str) -> None:
+    gate = Gate()
+    scripts: dict[str, Any] = {
+        "first chunk": [Hang()],
+        "mid-stream": ["partial ", Hang()],
+        "tool": [CallTool("wait", {})],
+    }
+    model = ScriptedModel(scripts[where], "after answer")
+    svc, access = await _seeded(model=model, tools=[gate])
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(svc.chat, "c", "cancelled")
+        with anyio.fail_after(5):
+            if where == "tool":
+                await gate.entered.wait()
+            await anyio.wait_all_tasks_blocked()
+        assert len(model.streams) == 1
+        group.cancel_scope.cancel()
+
+    assert model.streams[0].ended
+    assert await access.read("c") == PRIOR
+    await _next_turn_proceeds(svc, model)
+
+
+# --- serialization ------------------------------------------------------------------------------
+
+
+def _turns_are_whole(stored: list[ChatMessage]) -> list[str]:
+    """The questions of the stored turns, checking each is [user q, assistant 'q#h'] in one piece
+    and that each turn saw exactly the turns before it (h = twice its position)."""
+    assert len(stored) % 2 == 0
+    questions = []
+    for index in range(0, len(stored), 2):
+        user, answer = stored[index], stored[index + 1]
+        assert isinstance(user, UserMessage)
+        assert isinstance(answer, AssistantMessage)
+        assert answer.text == f"{user.text}#{index}"
+        questions.append(user.text)
+    return questions
+
+
+async def test_concurrent_awaited_turns_on_one_id_run_one_after_another() -> None:
+    model = FunctionModel(echo)
+    svc = agentrt.build(Other, model=model, memory=agentrt.memory.window())
+
+    async with anyio.create_task_group() as group:
+        for index in range(1000):
+            group.start_soon(svc.chat, "c", f"q{index}")
+
+    stored = await agentrt.memory.access(svc).read("c")
+    assert sorted(_turns_are_whole(stored)) == sorted(f"q{index}" for index in range(1000))
+
+
+class Barrier:
+    """Lets the model answer only once `parties` requests are in flight at the same time."""
+
+    def __init__(self, parties: int) -> None:
+        self.parties = parties
+        self.arrived = 0
+        self.all_in = anyio.Event()
+
+    async def __call__(self, request: ModelRequest) -> str:
+        self.arrived += 1
+        if self.arrived == self.parties:
+            self.all_in.set()
+        await self.all_in.wait()
+        return echo(request)
+
+
+async def test_turns_on_different_ids_do_not_wait_for_each_other() -> None:
+    barrier = Barrier(50)
+    svc = agentrt.build(Other, model=FunctionModel(barrier), memory=agentrt.memory.window())
+
+    with anyio.fail_after(5):  # with turns serialized across ids, the barrier would never open
+        async with anyio.create_task_group() as group:
+            for index in range(50):
+                group.start_soon(svc.chat, f"id{index}", "hi")
+
+    assert barrier.arrived == 50
+
+
+async def test_turns_on_one_id_wait_for_each_other() -> None:
+    barrier = Barrier(2)
+    svc = agentrt.build(Other, model=FunctionModel(barrier), memory=agentrt.memory.window(wait=0.5))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(svc.chat, "same", "first")
+            await anyio.wait_all_tasks_blocked()
+            with pytest.raises(agentrt.ConversationBusyError) as caught:
+                await svc.chat("same", "second")
+            barrier.all_in.set()
+
+    assert caught.value.memory_id == "same"
+    assert barrier.arrived == 1
+    assert _turns_are_whole(await agentrt.memory.access(svc).read("same")) == ["first"]
+
+
+@pytest.mark.virtual_clock
+async def test_waiting_for_the_conversation_counts_against_the_time_budget() -> None:
+    release = anyio.Event()
+
+    async def slow(request: ModelRequest) -> str:
+        await release.wait()
+        return echo(request)
+
+    model = FunctionModel(slow)
+    svc = agentrt.build(Other, model=model, memory=agentrt.memory.window())
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(svc.chat, "c", "holder")
+        await anyio.wait_all_tasks_blocked()
+        with anyio.fail_after(60), pytest.raises(agentrt.BudgetExceededError) as caught:
+            with agentrt.call_options(budget=Budget(seconds=3)):
+                await svc.chat("c", "waiter")
+        release.set()
+
+    assert caught.value.limit == "seconds"
+    assert len(model.requests) == 1  # the waiter never reached the model
+    assert _turns_are_whole(await agentrt.memory.access(svc).read("c")) == ["holder"]
+
+
+async def test_streams_half_cancelled_at_random_points_leave_whole_turns_only() -> None:
+    rng = random.Random(7)
+    completed: list[str] = []
+
+    class Streams:
+        async def stream(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+    streams = agentrt.build(
+        Streams,
+        model=FunctionModel(lambda request: list(echo(request))),
+        memory=ChatMemory(agentrt.memory.InMemoryStore(), namespace="s"),
+    )
+
+    async def one(index: int) -> None:
+        question = f"q{index}"
+        stop_after = rng.randrange(1, 4) if index % 2 else None
+        if stop_after is None:
+            text = "".join([token async for token in await streams.stream("c", question)])
+            completed.append(question)
+            assert text.startswith(f"{question}#")
+            return
+        with anyio.CancelScope() as scope:
+            read = 0
+            async for _ in await streams.stream("c", question):
+                read += 1
+                if read == stop_after:
+                    scope.cancel()
+                    await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as group:
+        for index in range(200):
+            group.start_soon(one, index)
+
+    stored = await agentrt.memory.access(streams).read("c")
+    assert sorted(_turns_are_whole(stored)) == sorted(completed)
+    assert len(completed) == 100
+
+
+async def test_an_abandoned_stream_releases_its_conversation() -> None:
+    model = ScriptedModel(["one ", "two ", Hang()], "second turn")
+    svc = agentrt.build(Concierge, model=model, memory=agentrt.memory.window())
+
+    async for token in await svc.stream("c", "Ada", "hi"):
+        assert token == "one "
+        break
+    gc.collect()  # nothing holds the stream: its finalizer closes it from another task
+
+    with anyio.fail_after(5):
+        assert await svc.chat("c", "Ada", "next") == "second turn"
+    assert await agentrt.memory.access(svc).read("c") == turn("next", "second turn")
+
+
+async def test_a_stream_dropped_without_reading_releases_its_conversation() -> None:
+    model = ScriptedModel(["one ", "two ", Hang()], "second turn")
+    svc = agentrt.build(Concierge, model=model, memory=agentrt.memory.window())
+    stream = await svc.stream("c", "Ada", "hi")
+    assert await stream.__anext__() == "one "
+    holder = [stream]
+    del stream
+
+    def drop() -> None:
+        holder.pop()
+        gc.collect()
+
+    await anyio.to_thread.run_sync(drop)  # collected in a worker thread: closed in its own loop
+
+    with anyio.fail_after(5):
+        assert await svc.chat("c", "Ada", "next") == "second turn"
+
+
+async def test_a_stream_read_to_the_end_commits_before_its_reader_reads_completed() -> None:
+    model = ScriptedModel(["Hel", "lo"], "again")
+    svc = agentrt.build(Concierge, model=model, memory=agentrt.memory.window())
+    stream = await svc.stream("c", "Ada", "hi")
+    assert [token async for token in stream] == ["Hel", "lo"]
+
+    assert await agentrt.memory.access(svc).read("c") == turn("hi", "Hello")
+    with anyio.fail_after(5):
+        assert await svc.chat("c", "Ada", "next") == "again"
+
+
+# --- access ------------------------------------------------------------------------------------
+
+
+async def test_access_reads_replaces_clears_and_evicts() -> None:
+    store = InMemoryStore()
+    model = FunctionModel(echo)
+    svc = agentrt.build(Other, model=model, memory=ChatMemory(store))
+    access = agentrt.memory.access(svc)
+
+    await svc.chat("c", "one")
+    summary = turn("summary please", "We talked about one thing.")
+    await access.replace("c", summary)
+    assert await svc.chat("c", "two") == "two#2"
+    assert list(model.requests[-1].messages[:-1]) == summary
+
+    await access.clear("c")
+    assert await access.read("c") == []
+    assert len(store) == 1  # cleared, still there
+
+    await svc.chat("c", "three")
+    await access.evict("c")
+    assert await access.read("c") == []
+    assert len(store) == 0
+
+
+async def test_access_refuses_histories_a_provider_would_reject() -> None:
+    access = agentrt.memory.access(agentrt.build(Other, model=FunctionModel(echo), memory=InMemoryStore()))
+    with pytest.raises(ValueError, match="system message"):
+        await access.replace("c", [SystemMessage(text="no")])
+    with pytest.raises(ValueError, match="no earlier assistant message"):
+        await access.replace("c", [ToolResultMessage(tool_call_id="x", tool_name="t", text="orphan")])
+    with pytest.raises(TypeError, match="is None"):
+        await access.read(None)
+    assert await access.read("c") == []
+
+
+async def test_access_writes_wait_for_the_running_turn() -> None:
+    release = anyio.Event()
+
+    async def slow(request: ModelRequest) -> str:
+        await release.wait()
+        return echo(request)
+
+    svc = agentrt.build(Other, model=FunctionModel(slow), memory=agentrt.memory.window())
+    access = agentrt.memory.access(svc)
+    order: list[str] = []
+
+    async def clear() -> None:
+        await access.clear("c")
+        order.append("cleared")
+
+    async def chat() -> None:
+        await svc.chat("c", "running")
+        order.append("turn")
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(chat)
+            await anyio.wait_all_tasks_blocked()
+            group.start_soon(clear)
+            await anyio.wait_all_tasks_blocked()
+            assert order == []
+            release.set()
+
+    assert order == ["turn", "cleared"]
+    assert await access.read("c") == []
+
+
+def test_access_of_something_else_is_a_configuration_error() -> None:
+    with pytest.raises(agentrt.ConfigurationError, match="not a service"):
+        agentrt.memory.access(object())
