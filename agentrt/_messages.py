@@ -28,6 +28,8 @@ __all__ = [
     "UserContent",
     "UserMessage",
     "VideoContent",
+    "message_from_json",
+    "message_to_json",
     "messages_from_json",
     "messages_to_json",
 ]
@@ -201,3 +203,16 @@ def user_text(messages: Sequence[ChatMessage]) -> str:
         if isinstance(message, UserMessage):
             return message.text
     return ""
+
+
+_MESSAGE: TypeAdapter[ChatMessage] = TypeAdapter(ChatMessage)
+
+
+def message_to_json(message: ChatMessage) -> bytes:
+    """Serialize one message to JSON bytes (for stores that keep one item per message)."""
+    return orjson.dumps(_MESSAGE.dump_python(message, mode="json"))
+
+
+def message_from_json(data: bytes | str) -> ChatMessage:
+    """Parse what `message_to_json` produced; raises `pydantic.ValidationError` on bad input."""
+    return _MESSAGE.validate_python(orjson.loads(data))

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from trio.testing import MockClock
 
-pytest_plugins = ["anyio"]
+pytest_plugins = ["anyio", "redis_server"]
 
 
 class VirtualTimeEventLoop(asyncio.SelectorEventLoop):

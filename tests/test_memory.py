@@ -419,7 +419,14 @@ def _turns_are_whole(stored: list[ChatMessage]) -> list[str]:
 
 
 async def test_concurrent_awaited_turns_on_one_id_run_one_after_another() -> None:
-    model = FunctionModel(echo)
+    rng = random.Random(3)
+
+    async def interleaving(request: ModelRequest) -> str:
+        for _ in range(rng.randrange(3)):  # let other turns run between this one's load and commit
+            await anyio.lowlevel.checkpoint()
+        return echo(request)
+
+    model = FunctionModel(interleaving)
     svc = agentrt.build(Other, model=model, memory=agentrt.memory.window())
 
     async with anyio.create_task_group() as group:
@@ -506,9 +513,14 @@ async def test_streams_half_cancelled_at_random_points_leave_whole_turns_only() 
     class Streams:
         async def stream(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
 
+    async def chars(request: ModelRequest) -> list[str]:
+        for _ in range(rng.randrange(3)):  # let other turns run between this one's load and commit
+            await anyio.lowlevel.checkpoint()
+        return list(echo(request))
+
     streams = agentrt.build(
         Streams,
-        model=FunctionModel(lambda request: list(echo(request))),
+        model=FunctionModel(chars),
         memory=ChatMemory(agentrt.memory.InMemoryStore(), namespace="s"),
     )
 
@@ -569,15 +581,18 @@ async def test_a_stream_dropped_without_reading_releases_its_conversation() -> N
         assert await svc.chat("c", "Ada", "next") == "second turn"
 
 
-async def test_a_stream_read_to_the_end_commits_before_its_reader_reads_completed() -> None:
+async def test_a_stream_releases_its_conversation_at_completed_not_at_close() -> None:
     model = ScriptedModel(["Hel", "lo"], "again")
     svc = agentrt.build(Concierge, model=model, memory=agentrt.memory.window())
     stream = await svc.stream("c", "Ada", "hi")
-    assert [token async for token in stream] == ["Hel", "lo"]
+    async for event in stream.events():
+        if isinstance(event, agentrt.Completed):
+            break  # the stream is held, not closed: its reader may never close it
 
     assert await agentrt.memory.access(svc).read("c") == turn("hi", "Hello")
     with anyio.fail_after(5):
         assert await svc.chat("c", "Ada", "next") == "again"
+    await stream.aclose()
 
 
 # --- access ------------------------------------------------------------------------------------

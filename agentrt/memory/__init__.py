@@ -12,6 +12,8 @@ from __future__ import annotations
 from ._access import MemoryAccess, access
 from ._inmemory import InMemoryStore
 from ._memory import DEFAULT_MEMORY_ID, ChatMemory, window
+from ._redis import RedisStore
+from ._sqlite import SQLiteStore
 from ._store import ChatMemoryStore, SharedChatMemoryStore
 from ._window import TokenCounter, estimate_tokens
 
@@ -21,6 +23,8 @@ __all__ = [
     "ChatMemoryStore",
     "InMemoryStore",
     "MemoryAccess",
+    "RedisStore",
+    "SQLiteStore",
     "SharedChatMemoryStore",
     "TokenCounter",
     "access",

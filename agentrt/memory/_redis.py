@@ -1,0 +1,223 @@
+"""`RedisStore`: chat memory that processes on several hosts share, kept in Redis.
+
+A conversation is a Redis list at `{prefix}conv:{key}`, one JSON message per item (`message_to_json`),
+so a commit appends without rewriting what is stored. Its lock is a string at `{prefix}lock:{key}`
+holding the owner with a `PX` expiry (the lease), renewed by a `LeaseRenewer` thread while held.
+
+redis-py's asyncio client runs on asyncio only and agentrt also runs on trio, so the store uses the
+blocking client (a thread-safe connection pool) and runs each operation in a worker thread with
+`anyio.to_thread.run_sync`. A cancelled operation is never abandoned: the thread finishes it, so a
+write happened entirely or not at all. Each operation is one round trip (one command or one Lua
+script), so it is also atomic on the server: the owner check and the write cannot be split by another
+client's command.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any, cast
+
+import anyio.to_thread
+
+from .._errors import ConfigurationError, ConversationLockLostError
+from .._messages import message_from_json, message_to_json
+from ._lease import LeaseRenewer
+
+if TYPE_CHECKING:
+    from collections.abc import Collection, Sequence
+
+    import redis
+    from redis.commands.core import Script
+
+    from .._messages import ChatMessage
+
+__all__ = ["RedisStore"]
+
+_DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+# How long a write's id is remembered (ms). redis-py retries a command after a timeout or a dropped
+# connection, and the first attempt may have run on the server: the retry must not append twice.
+# Retries end within about a minute (3 retries, a 10 s socket timeout, backoff capped at 10 s).
+_OP_MEMORY_MS = 300_000
+
+# Lua's `unpack` puts every value on the stack: push long conversations in chunks.
+_WRITE = """
+if redis.call('GET', KEYS[3]) == ARGV[1] then return 1 end
+if ARGV[2] == '1' and redis.call('GET', KEYS[2]) ~= ARGV[3] then return 0 end
+if ARGV[4] == 'commit' then
+  local drop = tonumber(ARGV[5])
+  if drop > 0 then redis.call('LTRIM', KEYS[1], drop, -1) end
+else
+  redis.call('DEL', KEYS[1])
+end
+for i = 7, #ARGV, 1000 do
+  redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[6])
+return 1
+"""
+
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+_RENEW = """
+local lost = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[i + 1] then
+    redis.call('PEXPIRE', key, ARGV[1])
+  else
+    lost[#lost + 1] = i
+  end
+end
+return lost
+"""
+
+
+def _import_redis() -> Any:
+    try:
+        import redis
+    except ImportError as error:
+        raise ImportError(
+            "RedisStore needs the redis client, which is not installed: pip install 'agentrt[redis]'"
+        ) from error
+    return redis
+
+
+class RedisStore:
+    """A `SharedChatMemoryStore` in Redis, for processes on several hosts.
+
+    Give a `url` (a pool of connections is made for it, with a 10 s socket timeout so that a dead
+    server fails an operation instead of hanging it) or your own `client` (a blocking `redis.Redis`:
+    its pool, timeouts and retries are used as they are). Keys start with `prefix`. A lock is a lease
+    of `lease_seconds`, renewed every third of it while held: a holder that crashed or stopped
+    renewing loses it within one lease.
+
+    Every operation runs in a worker thread as one command or one Lua script. Writes carry an id the
+    server remembers for a few minutes, so a write redis-py retries after a lost reply is applied once.
+    Keys of one conversation are touched together by scripts: Redis Cluster is not supported.
+    """
+
+    def __init__(
+        self,
+        url: str = _DEFAULT_URL,
+        *,
+        client: redis.Redis | None = None,
+        prefix: str = "agentrt:",
+        lease_seconds: float = 30.0,
+    ) -> None:
+        if lease_seconds <= 0:
+            raise ConfigurationError(f"RedisStore: lease_seconds must be positive, not {lease_seconds!r}")
+        if client is not None and url != _DEFAULT_URL:
+            raise ConfigurationError("RedisStore: give either `url` or `client`, not both")
+        if client is None:
+            client = _import_redis().Redis.from_url(url, socket_timeout=10.0, socket_connect_timeout=10.0)
+            self._owns_client = True
+        else:
+            self._owns_client = False
+        self._client: redis.Redis = client
+        self._prefix = prefix
+        self._lease_ms = max(1, round(lease_seconds * 1000))
+        self._write: Script = client.register_script(_WRITE)
+        self._unlock: Script = client.register_script(_UNLOCK)
+        self._renew_script: Script = client.register_script(_RENEW)
+        self._renewer = LeaseRenewer(self._renew, lease_seconds / 3, name=f"agentrt RedisStore {prefix}")
+
+    @property
+    def renewer(self) -> LeaseRenewer:
+        """The thread that renews this store's held leases (`held()` lists them)."""
+        return self._renewer
+
+    def _conv(self, key: str) -> str:
+        return f"{self._prefix}conv:{key}"
+
+    def _lock(self, key: str) -> str:
+        return f"{self._prefix}lock:{key}"
+
+    def _op(self, key: str) -> str:
+        return f"{self._prefix}op:{key}"
+
+    async def load(self, key: str) -> list[ChatMessage]:
+        """The conversation's messages, oldest first (one LRANGE)."""
+
+        def read() -> list[bytes]:
+            return cast("list[bytes]", self._client.lrange(self._conv(key), 0, -1))
+
+        return [message_from_json(item) for item in await anyio.to_thread.run_sync(read)]
+
+    async def commit(
+        self, key: str, messages: Sequence[ChatMessage], *, drop: int = 0, owner: str | None = None
+    ) -> None:
+        """Drop the first `drop` messages and append `messages` in one script; with `owner`, only while
+        it holds the lock (else `ConversationLockLostError`, nothing changed)."""
+        if drop < 0:
+            raise ValueError(f"drop must not be negative, not {drop}")
+        await self._run_write(key, "commit", messages, drop, owner)
+
+    async def replace(self, key: str, messages: Sequence[ChatMessage], *, owner: str | None = None) -> None:
+        """Make the conversation exactly `messages` in one script (`owner` as in `commit`)."""
+        await self._run_write(key, "replace", messages, 0, owner)
+
+    async def delete(self, key: str, *, owner: str | None = None) -> None:
+        """Remove the conversation in one script (`owner` as in `commit`)."""
+        await self._run_write(key, "delete", (), 0, owner)
+
+    async def _run_write(
+        self, key: str, mode: str, messages: Sequence[ChatMessage], drop: int, owner: str | None
+    ) -> None:
+        # Serialize here, before the thread: a message that does not serialize fails before any I/O.
+        items = [message_to_json(m) for m in messages]
+        args: list[str | bytes | int] = [
+            uuid.uuid4().hex,
+            "0" if owner is None else "1",
+            owner or "",
+            mode,
+            drop,
+            _OP_MEMORY_MS,
+            *items,
+        ]
+        keys = [self._conv(key), self._lock(key), self._op(key)]
+        done = await anyio.to_thread.run_sync(lambda: self._write(keys=keys, args=args))
+        if not done:
+            raise ConversationLockLostError(
+                f"the lock on conversation {key!r} is no longer held by {owner!r}: nothing was written"
+            )
+
+    async def try_lock(self, key: str, owner: str) -> bool:
+        """Take the lock with `SET NX PX` (an expired lease is gone, so it is free); when taken, the
+        renewer renews it from the same thread call, so no cancellation can leave it unrenewed."""
+
+        def take() -> bool:
+            if not self._client.set(self._lock(key), owner, nx=True, px=self._lease_ms):
+                return False
+            self._renewer.hold(key, owner)
+            return True
+
+        return await anyio.to_thread.run_sync(take)
+
+    async def unlock(self, key: str, owner: str) -> None:
+        """Stop renewing, then delete the lock only if `owner` still holds it (compare and delete)."""
+
+        def release() -> None:
+            self._renewer.release(key, owner)
+            self._unlock(keys=[self._lock(key)], args=[owner])
+
+        await anyio.to_thread.run_sync(release)
+
+    def _renew(self, leases: Collection[tuple[str, str]]) -> Collection[tuple[str, str]]:
+        """In the renewer's thread: extend every lease still held by its owner (one script) and
+        return those another owner has now, or that expired."""
+        pairs = list(leases)
+        lost = self._renew_script(
+            keys=[self._lock(key) for key, _ in pairs], args=[self._lease_ms, *(o for _, o in pairs)]
+        )
+        return [pairs[int(i) - 1] for i in lost]
+
+    async def aclose(self) -> None:
+        """Stop renewing every lease (they expire within a lease) and close the connections, if the
+        store made them from a `url`."""
+        for key, owner in self._renewer.held():
+            self._renewer.release(key, owner)
+        if self._owns_client:
+            await anyio.to_thread.run_sync(self._client.close)

@@ -1,0 +1,284 @@
+"""`SQLiteStore`: chat memory that processes on one host share, kept in an SQLite file.
+
+A conversation is the rows of `agentrt_messages` with its key, one JSON message per row
+(`message_to_json`) numbered by `seq`, so a commit appends rows without rewriting what is stored. Its
+lock is a row of `agentrt_leases` holding the owner and the wall-clock time its lease expires, renewed
+by a `LeaseRenewer` thread while held. The tables are prefixed so that the store can live in a file an
+application also uses for its own tables.
+
+sqlite3 blocks, and agentrt runs on asyncio and trio: each operation runs in a worker thread with
+`anyio.to_thread.run_sync`, one hop per operation, on that thread's own connection (a connection must
+not be shared by threads that use it at once). A cancelled operation is never abandoned: the thread
+finishes it, so a write happened entirely or not at all. Each write is one `BEGIN IMMEDIATE`
+transaction, so the owner check and the write cannot be split by another process's write, and any
+error rolls it back before the thread returns.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, TypeVar
+
+import anyio.to_thread
+
+from .._errors import ConfigurationError, ConversationLockLostError
+from .._messages import message_from_json, message_to_json
+from ._lease import LeaseRenewer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Collection, Sequence
+
+    from .._messages import ChatMessage
+
+__all__ = ["SQLiteStore"]
+
+_T = TypeVar("_T")
+
+# How long an operation waits for another connection's write lock before it fails (seconds).
+_BUSY_TIMEOUT = 10.0
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS agentrt_messages (
+        key TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (key, seq)
+    )""",
+    """CREATE TABLE IF NOT EXISTS agentrt_leases (
+        key TEXT NOT NULL PRIMARY KEY,
+        owner TEXT NOT NULL,
+        expires REAL NOT NULL
+    )""",
+)
+
+_LOAD = "SELECT body FROM agentrt_messages WHERE key = ? ORDER BY seq"
+_OWNER = "SELECT owner FROM agentrt_leases WHERE key = ?"
+_DROP = (
+    "DELETE FROM agentrt_messages WHERE key = ? AND seq IN "
+    "(SELECT seq FROM agentrt_messages WHERE key = ? ORDER BY seq LIMIT ?)"
+)
+_DELETE = "DELETE FROM agentrt_messages WHERE key = ?"
+_LAST = "SELECT COALESCE(MAX(seq), 0) FROM agentrt_messages WHERE key = ?"
+_INSERT = "INSERT INTO agentrt_messages (key, seq, body) VALUES (?, ?, ?)"
+# Taken when there is no lease or it expired: one statement, so two takers cannot both win.
+_TAKE = (
+    "INSERT INTO agentrt_leases (key, owner, expires) VALUES (?, ?, ?) "
+    "ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expires = excluded.expires "
+    "WHERE agentrt_leases.expires < ?"
+)
+_RENEW = "UPDATE agentrt_leases SET expires = ? WHERE key = ? AND owner = ?"
+_UNLOCK = "DELETE FROM agentrt_leases WHERE key = ? AND owner = ?"
+
+
+class _Connection:
+    """One thread's connection. It lives in a `threading.local`, so it is closed (by its finalizer)
+    when its thread ends; `SQLiteStore.close` closes those of live threads."""
+
+    __slots__ = ("__weakref__", "closed", "db")
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.closed = False
+        weakref.finalize(self, db.close)
+
+
+class SQLiteStore:
+    """A `SharedChatMemoryStore` in an SQLite file, for processes on one host.
+
+    The file is made on first use, in WAL mode (readers do not wait for a writer) with
+    `synchronous=NORMAL`: a commit survives a crash of the process, the last ones may be lost to a
+    power failure, and the file is never left inconsistent. A lock is a lease of `lease_seconds`,
+    renewed every third of it while held: a holder that crashed or stopped renewing loses it within one
+    lease. Leases compare wall-clock times, which the processes of one host share.
+
+    Do not put the file on a network file system: SQLite's locking is not reliable there.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, lease_seconds: float = 30.0) -> None:
+        if isinstance(lease_seconds, bool) or not lease_seconds > 0:
+            raise ConfigurationError(f"SQLiteStore: lease_seconds must be positive, not {lease_seconds!r}")
+        self._path = os.fspath(path)
+        if self._path == "" or self._path == ":memory:":
+            # Each thread's connection would have a database of its own.
+            raise ConfigurationError(f"SQLiteStore needs a file, not {self._path!r}")
+        self._lease_seconds = float(lease_seconds)
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
+        self._renewer = LeaseRenewer(self._renew, lease_seconds / 3, name=f"agentrt SQLiteStore {self._path}")
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self._path!r}, lease_seconds={self._lease_seconds})"
+
+    @property
+    def path(self) -> str:
+        """The database file."""
+        return self._path
+
+    @property
+    def renewer(self) -> LeaseRenewer:
+        """The thread that renews this store's held leases (`held()` lists them)."""
+        return self._renewer
+
+    def _connection(self) -> sqlite3.Connection:
+        """This thread's connection, opened (and the schema made) on its first use."""
+        conn: _Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and not conn.closed:
+            return conn.db
+        # isolation_level=None: no implicit transactions, each write says BEGIN IMMEDIATE itself.
+        # check_same_thread=False only so that `close` may close it from another thread.
+        db = sqlite3.connect(self._path, timeout=_BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
+        conn = _Connection(db)
+        try:
+            db.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT * 1000)}")
+            _enable_wal(db)
+            db.execute("PRAGMA synchronous = NORMAL")
+            _transaction(db, lambda: [db.execute(statement) for statement in _SCHEMA])
+        except BaseException:
+            db.close()
+            raise
+        self._local.conn = conn
+        with self._lock:
+            self._connections.add(conn)
+        return db
+
+    async def load(self, key: str) -> list[ChatMessage]:
+        """The conversation's messages, oldest first (one SELECT, a consistent snapshot)."""
+
+        def read() -> list[str]:
+            return [body for (body,) in self._connection().execute(_LOAD, (key,))]
+
+        return [message_from_json(body) for body in await anyio.to_thread.run_sync(read)]
+
+    async def commit(
+        self, key: str, messages: Sequence[ChatMessage], *, drop: int = 0, owner: str | None = None
+    ) -> None:
+        """Drop the first `drop` rows and append `messages` in one transaction; with `owner`, only while
+        the lease row is still its own (else `ConversationLockLostError`, nothing changed)."""
+        if drop < 0:
+            raise ValueError(f"drop must not be negative, not {drop}")
+        await self._run_write(key, messages, drop, owner)
+
+    async def replace(self, key: str, messages: Sequence[ChatMessage], *, owner: str | None = None) -> None:
+        """Make the conversation exactly `messages` in one transaction (`owner` as in `commit`)."""
+        await self._run_write(key, messages, None, owner)
+
+    async def delete(self, key: str, *, owner: str | None = None) -> None:
+        """Remove the conversation in one transaction (`owner` as in `commit`)."""
+        await self._run_write(key, (), None, owner)
+
+    async def _run_write(
+        self, key: str, messages: Sequence[ChatMessage], drop: int | None, owner: str | None
+    ) -> None:
+        """`drop=None` removes every row first (`replace`, `delete`)."""
+        # Serialize here, before the thread: a message that does not serialize fails before any I/O.
+        bodies = [message_to_json(m).decode() for m in messages]
+
+        def write() -> bool:
+            db = self._connection()
+
+            def apply() -> bool:
+                # An expired lease still ours is fine: nobody else wrote since, or they would own it.
+                if owner is not None:
+                    row = db.execute(_OWNER, (key,)).fetchone()
+                    if row is None or row[0] != owner:
+                        return False
+                if drop is None:
+                    db.execute(_DELETE, (key,))
+                elif drop:
+                    db.execute(_DROP, (key, key, drop))
+                if bodies:
+                    (last,) = db.execute(_LAST, (key,)).fetchone()
+                    db.executemany(_INSERT, [(key, last + i, body) for i, body in enumerate(bodies, 1)])
+                return True
+
+            return _transaction(db, apply)
+
+        if not await anyio.to_thread.run_sync(write):
+            raise ConversationLockLostError(
+                f"the lock on conversation {key!r} is no longer held by {owner!r}: nothing was written"
+            )
+
+    async def try_lock(self, key: str, owner: str) -> bool:
+        """Take the lease row if there is none or it expired (one upsert); when taken, the renewer
+        renews it from the same thread call, so no cancellation can leave it unrenewed."""
+
+        def take() -> bool:
+            now = time.time()
+            cursor = self._connection().execute(_TAKE, (key, owner, now + self._lease_seconds, now))
+            if cursor.rowcount != 1:
+                return False
+            self._renewer.hold(key, owner)
+            return True
+
+        return await anyio.to_thread.run_sync(take)
+
+    async def unlock(self, key: str, owner: str) -> None:
+        """Stop renewing, then delete the lease row only if `owner` still holds it."""
+
+        def release() -> None:
+            self._renewer.release(key, owner)
+            self._connection().execute(_UNLOCK, (key, owner))
+
+        await anyio.to_thread.run_sync(release)
+
+    def _renew(self, leases: Collection[tuple[str, str]]) -> Collection[tuple[str, str]]:
+        """In the renewer's thread (its own connection): extend every lease still held by its owner,
+        in one transaction, and return those another owner has now or whose row is gone."""
+        db = self._connection()
+        expires = time.time() + self._lease_seconds
+
+        def apply() -> list[tuple[str, str]]:
+            return [(k, o) for k, o in leases if db.execute(_RENEW, (expires, k, o)).rowcount != 1]
+
+        return _transaction(db, apply)
+
+    def close(self) -> None:
+        """Stop renewing every lease (they expire within a lease) and close the connections of this
+        store. Call it when no operation runs; a later operation opens new connections."""
+        for key, owner in self._renewer.held():
+            self._renewer.release(key, owner)
+        with self._lock:
+            connections = list(self._connections)
+            self._connections.clear()
+        for conn in connections:
+            conn.closed = True
+            conn.db.close()
+
+    async def aclose(self) -> None:
+        """`close`, for code that closes stores with `await`."""
+        self.close()
+
+
+def _transaction(db: sqlite3.Connection, body: Callable[[], _T]) -> _T:
+    """Run `body` in a write transaction, taken up front (`BEGIN IMMEDIATE`) so that it never fails
+    half-way to upgrade a read lock; commit, or roll back on any error before returning."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        result = body()
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.rollback()
+        raise
+    return result
+
+
+def _enable_wal(db: sqlite3.Connection) -> None:
+    """Switch the file to WAL (a setting the file keeps). The switch needs the file to itself and
+    SQLite does not call the busy handler for it: when processes open a new file at once, all but one
+    get "database is locked" at once, so retry until the busy timeout."""
+    deadline = time.monotonic() + _BUSY_TIMEOUT
+    while True:
+        try:
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
