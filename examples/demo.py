@@ -1,4 +1,5 @@
-"""`make demo`: a streamed answer, a structured extraction and a tool round trip, with usage.
+"""`make demo`: a streamed answer, a structured extraction, a tool round trip and a two-turn
+conversation that remembers, with usage.
 
 With `OPENAI_BASE_URL` set (and `OPENAI_API_KEY`, `OPENAI_MODEL` as needed) the demo talks to that
 endpoint. Otherwise it starts a real local model (agentrt.local: llama-cpp-python's server with Gemma
@@ -8,7 +9,9 @@ endpoint. Otherwise it starts a real local model (agentrt.local: llama-cpp-pytho
 from __future__ import annotations
 
 import os
+import tempfile
 import time
+from pathlib import Path
 
 import anyio
 
@@ -76,6 +79,28 @@ async def run(model: ChatModel) -> None:
     )
 
 
+async def remember(model: ChatModel) -> None:
+    rule("4. chat memory: the second turn on a conversation carries the first")
+    with tempfile.TemporaryDirectory() as directory:
+        store = agentrt.memory.SQLiteStore(Path(directory) / "chat.db")
+        memory = agentrt.memory.window(max_messages=20, store=store)
+        support = agentrt.build(Support, model=model, variables=SHOP, memory=memory)
+        await support.chat("user-7", "Hi, I am Ada. My order is SO-2026-0007.")
+        second = await support.chat("user-7", "What is my name?")
+        print("   the second request sent:")
+        for message in second.messages:
+            print(f"     {message.role:<9} {(message.text or '')[:70]!r}")
+        await store.aclose()
+        # A new store on the same file, as after a restart: the conversation is still there.
+        reopened = agentrt.memory.SQLiteStore(Path(directory) / "chat.db")
+        restarted = agentrt.build(
+            Support, model=model, variables=SHOP, memory=agentrt.memory.window(store=reopened)
+        )
+        stored = await agentrt.memory.access(restarted).read("user-7")
+        print(f"   after a restart the file holds {len(stored)} messages: two whole turns")
+        await reopened.aclose()
+
+
 async def main() -> None:
     base_url = os.environ.get("OPENAI_BASE_URL")
     if base_url:
@@ -85,6 +110,7 @@ async def main() -> None:
         print(f"agentrt demo against {model.endpoint} (model {model.name!r}).")
         async with model:
             await run(model)
+            await remember(model)
         return
     print("agentrt demo against a REAL local model: llama-cpp-python's OpenAI-compatible server")
     print("running Gemma 3 270M on this machine (no network).")
@@ -97,6 +123,7 @@ async def main() -> None:
         model = server.chat_model(settings=ModelSettings(max_tokens=80, temperature=0.7, seed=7))
         async with model:
             await run(model)
+            await remember(model)
     print("\nlocal model server stopped.")
 
 

@@ -67,4 +67,3 @@ async def test_two_processes_share_one_conversation_in_redis(redis_url: str) -> 
         await _check(store)
     finally:
         await store.aclose()
-

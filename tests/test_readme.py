@@ -49,7 +49,9 @@ async def run_readme(namespace: dict[str, Any], *, local: bool, models: list[Any
     return ran
 
 
-async def test_every_readme_block_runs_as_written(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+async def test_every_readme_block_runs_as_written(
+    monkeypatch: pytest.MonkeyPatch, capsys: Any, tmp_path: Path
+) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-readme-test")
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     model = ScriptedModel(
@@ -59,10 +61,12 @@ async def test_every_readme_block_runs_as_written(monkeypatch: pytest.MonkeyPatc
         "Hello!",
     )
     budgeted = ScriptedModel("Rayleigh scattering.", ["Once ", "upon ", "a ", "time"])
+    remembering = ScriptedModel("Hello Ada.", "Your name is Ada.")
     namespace: dict[str, Any] = {"__name__": "readme"}
+    monkeypatch.chdir(tmp_path)  # the memory block writes chat.db
 
-    # The quickstart, the tools block (which only builds), the budgets block.
-    ran = await run_readme(namespace, local=False, models=[model, ScriptedModel(), budgeted])
+    # The quickstart, the tools block (which only builds), the budgets block, the memory block.
+    ran = await run_readme(namespace, local=False, models=[model, ScriptedModel(), budgeted, remembering])
 
     assert len(ran) == len(python_blocks()) - 1  # all but the local-server block
     assert model.requests[0].messages[-1] == agentrt.UserMessage.of("Where is order SO-2026-0001?")
@@ -73,7 +77,16 @@ async def test_every_readme_block_runs_as_written(monkeypatch: pytest.MonkeyPatc
     assert budgeted.requests[0].settings == agentrt.ModelSettings(temperature=0)
     assert isinstance(namespace["stream"], agentrt.TokenStream)
     await namespace["stream"].aclose()
-    assert "It ships today." in capsys.readouterr().out
+    output = capsys.readouterr().out
+    assert "It ships today." in output
+    assert "Your name is Ada." in output
+    assert remembering.requests[1].messages == (
+        agentrt.UserMessage.of("Hi, I am Ada."),
+        agentrt.AssistantMessage(text="Hello Ada."),
+        agentrt.UserMessage.of("What is my name?"),
+    )
+    assert [m.role for m in namespace["history"]] == ["user", "assistant", "user", "assistant"]
+    assert await namespace["conversations"].read("ada") == []
     system = model.requests[0].messages[0]
     assert system == agentrt.SystemMessage(text="You are a support assistant for Acme.")
     assert all(stream.closed for stream in model.streams)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,12 +13,16 @@ from agentrt.testing import ScriptedModel
 pytestmark = pytest.mark.e2e
 
 
-async def test_the_local_server_block_of_the_readme_runs_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_local_server_block_of_the_readme_runs_as_written(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-readme-test")
+    monkeypatch.chdir(tmp_path)  # the memory block writes chat.db
     models = [
         ScriptedModel("a", '{"origin": "a", "destination": "b"}', "c", "d"),
         ScriptedModel(),
         ScriptedModel("e", "f"),
+        ScriptedModel("g", "h"),
     ]
     namespace: dict[str, Any] = {"__name__": "readme"}
     await run_readme(namespace, local=False, models=models)
