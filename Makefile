@@ -75,6 +75,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_pipeline.py
 	$(BIN)/python benchmarks/bench_decode.py
 	$(BIN)/python benchmarks/bench_http.py
+	$(BIN)/python benchmarks/bench_memory.py
 
 # A background local model server on a free port; its URL is in .local-model/url.
 local-model-start: $(LOCAL)

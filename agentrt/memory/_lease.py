@@ -5,7 +5,7 @@ live holder must renew it for as long as its turn runs, and a turn may wait minu
 slow model without reaching a checkpoint of the pipeline. So renewal is not the pipeline's job: a
 thread renews every held lease each `interval` seconds (a third of the lease), whatever the event
 loops of the process are doing, on asyncio and trio alike. The thread runs only while leases are
-held and exits when the last one is released.
+held, and exits a second after the last one is released (unless another is taken meanwhile).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class LeaseRenewer:
     ) -> None:
         self._renew = renew
         self._interval = interval
+        self._linger = min(1.0, interval)
         self._name = name
         self._held: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
@@ -69,8 +70,13 @@ class LeaseRenewer:
             with self._lock:
                 self._wake.wait(self._interval)
                 if not self._held:
-                    self._thread = None
-                    return
+                    # Linger a moment before exiting: a thread start costs about as much as a turn's
+                    # lock and unlock, and the next turn usually takes a lease right away.
+                    self._wake.wait(self._linger)
+                    if not self._held:
+                        self._thread = None
+                        return
+                    continue  # renewed at the next interval: linger + interval < the lease
                 leases = list(self._held)
             try:
                 lost = self._renew(leases)
