@@ -30,6 +30,7 @@ from agentrt import (
     user_message,
 )
 from agentrt.memory import ChatMemory, InMemoryStore
+from agentrt.memory._memory import Memory
 from agentrt.models import ModelRequest
 from agentrt.testing import CallTool, FunctionModel, Hang, Raise, ScriptedModel
 from agentrt.tools import ToolSettings
@@ -666,3 +667,116 @@ async def test_access_writes_wait_for_the_running_turn() -> None:
 def test_access_of_something_else_is_a_configuration_error() -> None:
     with pytest.raises(agentrt.ConfigurationError, match="not a service"):
         agentrt.memory.access(object())
+
+
+# --- the lock's queue and the store's failures ------------------------------------------------
+
+
+async def test_a_waiter_cancelled_in_the_queue_does_not_keep_the_lock_from_the_next() -> None:
+    release = anyio.Event()
+
+    async def slow(request: ModelRequest) -> str:
+        if "holder" in str(request.messages[-1]):
+            await release.wait()
+        return echo(request)
+
+    svc = agentrt.build(Other, model=FunctionModel(slow), memory=agentrt.memory.window())
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(svc.chat, "c", "holder")
+            await anyio.wait_all_tasks_blocked()
+            cancelled = anyio.CancelScope()
+            group.start_soon(_chat_in, cancelled, svc, "cancelled")
+            await anyio.wait_all_tasks_blocked()
+            group.start_soon(svc.chat, "c", "next")
+            await anyio.wait_all_tasks_blocked()
+            cancelled.cancel()
+            await anyio.wait_all_tasks_blocked()
+            release.set()
+
+    assert _turns_are_whole(await agentrt.memory.access(svc).read("c")) == ["holder", "next"]
+
+
+async def _chat_in(scope: anyio.CancelScope, svc: Other, question: str) -> None:
+    with scope:
+        await svc.chat("c", question)
+
+
+class FlakyStore(InMemoryStore):
+    """An in-memory store whose load or commit can be made to raise, or to hang."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_load: BaseException | None = None
+        self.fail_commit: BaseException | None = None
+        self.hang_load = False
+        self.loading = anyio.Event()
+
+    async def load(self, key: str) -> list[ChatMessage]:
+        self.loading.set()
+        if self.hang_load:
+            await anyio.sleep_forever()
+        if self.fail_load is not None:
+            raise self.fail_load
+        return await super().load(key)
+
+    async def commit(self, key: str, messages: Any, *, drop: int = 0, owner: str | None = None) -> None:
+        if self.fail_commit is not None:
+            raise self.fail_commit
+        await super().commit(key, messages, drop=drop, owner=owner)
+
+
+@pytest.mark.parametrize("where", ["load", "commit"])
+async def test_a_store_error_reaches_the_caller_and_releases_the_conversation(where: str) -> None:
+    store = FlakyStore()
+    model = ScriptedModel("not stored", "after answer")
+    svc = agentrt.build(Other, model=model, memory=ChatMemory(store))
+    access = agentrt.memory.access(svc)
+    await access.replace("c", PRIOR)
+    setattr(store, f"fail_{where}", OSError(f"disk full in {where}"))
+
+    with pytest.raises(OSError, match=f"disk full in {where}"):
+        await svc.chat("c", "fails")
+
+    setattr(store, f"fail_{where}", None)
+    assert await access.read("c") == PRIOR
+    await _next_turn_proceeds(svc, model)
+
+
+async def test_a_turn_cancelled_while_its_store_loads_releases_the_conversation() -> None:
+    store = FlakyStore()
+    model = ScriptedModel("after answer")
+    svc = agentrt.build(Other, model=model, memory=ChatMemory(store))
+    await agentrt.memory.access(svc).replace("c", PRIOR)
+    store.hang_load = True
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(svc.chat, "c", "cancelled")
+            await store.loading.wait()
+            group.cancel_scope.cancel()
+
+    store.hang_load = False
+    assert model.requests == []
+    await _next_turn_proceeds(svc, model)
+
+
+async def test_a_waiter_cancelled_just_after_it_was_handed_the_lock_passes_it_on() -> None:
+    memory = Memory(ChatMemory(InMemoryStore()), "test")
+    holder = await memory.open("c", "test")
+    scope = anyio.CancelScope()
+
+    async def waiter() -> None:
+        with scope:
+            conversation = await memory.open("c", "test")
+            conversation.release_local()  # the wake-up won over the cancellation (trio): give it back
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        scope.cancel()  # the waiter is cancelled, and before it runs again...
+        holder.release_local()  # ...the lock is handed to it
+    with anyio.fail_after(5):
+        (await memory.open("c", "test")).release_local()
+    assert memory.locks.table() == {}

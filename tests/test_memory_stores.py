@@ -18,6 +18,7 @@ import pytest
 import agentrt
 from agentrt import (
     AssistantMessage,
+    Budget,
     ChatMessage,
     ImageContent,
     MemoryId,
@@ -27,6 +28,7 @@ from agentrt import (
     UserMessage,
 )
 from agentrt.memory import ChatMemory, ChatMemoryStore, InMemoryStore, RedisStore, SQLiteStore
+from agentrt.memory._memory import Memory
 from agentrt.models import ModelRequest
 from agentrt.testing import FunctionModel
 
@@ -205,3 +207,28 @@ async def test_turns_on_one_conversation_are_serialized_across_store_instances(s
         assert isinstance(user, UserMessage)
         assert isinstance(answer, AssistantMessage)
         assert answer.text == f"{user.text}#{position}"  # each turn saw every turn before it
+
+
+async def test_a_conversation_held_elsewhere_makes_a_turn_wait_within_its_limits(stores: Factory) -> None:
+    # Held through another instance of the store: for shared stores, another process's turn.
+    holder = await Memory(ChatMemory(stores(), namespace="held"), "holder").open("c", "holder")
+    try:
+        model = FunctionModel(counting)
+        busy = agentrt.build(Chat, model=model, memory=ChatMemory(stores(), namespace="held", wait=0.2))
+        with anyio.fail_after(10), pytest.raises(agentrt.ConversationBusyError) as caught:
+            await busy.chat("c", "waits")
+        assert caught.value.memory_id == "c"
+
+        budgeted = agentrt.build(
+            Chat, model=model, memory=ChatMemory(stores(), namespace="held"), budget=Budget(seconds=0.3)
+        )
+        with anyio.fail_after(10), pytest.raises(agentrt.BudgetExceededError) as exceeded:
+            await budgeted.chat("c", "waits")
+        assert exceeded.value.limit == "seconds"
+        assert model.requests == []
+    finally:
+        with anyio.CancelScope(shield=True):
+            await holder.release()
+
+    with anyio.fail_after(10):
+        assert await budgeted.chat("c", "now") == "now#0"
