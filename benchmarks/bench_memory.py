@@ -40,6 +40,7 @@ import agentrt
 from agentrt import MemoryId
 from agentrt.memory import ChatMemory, ChatMemoryStore, InMemoryStore, RedisStore, SQLiteStore
 from agentrt.models import Capabilities, Finish, FinishReason, ModelChunk, ModelRequest, TextDelta, Usage
+from agentrt.testing import FunctionModel
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
@@ -200,6 +201,35 @@ async def throughput(service: Chat, one_conversation: bool) -> float:
     return TASKS * TURNS_PER_TASK / seconds
 
 
+SLOW_MODEL = 0.02  # seconds a slow model takes to answer
+
+
+async def overlap(store: ChatMemoryStore) -> tuple[float, float, float]:
+    """With a model taking `SLOW_MODEL` s: one turn; `TASKS` turns on `TASKS` conversations at once
+    (they overlap: about the time of one); `TURNS_PER_TASK` turns on one conversation at once (they
+    run one after another)."""
+
+    async def slow(request: ModelRequest) -> str:
+        await anyio.sleep(SLOW_MODEL)
+        return "ok"
+
+    service = agentrt.build(Chat, model=FunctionModel(slow), memory=ChatMemory(store, max_messages=WINDOW))
+    prefix = uuid.uuid4().hex
+
+    async def at_once(ids: list[str]) -> float:
+        start = time.perf_counter()
+        async with anyio.create_task_group() as group:
+            for memory_id in ids:
+                group.start_soon(service.chat, memory_id, "What did I just say?")
+        return time.perf_counter() - start
+
+    await at_once([prefix])  # warm up
+    one = min([await at_once([f"{prefix}-one"]) for _ in range(3)])
+    many = min([await at_once([f"{prefix}-{i}-{r}" for i in range(TASKS)]) for r in range(3)])
+    same = min([await at_once([f"{prefix}-same-{r}"] * TURNS_PER_TASK) for r in range(3)])
+    return one, many, same
+
+
 async def measure(redis_url: str | None, directory: Path) -> None:
     stores: dict[str, ChatMemoryStore] = {
         "in-memory": InMemoryStore(),
@@ -239,6 +269,12 @@ async def measure(redis_url: str | None, directory: Path) -> None:
             many = await throughput(service, one_conversation=False)
             label = "no memory" if name == "none" else name
             print(f"    {label:24} {one:15,.0f} {many:17,.0f}")
+
+        print(f"  a model taking {SLOW_MODEL * 1e3:.0f} ms; ms for turns started at once:")
+        print(f"    {'store':24} {'1 turn':>9} {f'{TASKS} ids':>9} {f'{TURNS_PER_TASK} on 1 id':>11}")
+        for name, store in stores.items():
+            one, many, same = await overlap(store)
+            print(f"    {name:24} {one * 1e3:9.1f} {many * 1e3:9.1f} {same * 1e3:11.1f}")
     finally:
         for aclose in closers:
             await aclose()
