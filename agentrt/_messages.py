@@ -7,6 +7,7 @@ same shapes are what memory stores persist and what model adapters translate to 
 from __future__ import annotations
 
 import base64
+import json
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 import orjson
@@ -187,14 +188,34 @@ ChatMessage = Annotated[
 _MESSAGES: TypeAdapter[list[ChatMessage]] = TypeAdapter(list[ChatMessage])
 
 
+def _dumps(value: Any) -> bytes:
+    """JSON bytes. Text a model produced may hold a lone surrogate (a `\\ud800` escape in its JSON),
+    which is not UTF-8: such text is written as a `\\u` escape, as the model sent it."""
+    try:
+        return orjson.dumps(value)
+    except TypeError as exc:
+        if "surrogates" not in str(exc):
+            raise
+        return json.dumps(value, ensure_ascii=True, separators=(",", ":")).encode()
+
+
+def _loads(data: bytes | str) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        if "surrogate" not in str(exc):
+            raise
+        return json.loads(data)
+
+
 def messages_to_json(messages: Iterable[ChatMessage]) -> bytes:
     """Serialize messages to JSON bytes (the format memory stores persist)."""
-    return orjson.dumps(_MESSAGES.dump_python(list(messages), mode="json"))
+    return _dumps(_MESSAGES.dump_python(list(messages), mode="json"))
 
 
 def messages_from_json(data: bytes | str) -> list[ChatMessage]:
     """Parse what `messages_to_json` produced; raises `pydantic.ValidationError` on bad input."""
-    return _MESSAGES.validate_python(orjson.loads(data))
+    return _MESSAGES.validate_python(_loads(data))
 
 
 def user_text(messages: Sequence[ChatMessage]) -> str:
@@ -210,9 +231,9 @@ _MESSAGE: TypeAdapter[ChatMessage] = TypeAdapter(ChatMessage)
 
 def message_to_json(message: ChatMessage) -> bytes:
     """Serialize one message to JSON bytes (for stores that keep one item per message)."""
-    return orjson.dumps(_MESSAGE.dump_python(message, mode="json"))
+    return _dumps(_MESSAGE.dump_python(message, mode="json"))
 
 
 def message_from_json(data: bytes | str) -> ChatMessage:
     """Parse what `message_to_json` produced; raises `pydantic.ValidationError` on bad input."""
-    return _MESSAGE.validate_python(orjson.loads(data))
+    return _MESSAGE.validate_python(_loads(data))

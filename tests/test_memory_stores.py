@@ -232,3 +232,10 @@ async def test_a_conversation_held_elsewhere_makes_a_turn_wait_within_its_limits
 
     with anyio.fail_after(10):
         assert await budgeted.chat("c", "now") == "now#0"
+
+
+async def test_text_with_a_lone_surrogate_survives(stores: Factory) -> None:
+    # A model's JSON may escape half a surrogate pair ("\ud800"): not UTF-8, still the model's text.
+    odd: list[ChatMessage] = [UserMessage.of("a\ud800b"), AssistantMessage(text="\udfff", thinking="x\ud83d")]
+    await stores().commit("k", odd)
+    assert await stores().load("k") == odd

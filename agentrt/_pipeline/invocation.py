@@ -294,7 +294,13 @@ class Invocation:
                     yield delta
             else:
                 assert turn.response is not None
-                turn.exchange.append(turn.response.message)
+                message = turn.response.message
+                if message.tool_calls:
+                    # An answer with calls that never ran (stray calls in a final answer, or a model
+                    # that called tools the service does not have): the answer counts, the calls do
+                    # not. Stored with them, every later request would carry an unanswered call.
+                    message = message.model_copy(update={"tool_calls": ()})
+                turn.exchange.append(message)
                 text = _finish.output_guardrails(turn, text)
             value = _finish.parse(turn, text)
             conversation = turn.conversation

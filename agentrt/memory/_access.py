@@ -20,7 +20,7 @@ __all__ = ["MemoryAccess", "access"]
 
 class MemoryAccess:
     """The conversations of one service. Writes take the conversation's lock, so they wait for a
-    turn running on it and never interleave with one."""
+    turn running on it (as long as the memory's `wait` allows) and never interleave with one."""
 
     __slots__ = ("_memory", "_where")
 
@@ -79,9 +79,11 @@ def access(service: object) -> MemoryAccess:
     from .._service import runtime_of
 
     runtime = runtime_of(service)
-    name = type(service).__qualname__
+    name = f"agentrt.memory.access({type(service).__qualname__})"
     if runtime is None:
         raise ConfigurationError(f"{service!r} is not a service made by agentrt.build")
     if runtime.memory is None:
-        raise ConfigurationError(f"{name} was built without memory=; it keeps no conversations")
+        raise ConfigurationError(
+            f"{type(service).__qualname__} was built without memory=; it keeps no conversations"
+        )
     return MemoryAccess(runtime.memory, name)

@@ -11,13 +11,34 @@ held, and exits a second after the last one is released (unless another is taken
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
 
-__all__ = ["LeaseRenewer"]
+__all__ = ["MIN_LEASE_SECONDS", "LeaseRenewer", "check_lease_seconds"]
+
+MIN_LEASE_SECONDS = 0.1
+"""Shorter leases would be renewed every few milliseconds: a busy loop against the store."""
+
+
+def check_lease_seconds(value: object, where: str) -> float:
+    """`lease_seconds` as a float: a finite number of seconds, at least `MIN_LEASE_SECONDS`."""
+    from .._errors import ConfigurationError
+
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        value_ok = False
+    else:
+        value_ok = value >= MIN_LEASE_SECONDS
+    if not value_ok:
+        raise ConfigurationError(
+            f"{where}: lease_seconds must be a finite number of seconds >= {MIN_LEASE_SECONDS}, got {value!r}"
+        )
+    assert isinstance(value, int | float)
+    return float(value)
+
 
 logger = logging.getLogger("agentrt.memory")
 

@@ -13,13 +13,16 @@ adds its own lease (see `SharedChatMemoryStore`).
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import logging
 import math
 import os
 import threading
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 import orjson
@@ -31,7 +34,7 @@ from ._store import ChatMemoryStore, SharedChatMemoryStore
 from ._window import TokenCounter, estimate_tokens, window_start
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Coroutine, Sequence
 
     from .._messages import ChatMessage
 
@@ -39,6 +42,10 @@ __all__ = ["DEFAULT_MEMORY_ID", "ChatMemory", "Conversation", "Memory", "memory_
 
 DEFAULT_MEMORY_ID: Final = "default"
 """The conversation of methods without a `MemoryId` parameter."""
+
+logger = logging.getLogger("agentrt.memory")
+
+_T = TypeVar("_T")
 
 _FIRST_POLL: Final = 0.002  # seconds between tries of a shared store's lock, doubling up to _LAST_POLL
 _LAST_POLL: Final = 0.1
@@ -67,10 +74,7 @@ class ChatMemory:
     wait: float | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.store, ChatMemoryStore):
-            raise ConfigurationError(
-                f"memory store {self.store!r} is not a ChatMemoryStore (async load, commit, replace, delete)"
-            )
+        check_store(self.store)
         for name in ("max_messages", "max_tokens"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -86,6 +90,28 @@ class ChatMemory:
             or not (wait >= 0 and math.isfinite(wait))
         ):
             raise ConfigurationError(f"memory wait must be a number of seconds >= 0 or None, got {wait!r}")
+
+
+_STORE_METHODS: Final = ("load", "commit", "replace", "delete")
+_SHARED_METHODS: Final = ("try_lock", "unlock")
+
+
+def check_store(store: object) -> None:
+    """`ConfigurationError` unless `store` is a store instance whose methods are coroutine functions."""
+    if isinstance(store, type):
+        raise ConfigurationError(
+            f"memory store {store.__name__} is a class: pass an instance, e.g. {store.__name__}()"
+        )
+    if not isinstance(store, ChatMemoryStore):
+        raise ConfigurationError(
+            f"memory store {store!r} is not a ChatMemoryStore (async load, commit, replace, delete)"
+        )
+    names = _STORE_METHODS + (_SHARED_METHODS if isinstance(store, SharedChatMemoryStore) else ())
+    for name in names:
+        if not inspect.iscoroutinefunction(getattr(store, name)):
+            raise ConfigurationError(
+                f"memory store {store!r}: {name} must be an async method (async def {name}(...))"
+            )
 
 
 def window(
@@ -124,6 +150,48 @@ def memory_key(namespace: str, memory_id: Any, where: str) -> str:
     if encoded == b"null":  # NaN and infinities encode as null
         raise TypeError(f"{where}: memory id {memory_id!r} cannot name a conversation")
     return f"{namespace}:{encoded.decode()}"
+
+
+def _asyncio_task() -> asyncio.Task[Any] | None:
+    """The running asyncio task; `None` under trio."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
+
+
+async def complete(operation: Coroutine[Any, Any, _T]) -> _T:
+    """Run a store operation to its end even if the caller is cancelled meanwhile; a cancellation
+    that arrived is raised after it.
+
+    A write cut off mid-flight could have happened or not, and a lock taken in flight could be held
+    without the turn knowing. anyio's shield defers cancel scopes (and trio's cancellation); a native
+    asyncio cancellation (`task.cancel()`, `asyncio.timeout`, `wait_for`) goes through it, so on
+    asyncio the operation runs in a task of its own, which the caller waits out.
+    """
+    with anyio.CancelScope(shield=True):
+        if _asyncio_task() is None:
+            return await operation
+        task = asyncio.ensure_future(operation)
+        cancelled: BaseException | None = None
+        while True:
+            try:
+                result = await asyncio.shield(task)
+            except asyncio.CancelledError as exc:
+                if not task.done():
+                    cancelled = exc  # the caller's: wait the operation out, then raise it
+                    continue
+                if cancelled is None:
+                    raise
+                raise cancelled from None
+            except BaseException as exc:
+                if cancelled is None:
+                    raise
+                raise cancelled from exc
+            if cancelled is not None:
+                raise cancelled
+            return result
+    raise AssertionError("unreachable: a shielded scope with no deadline is never cancelled")
 
 
 class _Queue:
@@ -201,13 +269,25 @@ def _release(table: dict[str, _Queue], key: str) -> None:
 class Memory:
     """A service's chat memory, resolved at build: the `ChatMemory` and the service's namespace."""
 
-    __slots__ = ("config", "counter", "locks", "max_messages", "max_tokens", "namespace", "shared", "store")
+    __slots__ = (
+        "config",
+        "counter",
+        "locks",
+        "max_messages",
+        "max_tokens",
+        "namespace",
+        "plain",
+        "shared",
+        "store",
+    )
 
     def __init__(self, config: ChatMemory, namespace: str) -> None:
         self.config = config
         self.store = config.store
         self.namespace = config.namespace or namespace
         self.shared = isinstance(config.store, SharedChatMemoryStore)
+        self.plain = type(config.store) is InMemoryStore
+        """Writes are plain code with no await: nothing can interrupt them."""
         self.max_messages = config.max_messages
         self.max_tokens = config.max_tokens
         self.counter = config.counter
@@ -229,11 +309,12 @@ class Memory:
         """Lock the conversation of `memory_id` (waiting for the turn that holds it) and load it."""
         key = self.key(memory_id, where)
         wait = self.config.wait
+        give_up = math.inf if wait is None else anyio.current_time() + wait
         table = self.locks.table()
         if key not in table:
             table[key] = _Queue()  # free: taken without an await
         else:
-            with anyio.move_on_after(wait if wait is not None else math.inf) as scope:
+            with anyio.CancelScope(deadline=give_up) as scope:
                 await _acquire(table, key)
             if scope.cancelled_caught:
                 raise ConversationBusyError(
@@ -243,7 +324,7 @@ class Memory:
         conversation = Conversation(self, table, key, memory_id)
         try:
             if self.shared:
-                await conversation.lease(where)
+                await conversation.lease(where, give_up)
             conversation.stored = await self.store.load(key)
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -274,33 +355,32 @@ class Conversation:
         start = self.memory.start(stored)
         return stored[start:] if start else stored
 
-    async def lease(self, where: str) -> None:
-        """Take the shared store's lock, trying again until it is free (the time budget and the
-        memory's `wait` bound the wait)."""
+    async def lease(self, where: str, give_up: float) -> None:
+        """Take the shared store's lock, trying again until it is free, or until `give_up` (the
+        memory's `wait`; the time budget bounds it too)."""
         store = self.memory.store
         assert isinstance(store, SharedChatMemoryStore)
         owner = os.urandom(16).hex()
-        wait = self.memory.config.wait
-        give_up = anyio.current_time() + wait if wait is not None else math.inf
         delay = _FIRST_POLL
         while True:
             try:
-                taken = await store.try_lock(self.key, owner)
+                taken = await complete(store.try_lock(self.key, owner))
             except BaseException:
-                # Cancelled in flight, the lock may be ours without our knowing: give it back.
-                with anyio.CancelScope(shield=True):
-                    await store.unlock(self.key, owner)
+                # Cancelled (after the attempt finished) or failed: the lock may be ours; give it back.
+                await _unlock(store, self.key, owner)
                 raise
             if taken:
                 self.owner = owner
                 return
-            if anyio.current_time() + delay > give_up:
+            left = give_up - anyio.current_time()
+            if left <= 0:
+                wait = self.memory.config.wait
                 raise ConversationBusyError(
                     f"{where}: conversation {self.memory_id!r} stayed busy with another process's turn "
                     f"for {wait} s",
                     memory_id=self.memory_id,
                 )
-            await anyio.sleep(delay)
+            await anyio.sleep(min(delay, left))  # at the limit, one last try
             delay = min(delay * 2, _LAST_POLL)
 
     async def commit(self, messages: Sequence[ChatMessage]) -> None:
@@ -311,15 +391,16 @@ class Conversation:
         kept = len(stored)
         drop = start if start < kept else kept
         appended = messages if start <= kept else messages[start - kept :]
-        await self.memory.store.commit(self.key, appended, drop=drop, owner=self.owner)
+        write = self.memory.store.commit(self.key, appended, drop=drop, owner=self.owner)
+        await (write if self.memory.plain else complete(write))
         self.stored = combined[start:]
 
     async def replace(self, messages: Sequence[ChatMessage]) -> None:
-        await self.memory.store.replace(self.key, messages, owner=self.owner)
+        await complete(self.memory.store.replace(self.key, messages, owner=self.owner))
         self.stored = list(messages)
 
     async def delete(self) -> None:
-        await self.memory.store.delete(self.key, owner=self.owner)
+        await complete(self.memory.store.delete(self.key, owner=self.owner))
         self.stored = []
 
     def release_local(self) -> None:
@@ -338,33 +419,55 @@ class Conversation:
             store = self.memory.store
             assert isinstance(store, SharedChatMemoryStore)
             try:
-                with anyio.move_on_after(10):  # a store that is down: its lease expires by itself
-                    await store.unlock(self.key, owner)
+                await _unlock(store, self.key, owner)
             finally:
                 self.release_local()
         else:
             self.release_local()
 
 
+async def _unlock(store: SharedChatMemoryStore, key: str, owner: str) -> None:
+    """Release a shared store's lock. A failure is logged, not raised: the turn's outcome is already
+    decided (stored or not), and a lease that was not released expires by itself."""
+
+    async def bounded() -> None:
+        with anyio.move_on_after(10):  # a store that hangs: same as one that is down
+            await store.unlock(key, owner)
+
+    try:
+        await complete(bounded())
+    except Exception:
+        logger.warning(
+            "could not release the lock of conversation %r; it expires with its lease", key, exc_info=True
+        )
+
+
 def check_history(messages: Sequence[ChatMessage], where: str) -> None:
-    """A conversation written through `MemoryAccess`: messages only, no system message (it is
-    rendered per turn), and every tool result after the call it answers."""
+    """A conversation written through `MemoryAccess` must be one a provider accepts: user, assistant
+    and tool result messages only (the system message is rendered per turn), and each assistant
+    message that calls tools followed at once by exactly one result per call."""
     from .._messages import AssistantMessage, UserMessage
 
-    calls: set[str] = set()
+    pending: set[str] = set()  # calls of the last assistant message still without a result
     for index, message in enumerate(messages):
+        if isinstance(message, ToolResultMessage):
+            if message.tool_call_id not in pending:
+                raise ValueError(
+                    f"{where}: message {index} answers tool call {message.tool_call_id!r}, which the "
+                    "assistant message right before its results did not make (or which is answered already)"
+                )
+            pending.discard(message.tool_call_id)
+            continue
+        if pending:
+            raise ValueError(f"{where}: tool call(s) {sorted(pending)} have no result before message {index}")
         if isinstance(message, SystemMessage):
             raise ValueError(
                 f"{where}: message {index} is a system message; conversations do not store it "
                 "(the system message is rendered for each turn)"
             )
         if isinstance(message, AssistantMessage):
-            calls.update(call.id for call in message.tool_calls)
-        elif isinstance(message, ToolResultMessage):
-            if message.tool_call_id not in calls:
-                raise ValueError(
-                    f"{where}: message {index} answers tool call {message.tool_call_id!r}, which no "
-                    "earlier assistant message made"
-                )
+            pending = {call.id for call in message.tool_calls}
         elif not isinstance(message, UserMessage):
             raise TypeError(f"{where}: message {index} is not a chat message: {message!r}")
+    if pending:
+        raise ValueError(f"{where}: tool call(s) {sorted(pending)} of the last message have no result")

@@ -21,7 +21,7 @@ import anyio.to_thread
 
 from .._errors import ConfigurationError, ConversationLockLostError
 from .._messages import message_from_json, message_to_json
-from ._lease import LeaseRenewer
+from ._lease import LeaseRenewer, check_lease_seconds
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Sequence
@@ -107,8 +107,7 @@ class RedisStore:
         prefix: str = "agentrt:",
         lease_seconds: float = 30.0,
     ) -> None:
-        if lease_seconds <= 0:
-            raise ConfigurationError(f"RedisStore: lease_seconds must be positive, not {lease_seconds!r}")
+        lease_seconds = check_lease_seconds(lease_seconds, "RedisStore")
         if client is not None and url != _DEFAULT_URL:
             raise ConfigurationError("RedisStore: give either `url` or `client`, not both")
         if client is None:

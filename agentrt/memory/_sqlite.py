@@ -27,7 +27,7 @@ import anyio.to_thread
 
 from .._errors import ConfigurationError, ConversationLockLostError
 from .._messages import message_from_json, message_to_json
-from ._lease import LeaseRenewer
+from ._lease import LeaseRenewer, check_lease_seconds
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Sequence
@@ -99,8 +99,7 @@ class SQLiteStore:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, lease_seconds: float = 30.0) -> None:
-        if isinstance(lease_seconds, bool) or not lease_seconds > 0:
-            raise ConfigurationError(f"SQLiteStore: lease_seconds must be positive, not {lease_seconds!r}")
+        lease_seconds = check_lease_seconds(lease_seconds, "SQLiteStore")
         self._path = os.fspath(path)
         if self._path == "" or self._path == ":memory:":
             # Each thread's connection would have a database of its own.
