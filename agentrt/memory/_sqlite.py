@@ -107,6 +107,9 @@ class SQLiteStore:
         self._lease_seconds = float(lease_seconds)
         self._local = threading.local()
         self._lock = threading.Lock()
+        # Writers of this process queue here rather than in SQLite's busy handler, which sleeps in
+        # steps of up to 100 ms; other processes' writers still meet it (WAL lets readers through).
+        self._writes = threading.Lock()
         self._connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
         self._renewer = LeaseRenewer(self._renew, lease_seconds / 3, name=f"agentrt SQLiteStore {self._path}")
 
@@ -195,7 +198,8 @@ class SQLiteStore:
                     db.executemany(_INSERT, [(key, last + i, body) for i, body in enumerate(bodies, 1)])
                 return True
 
-            return _transaction(db, apply)
+            with self._writes:
+                return _transaction(db, apply)
 
         if not await anyio.to_thread.run_sync(write):
             raise ConversationLockLostError(
@@ -207,8 +211,10 @@ class SQLiteStore:
         renews it from the same thread call, so no cancellation can leave it unrenewed."""
 
         def take() -> bool:
-            now = time.time()
-            cursor = self._connection().execute(_TAKE, (key, owner, now + self._lease_seconds, now))
+            db = self._connection()
+            with self._writes:
+                now = time.time()
+                cursor = db.execute(_TAKE, (key, owner, now + self._lease_seconds, now))
             if cursor.rowcount != 1:
                 return False
             self._renewer.hold(key, owner)
@@ -221,7 +227,9 @@ class SQLiteStore:
 
         def release() -> None:
             self._renewer.release(key, owner)
-            self._connection().execute(_UNLOCK, (key, owner))
+            db = self._connection()
+            with self._writes:
+                db.execute(_UNLOCK, (key, owner))
 
         await anyio.to_thread.run_sync(release)
 
@@ -234,7 +242,8 @@ class SQLiteStore:
         def apply() -> list[tuple[str, str]]:
             return [(k, o) for k, o in leases if db.execute(_RENEW, (expires, k, o)).rowcount != 1]
 
-        return _transaction(db, apply)
+        with self._writes:
+            return _transaction(db, apply)
 
     def close(self) -> None:
         """Stop renewing every lease (they expire within a lease) and close the connections of this
