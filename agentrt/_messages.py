@@ -203,9 +203,12 @@ def _loads(data: bytes | str) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        if "surrogate" not in str(exc):
-            raise
-        return json.loads(data)
+        # orjson refuses a `\\ud800` escape without its pair; the standard library reads it. Any other
+        # bad input (not UTF-8, not JSON) is reported as orjson reported it.
+        try:
+            return json.loads(data.decode() if isinstance(data, bytes) else data)
+        except ValueError:
+            raise exc from None
 
 
 def messages_to_json(messages: Iterable[ChatMessage]) -> bytes:

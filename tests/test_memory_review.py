@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import anyio
+import orjson
 import pytest
 
 import agentrt
@@ -26,6 +27,7 @@ from agentrt import (
     UserMessage,
     tool,
 )
+from agentrt._messages import message_from_json
 from agentrt.memory import ChatMemory, InMemoryStore, RedisStore, SQLiteStore
 from agentrt.models import ModelRequest
 from agentrt.testing import CallTool, FunctionModel, ScriptedModel
@@ -312,3 +314,39 @@ def test_a_lease_length_that_cannot_work_is_a_configuration_error(lease: Any, tm
         SQLiteStore(tmp_path / "chat.db", lease_seconds=lease)
     with pytest.raises(agentrt.ConfigurationError, match="lease_seconds must be a finite number"):
         RedisStore("redis://127.0.0.1:1/0", lease_seconds=lease)
+
+
+# --- a second review ----------------------------------------------------------------------------
+
+
+async def test_an_answer_of_stray_calls_only_is_stored_as_an_empty_text() -> None:
+    model = ScriptedModel([CallTool("missing", {}, id="c1")], "next")
+    svc = agentrt.build(Chat, model=model, memory=InMemoryStore())
+
+    assert await svc.chat("c", "q") == ""
+    await svc.chat("c", "again")
+
+    # Neither text nor calls would be a message providers reject (OpenAI: content null, no calls).
+    assert model.requests[1].messages[1] == AssistantMessage(text="")
+
+
+async def test_a_conversation_with_repeated_call_ids_reads_back_into_replace() -> None:
+    # Some OpenAI-compatible servers give parallel calls the same id; both run, both results stored.
+    model = ScriptedModel(
+        [CallTool("lookup", {"query": "a"}, id="x"), CallTool("lookup", {"query": "b"}, id="x")], "done"
+    )
+    svc = agentrt.build(Chat, model=model, tools=[Lookup()], memory=InMemoryStore())
+    await svc.chat("c", "q")
+    access = agentrt.memory.access(svc)
+    stored = await access.read("c")
+    assert [m.tool_call_id for m in stored if isinstance(m, ToolResultMessage)] == ["x", "x"]
+
+    await access.replace("c", stored)
+    assert await access.read("c") == stored
+    with pytest.raises(ValueError, match="answered already"):
+        await access.replace("c", [*stored[:-1], stored[-2], stored[-1]])
+
+
+def test_bytes_that_are_not_utf8_are_a_json_error_as_before() -> None:
+    with pytest.raises(orjson.JSONDecodeError):
+        message_from_json(b'{"role": "user", "contents": [\xff]}')

@@ -299,7 +299,9 @@ class Invocation:
                     # An answer with calls that never ran (stray calls in a final answer, or a model
                     # that called tools the service does not have): the answer counts, the calls do
                     # not. Stored with them, every later request would carry an unanswered call.
-                    message = message.model_copy(update={"tool_calls": ()})
+                    # A message of calls only keeps an empty text: providers reject an assistant
+                    # message with neither text nor calls.
+                    message = message.model_copy(update={"tool_calls": (), "text": message.text or ""})
                 turn.exchange.append(message)
                 text = _finish.output_guardrails(turn, text)
             value = _finish.parse(turn, text)

@@ -62,6 +62,8 @@ class LeaseRenewer:
         self._linger = min(1.0, interval)
         self._name = name
         self._held: set[tuple[str, str]] = set()
+        self._attempts: set[tuple[str, str]] = set()  # try_lock calls under way in worker threads
+        self._abandoned: set[tuple[str, str]] = set()  # ...whose caller stopped waiting
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
@@ -69,10 +71,61 @@ class LeaseRenewer:
     def hold(self, key: str, owner: str) -> None:
         """Renew this lease from now on."""
         with self._lock:
-            self._held.add((key, owner))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
+            self._hold((key, owner))
+
+    def _hold(self, lease: tuple[str, str]) -> None:
+        self._held.add(lease)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+
+    # An attempt to take a lock runs in a worker thread, which goes on when its caller stops waiting
+    # (a cancellation; an event loop shutting down cancels every task). A lock it takes then would be
+    # held and renewed with nobody to release it. So the store announces the attempt (`attempt`), the
+    # thread settles it (`settle`), and a caller that stops waiting abandons it (`abandon`): whichever
+    # comes second gives the lock back, from a thread, whatever became of the event loop.
+
+    def attempt(self, key: str, owner: str) -> None:
+        """A `try_lock` for `owner` is about to run in a worker thread."""
+        with self._lock:
+            self._attempts.add((key, owner))
+
+    def settle(self, key: str, owner: str, taken: bool) -> bool:
+        """In the attempt's thread, as it ends: whether to keep the lock it `taken` (it is renewed
+        from now on). `False` for a lock taken after its caller stopped waiting: the thread must give
+        it back."""
+        lease = (key, owner)
+        with self._lock:
+            self._attempts.discard(lease)
+            abandoned = lease in self._abandoned
+            self._abandoned.discard(lease)
+            if taken and not abandoned:
+                self._hold(lease)
+                return True
+            return False
+
+    def abandon(self, key: str, owner: str, give_back: Callable[[], None]) -> None:
+        """The caller of a `try_lock` stopped waiting for it. A lock it took is given back by
+        `give_back` (a blocking call, run in a thread of its own); one it is still taking is given
+        back by its own thread (see `settle`)."""
+        lease = (key, owner)
+        with self._lock:
+            if lease in self._attempts:
+                self._abandoned.add(lease)
+                return
+            if lease not in self._held:
+                return
+            self._held.discard(lease)
+            if not self._held:
+                self._wake.notify()
+
+        def run() -> None:
+            try:
+                give_back()
+            except Exception:
+                logger.warning("%s: could not give back the lock of %r", self._name, key, exc_info=True)
+
+        threading.Thread(target=run, name=f"{self._name} give back", daemon=True).start()
 
     def release(self, key: str, owner: str) -> None:
         """Stop renewing this lease."""

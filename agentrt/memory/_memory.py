@@ -20,7 +20,7 @@ import math
 import os
 import threading
 import weakref
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -448,15 +448,19 @@ def check_history(messages: Sequence[ChatMessage], where: str) -> None:
     message that calls tools followed at once by exactly one result per call."""
     from .._messages import AssistantMessage, UserMessage
 
-    pending: set[str] = set()  # calls of the last assistant message still without a result
+    # Calls of the last assistant message still without a result, counted: some servers repeat an id
+    # in parallel calls, and each of those calls has its result.
+    pending: Counter[str] = Counter()
     for index, message in enumerate(messages):
         if isinstance(message, ToolResultMessage):
-            if message.tool_call_id not in pending:
+            if pending[message.tool_call_id] <= 0:
                 raise ValueError(
                     f"{where}: message {index} answers tool call {message.tool_call_id!r}, which the "
                     "assistant message right before its results did not make (or which is answered already)"
                 )
-            pending.discard(message.tool_call_id)
+            pending[message.tool_call_id] -= 1
+            if not pending[message.tool_call_id]:
+                del pending[message.tool_call_id]
             continue
         if pending:
             raise ValueError(f"{where}: tool call(s) {sorted(pending)} have no result before message {index}")
@@ -466,7 +470,7 @@ def check_history(messages: Sequence[ChatMessage], where: str) -> None:
                 "(the system message is rendered for each turn)"
             )
         if isinstance(message, AssistantMessage):
-            pending = {call.id for call in message.tool_calls}
+            pending = Counter(call.id for call in message.tool_calls)
         elif not isinstance(message, UserMessage):
             raise TypeError(f"{where}: message {index} is not a chat message: {message!r}")
     if pending:

@@ -185,24 +185,38 @@ class RedisStore:
 
     async def try_lock(self, key: str, owner: str) -> bool:
         """Take the lock with `SET NX PX` (an expired lease is gone, so it is free); when taken, the
-        renewer renews it from the same thread call, so no cancellation can leave it unrenewed."""
+        renewer renews it, and a caller that stopped waiting meanwhile has it given back (see
+        `LeaseRenewer.attempt`)."""
+        renewer = self._renewer
+        renewer.attempt(key, owner)
 
         def take() -> bool:
-            if not self._client.set(self._lock(key), owner, nx=True, px=self._lease_ms):
-                return False
-            self._renewer.hold(key, owner)
-            return True
+            taken = False
+            try:
+                taken = bool(self._client.set(self._lock(key), owner, nx=True, px=self._lease_ms))
+            finally:
+                kept = renewer.settle(key, owner, taken)
+            if taken and not kept:
+                self._give_back(key, owner)
+            return kept
 
-        return await anyio.to_thread.run_sync(take)
+        try:
+            return await anyio.to_thread.run_sync(take)
+        except BaseException:
+            renewer.abandon(key, owner, lambda: self._give_back(key, owner))
+            raise
 
     async def unlock(self, key: str, owner: str) -> None:
         """Stop renewing, then delete the lock only if `owner` still holds it (compare and delete)."""
 
         def release() -> None:
             self._renewer.release(key, owner)
-            self._unlock(keys=[self._lock(key)], args=[owner])
+            self._give_back(key, owner)
 
         await anyio.to_thread.run_sync(release)
+
+    def _give_back(self, key: str, owner: str) -> None:
+        self._unlock(keys=[self._lock(key)], args=[owner])
 
     def _renew(self, leases: Collection[tuple[str, str]]) -> Collection[tuple[str, str]]:
         """In the renewer's thread: extend every lease still held by its owner (one script) and

@@ -16,6 +16,7 @@ error rolls it back before the thread returns.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -30,7 +31,7 @@ from .._messages import message_from_json, message_to_json
 from ._lease import LeaseRenewer, check_lease_seconds
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Sequence
+    from collections.abc import Callable, Collection, Iterator, Sequence
 
     from .._messages import ChatMessage
 
@@ -76,12 +77,14 @@ _UNLOCK = "DELETE FROM agentrt_leases WHERE key = ? AND owner = ?"
 
 class _Connection:
     """One thread's connection. It lives in a `threading.local`, so it is closed (by its finalizer)
-    when its thread ends; `SQLiteStore.close` closes those of live threads."""
+    when its thread ends; `SQLiteStore.close` closes those of live threads, each once its thread is
+    done with it (`busy`): closing a connection another thread is using crashes the process."""
 
-    __slots__ = ("__weakref__", "closed", "db")
+    __slots__ = ("__weakref__", "busy", "closed", "db")
 
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
+        self.busy = threading.Lock()
         self.closed = False
         weakref.finalize(self, db.close)
 
@@ -126,11 +129,22 @@ class SQLiteStore:
         """The thread that renews this store's held leases (`held()` lists them)."""
         return self._renewer
 
-    def _connection(self) -> sqlite3.Connection:
-        """This thread's connection, opened (and the schema made) on its first use."""
+    @contextlib.contextmanager
+    def _use(self) -> Iterator[sqlite3.Connection]:
+        """This thread's connection, for one operation (`close` waits for it to end); opened, and
+        the schema made, on the thread's first use."""
         conn: _Connection | None = getattr(self._local, "conn", None)
-        if conn is not None and not conn.closed:
-            return conn.db
+        if conn is None or conn.closed:
+            conn = self._open()
+        with conn.busy:
+            if conn.closed:  # closed by `close` while this thread waited for it
+                conn = self._open()
+                with conn.busy:
+                    yield conn.db
+            else:
+                yield conn.db
+
+    def _open(self) -> _Connection:
         # isolation_level=None: no implicit transactions, each write says BEGIN IMMEDIATE itself.
         # check_same_thread=False only so that `close` may close it from another thread.
         db = sqlite3.connect(self._path, timeout=_BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
@@ -146,13 +160,14 @@ class SQLiteStore:
         self._local.conn = conn
         with self._lock:
             self._connections.add(conn)
-        return db
+        return conn
 
     async def load(self, key: str) -> list[ChatMessage]:
         """The conversation's messages, oldest first (one SELECT, a consistent snapshot)."""
 
         def read() -> list[str]:
-            return [body for (body,) in self._connection().execute(_LOAD, (key,))]
+            with self._use() as db:
+                return [body for (body,) in db.execute(_LOAD, (key,))]
 
         return [message_from_json(body) for body in await anyio.to_thread.run_sync(read)]
 
@@ -181,25 +196,23 @@ class SQLiteStore:
         bodies = [message_to_json(m).decode() for m in messages]
 
         def write() -> bool:
-            db = self._connection()
+            with self._use() as db, self._writes:
+                return _transaction(db, lambda: apply(db))
 
-            def apply() -> bool:
-                # An expired lease still ours is fine: nobody else wrote since, or they would own it.
-                if owner is not None:
-                    row = db.execute(_OWNER, (key,)).fetchone()
-                    if row is None or row[0] != owner:
-                        return False
-                if drop is None:
-                    db.execute(_DELETE, (key,))
-                elif drop:
-                    db.execute(_DROP, (key, key, drop))
-                if bodies:
-                    (last,) = db.execute(_LAST, (key,)).fetchone()
-                    db.executemany(_INSERT, [(key, last + i, body) for i, body in enumerate(bodies, 1)])
-                return True
-
-            with self._writes:
-                return _transaction(db, apply)
+        def apply(db: sqlite3.Connection) -> bool:
+            # An expired lease still ours is fine: nobody else wrote since, or they would own it.
+            if owner is not None:
+                row = db.execute(_OWNER, (key,)).fetchone()
+                if row is None or row[0] != owner:
+                    return False
+            if drop is None:
+                db.execute(_DELETE, (key,))
+            elif drop:
+                db.execute(_DROP, (key, key, drop))
+            if bodies:
+                (last,) = db.execute(_LAST, (key,)).fetchone()
+                db.executemany(_INSERT, [(key, last + i, body) for i, body in enumerate(bodies, 1)])
+            return True
 
         if not await anyio.to_thread.run_sync(write):
             raise ConversationLockLostError(
@@ -208,54 +221,63 @@ class SQLiteStore:
 
     async def try_lock(self, key: str, owner: str) -> bool:
         """Take the lease row if there is none or it expired (one upsert); when taken, the renewer
-        renews it from the same thread call, so no cancellation can leave it unrenewed."""
+        renews it, and a caller that stopped waiting meanwhile has it given back (see
+        `LeaseRenewer.attempt`)."""
+        renewer = self._renewer
+        renewer.attempt(key, owner)
 
         def take() -> bool:
-            db = self._connection()
-            with self._writes:
-                now = time.time()
-                cursor = db.execute(_TAKE, (key, owner, now + self._lease_seconds, now))
-            if cursor.rowcount != 1:
-                return False
-            self._renewer.hold(key, owner)
-            return True
+            taken = False
+            try:
+                with self._use() as db, self._writes:
+                    now = time.time()
+                    taken = db.execute(_TAKE, (key, owner, now + self._lease_seconds, now)).rowcount == 1
+            finally:
+                kept = renewer.settle(key, owner, taken)
+            if taken and not kept:
+                self._give_back(key, owner)
+            return kept
 
-        return await anyio.to_thread.run_sync(take)
+        try:
+            return await anyio.to_thread.run_sync(take)
+        except BaseException:
+            renewer.abandon(key, owner, lambda: self._give_back(key, owner))
+            raise
 
     async def unlock(self, key: str, owner: str) -> None:
         """Stop renewing, then delete the lease row only if `owner` still holds it."""
 
         def release() -> None:
             self._renewer.release(key, owner)
-            db = self._connection()
-            with self._writes:
-                db.execute(_UNLOCK, (key, owner))
+            self._give_back(key, owner)
 
         await anyio.to_thread.run_sync(release)
+
+    def _give_back(self, key: str, owner: str) -> None:
+        with self._use() as db, self._writes:
+            db.execute(_UNLOCK, (key, owner))
 
     def _renew(self, leases: Collection[tuple[str, str]]) -> Collection[tuple[str, str]]:
         """In the renewer's thread (its own connection): extend every lease still held by its owner,
         in one transaction, and return those another owner has now or whose row is gone."""
-        db = self._connection()
         expires = time.time() + self._lease_seconds
-
-        def apply() -> list[tuple[str, str]]:
-            return [(k, o) for k, o in leases if db.execute(_RENEW, (expires, k, o)).rowcount != 1]
-
-        with self._writes:
-            return _transaction(db, apply)
+        with self._use() as db, self._writes:
+            return _transaction(
+                db, lambda: [(k, o) for k, o in leases if db.execute(_RENEW, (expires, k, o)).rowcount != 1]
+            )
 
     def close(self) -> None:
         """Stop renewing every lease (they expire within a lease) and close the connections of this
-        store. Call it when no operation runs; a later operation opens new connections."""
+        store, each once the operation using it ended; a later operation opens new connections."""
         for key, owner in self._renewer.held():
             self._renewer.release(key, owner)
         with self._lock:
             connections = list(self._connections)
             self._connections.clear()
         for conn in connections:
-            conn.closed = True
-            conn.db.close()
+            with conn.busy:
+                conn.closed = True
+                conn.db.close()
 
     async def aclose(self) -> None:
         """`close`, for code that closes stores with `await`."""
