@@ -5,7 +5,7 @@ Declare a class of `async def` stubs, `build` it with a model, and await, stream
 
 from __future__ import annotations
 
-from . import memory, models, output, testing, tools
+from . import guardrails, memory, models, output, testing, tools
 from ._budget import Budget, Spent
 from ._errors import (
     AgentError,
@@ -18,6 +18,8 @@ from ._errors import (
     ContextLengthExceededError,
     ConversationBusyError,
     ConversationLockLostError,
+    GuardrailError,
+    InputGuardrailError,
     ModelConnectionError,
     ModelError,
     ModelNotFoundError,
@@ -41,6 +43,7 @@ from ._events import (
     Event,
     FailedEvent,
     FinishReason,
+    GuardrailVerdict,
     LifecycleEvent,
     RefusalDelta,
     RequestIssued,
@@ -104,7 +107,10 @@ __all__ = [
     "Event",
     "FailedEvent",
     "FinishReason",
+    "GuardrailError",
+    "GuardrailVerdict",
     "ImageContent",
+    "InputGuardrailError",
     "LifecycleEvent",
     "Listener",
     "LoopLimit",
@@ -159,6 +165,7 @@ __all__ = [
     "build",
     "call_options",
     "create",
+    "guardrails",
     "memory",
     "messages_from_json",
     "messages_to_json",

@@ -50,6 +50,8 @@ __all__ = [
     "ContextLengthExceededError",
     "ConversationBusyError",
     "ConversationLockLostError",
+    "GuardrailError",
+    "InputGuardrailError",
     "ModelConnectionError",
     "ModelError",
     "ModelNotFoundError",
@@ -313,3 +315,16 @@ class ConversationLockLostError(ChatMemoryError):
     """A shared store's lock on the conversation expired or was taken while the turn ran (the holder
     stopped renewing it, e.g. a paused process): the turn was not stored, so no other turn's messages
     were overwritten or interleaved."""
+
+
+class GuardrailError(AgentError):
+    """Guardrails refused the call; `failures` are the verdicts that failed (`GuardrailVerdict`), in
+    the order they ran."""
+
+    def __init__(self, message: str, *, failures: tuple[Any, ...]) -> None:
+        super().__init__(message)
+        self.failures = failures
+
+
+class InputGuardrailError(GuardrailError):
+    """The input guardrails refused the user message: no model request was made, nothing stored."""

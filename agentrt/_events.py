@@ -263,6 +263,24 @@ class ToolExecuted:
 
 
 @dataclass(frozen=True, slots=True)
+class GuardrailVerdict:
+    """A guardrail ran: on the user message (`kind` "input") or on an answer ("output"; `attempt`
+    is 1 for the first answer, 2 after one re-ask, ...). `verdict` is a `guardrails.Verdict` value."""
+
+    invocation_id: str
+    guardrail: str
+    kind: str
+    verdict: str
+    message: str | None
+    seconds: float
+    attempt: int = 1
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict in ("success", "success_with")
+
+
+@dataclass(frozen=True, slots=True)
 class Result(Generic[T]):
     """The outcome of an invocation: the parsed value and everything learned on the way.
 
@@ -319,6 +337,7 @@ Event = (
     | ResponseReceived
     | ToolCallRequested
     | ToolExecuted
+    | GuardrailVerdict
     | Completed[Any]
 )
 """What an invocation's event stream yields."""
@@ -329,6 +348,7 @@ LifecycleEvent = (
     | ResponseReceived
     | ToolCallRequested
     | ToolExecuted
+    | GuardrailVerdict
     | Completed[Any]
     | FailedEvent
     | CancelledEvent

@@ -15,6 +15,7 @@ from ._options import CURRENT_OPTIONS, CallOptions
 from ._pipeline import READY, Invocation, Listener, Runtime, SystemMessageProvider, ToolProvider
 from ._spec import MethodSpec, OutputKind, service_spec
 from ._stream import TokenStream
+from .guardrails._declare import INPUT_ATTR, guardrail_chain
 from .memory._memory import ChatMemory, Memory
 from .memory._store import ChatMemoryStore
 from .models._protocol import ModelSettings
@@ -150,6 +151,7 @@ def build(
     tool_settings: ToolSettings | None = None,
     budget: Budget | None = None,
     memory: ChatMemory | ChatMemoryStore | None = None,
+    input_guardrails: Sequence[object] = (),
 ) -> S:
     """Build a service: an instance of `cls` whose stub methods call `model`.
 
@@ -163,6 +165,8 @@ def build(
     - `tool_settings`: timeouts, concurrency, loop limits and failure policies (`ToolSettings`).
     - `budget`: what one call may spend (`Budget`: seconds, tokens, model requests, tool calls);
       `@method_options` and the call's own options override it field by field.
+    - `input_guardrails`: checks on the user message of every method that declares none itself (nor
+      its class), run in order before any model request (see `agentrt.guardrails`).
     - `memory`: chat memory (`agentrt.memory.window(...)`, a `ChatMemory`, or a bare store, which
       keeps whole conversations): turns on one memory id see the turns before them.
 
@@ -208,6 +212,15 @@ def build(
                 f"got {memory!r}"
             )
         memory = ChatMemory(store=memory)
+    build_input = guardrail_chain(input_guardrails, f"{cls.__name__}: input_guardrails")
+    class_input = getattr(cls, INPUT_ATTR, None)
+    input_chains = {}
+    for name, method_spec in spec.methods.items():
+        chain = getattr(method_spec.function, INPUT_ATTR, None)
+        if chain is None:
+            chain = class_input if class_input is not None else build_input
+        if chain:
+            input_chains[name] = chain
     tool_settings = tool_settings or ToolSettings()
     _check_tool_choice(cls.__name__, model, tool_settings, definitions, tool_provider)
 
@@ -224,6 +237,7 @@ def build(
         budget=budget,
         handles_deadline=getattr(model, "handles_deadline", False) is True,
         memory=Memory(memory, f"{cls.__module__}.{cls.__qualname__}") if memory is not None else None,
+        input_guardrails=MappingProxyType(input_chains),
     )
     namespace: dict[str, Any] = {
         name: _implement(method_spec, runtime) for name, method_spec in spec.methods.items()

@@ -39,6 +39,8 @@ from agentrt._errors import (
     ContextLengthExceededError,
     ConversationBusyError,
     ConversationLockLostError,
+    GuardrailError,
+    InputGuardrailError,
     ModelConnectionError,
     ModelError,
     ModelNotFoundError,
@@ -56,7 +58,7 @@ from agentrt._errors import (
     ToolTimeoutError,
     UnknownToolError,
 )
-from agentrt._events import FinishReason, Result, ToolExecution, ToolOutcome, Usage
+from agentrt._events import FinishReason, GuardrailVerdict, Result, ToolExecution, ToolOutcome, Usage
 from agentrt._messages import (
     AssistantMessage,
     ImageContent,
@@ -190,6 +192,11 @@ SAMPLES: dict[type[AgentError], Callable[[], AgentError]] = {
         partial=_partial(),
     ),
     ChatMemoryError: lambda: ChatMemoryError("the store failed"),
+    GuardrailError: lambda: GuardrailError("refused", failures=()),
+    InputGuardrailError: lambda: InputGuardrailError(
+        "Assistant.chat: the input guardrails refused the user message (NoSecrets: a key)",
+        failures=(GuardrailVerdict("id", "NoSecrets", "input", "fatal", "a key", 0.001),),
+    ),
     ConversationBusyError: lambda: ConversationBusyError(
         "Assistant.chat: conversation 'ada' stayed busy with another turn for 2 s", memory_id="ada"
     ),

@@ -1,4 +1,4 @@
-"""The stages before the model is asked: render, input guardrails, memory, retrieval, tools, output
+"""The stages before the model is asked: render, memory, input guardrails, retrieval, tools, output
 format. Each is a small function over the `Turn`; `prepare` runs them in order and leaves the first
 request in `turn.request`.
 """
@@ -10,15 +10,18 @@ from typing import TYPE_CHECKING
 
 from .._errors import ConfigurationError
 from .._messages import ChatMessage, SystemMessage, TextContent, UserMessage
+from ..guardrails._run import run_input
 from ..models._protocol import ModelRequest, ToolSpec
 from ..tools._declare import ToolContext, ToolDefinition, collect_tools
 from ..tools._run import ToolLoop
-from ._runtime import ToolRequest
+from ._runtime import ToolRequest, notify
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from .._events import GuardrailVerdict
     from .._messages import ToolCall
+    from ..guardrails._declare import Guardrail
     from ._turn import Turn
 
 __all__ = ["prepare"]
@@ -34,8 +37,10 @@ async def prepare(turn: Turn) -> None:
     render(turn)
     if turn.system is None and runtime.system_message is not None:
         await provided_system_message(turn)
-    input_guardrails(turn)
     history = await load_memory(turn) if runtime.memory is not None else []
+    chain = runtime.input_guardrails.get(turn.spec.name)
+    if chain is not None:
+        await input_guardrails(turn, chain, history)
     augment(turn)
     if runtime.tool_provider is not None:
         await provided_tools(turn)
@@ -49,7 +54,10 @@ def may_wait(turn: Turn) -> bool:
     retriever)."""
     runtime = turn.runtime
     return (
-        runtime.system_message is not None or runtime.tool_provider is not None or runtime.memory is not None
+        runtime.system_message is not None
+        or runtime.tool_provider is not None
+        or runtime.memory is not None
+        or turn.spec.name in runtime.input_guardrails
     )
 
 
@@ -74,8 +82,29 @@ async def provided_system_message(turn: Turn) -> None:
     turn.system = text or None
 
 
-def input_guardrails(turn: Turn) -> None:
-    """Seam: input guardrails (may rewrite `turn.user` or stop the invocation)."""
+async def input_guardrails(turn: Turn, chain: tuple[Guardrail, ...], history: list[ChatMessage]) -> None:
+    """The input chain over the user message: it may rewrite `turn.user` (what the model sees and
+    memory stores) or stop the invocation with `InputGuardrailError`, before any model request.
+
+    It runs after the memory stage, so that guardrails can read the conversation so far; a turn it
+    stops has its conversation released and stores nothing."""
+    assert turn.user is not None
+    listeners = turn.runtime.listeners
+
+    def report(verdict: GuardrailVerdict) -> None:
+        turn.verdicts.append(verdict)
+        if listeners:
+            notify(listeners, verdict)
+
+    turn.user = await run_input(
+        chain,
+        turn.user,
+        invocation_id=turn.id,
+        method=turn.spec.qualname,
+        memory_id=turn.memory_id,
+        history=tuple(history),
+        report=report,
+    )
 
 
 async def load_memory(turn: Turn) -> list[ChatMessage]:

@@ -19,7 +19,7 @@ from ..memory._memory import DEFAULT_MEMORY_ID
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .._events import ModelResponse, ToolExecution
+    from .._events import GuardrailVerdict, ModelResponse, ToolExecution
     from .._messages import ChatMessage, UserMessage
     from .._spec import MethodSpec
     from ..memory._memory import Conversation
@@ -67,6 +67,7 @@ class Turn:
         "tools",
         "usage",
         "user",
+        "verdicts",
         "watched",
     )
 
@@ -96,6 +97,8 @@ class Turn:
         if self.memory_id is None:
             raise TypeError(f"{spec.qualname}(): the memory id {spec.memory_param!r} is None")
         self.conversation: Conversation | None = None
+        self.verdicts: list[GuardrailVerdict] = []
+        """Guardrail verdicts not yet yielded as events (the stages before the loop cannot yield)."""
         """The conversation, locked from the memory stage until the turn is committed or ends."""
         self.system: str | None = None
         self.user: UserMessage | None = None

@@ -3,7 +3,7 @@
 There is one loop. Awaiting a method, reading a `TokenStream`, or (later) an SSE endpoint are all folds
 over `Invocation.events()`, which runs the stages of DESIGN §2 over one `Turn`:
 
-    prepare (render → input guardrails → memory → retrieval → tools → output format)
+    prepare (render → memory → input guardrails → retrieval → tools → output format)
     model ⇄ tools: before_request → stream the response → after_response → [tool round → after_round]
     answer: output guardrails → parse → commit
 
@@ -185,6 +185,13 @@ class Invocation:
             if guard is not None and _stages.may_wait(turn):
                 prepare = _scoped(turn, prepare, guard)
             await prepare
+            if turn.verdicts:  # the input guardrails' verdicts (listeners had them as they came)
+                for verdict in turn.verdicts:
+                    if held is None:
+                        yield verdict
+                    else:
+                        held.append(verdict)
+                turn.verdicts.clear()
             round_ = 0
             while True:
                 round_ += 1

@@ -1,0 +1,168 @@
+"""Declaring guardrails: on a class, on a method, or at `build(...)` (method > class > build).
+
+A guardrail is a function of its request, or an object with a `validate(request)` method, sync or
+async, that returns a `GuardrailResult`. A sync guardrail runs on the event loop: keep it quick, or
+make it async.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypeVar
+
+from .._errors import ConfigurationError
+from .._events import ToolExecution
+from .._messages import ChatMessage, UserMessage
+from ._results import GuardrailResult
+
+__all__ = [
+    "INPUT_ATTR",
+    "OUTPUT_ATTR",
+    "Guardrail",
+    "InputGuardrailRequest",
+    "OutputChain",
+    "OutputGuardrailRequest",
+    "Release",
+    "guardrail_chain",
+    "input_guardrails",
+    "output_guardrails",
+]
+
+INPUT_ATTR: Final = "__agentrt_input_guardrails__"
+OUTPUT_ATTR: Final = "__agentrt_output_guardrails__"
+
+_T = TypeVar("_T")
+
+Release = Literal["buffer", "chunked", "optimistic"]
+
+
+@dataclass(frozen=True, slots=True)
+class InputGuardrailRequest:
+    """What an input guardrail checks: the user message (as rewritten by the guardrails before it),
+    with the method, the memory id and the conversation so far (read-only; empty without memory)."""
+
+    user_message: UserMessage
+    method: str
+    memory_id: Any
+    history: tuple[ChatMessage, ...] = ()
+
+    @property
+    def text(self) -> str:
+        return self.user_message.text
+
+
+@dataclass(frozen=True, slots=True)
+class OutputGuardrailRequest:
+    """What an output guardrail checks: the answer's text (as rewritten by the guardrails before
+    it), its thinking, this turn's tool executions, and the attempt (1, then 2 after a re-ask, ...)."""
+
+    text: str
+    user_message: UserMessage
+    method: str
+    memory_id: Any
+    history: tuple[ChatMessage, ...] = ()
+    thinking: str | None = None
+    tool_executions: tuple[ToolExecution, ...] = ()
+    attempt: int = 1
+
+
+class Guardrail:
+    """One declared guardrail: its name (an object's `name` attribute, else its class's or the
+    function's qualified name; events and errors report it) and how to call it."""
+
+    __slots__ = ("_call", "name")
+
+    def __init__(self, target: object, where: str) -> None:
+        validate = getattr(target, "validate", None)
+        if isinstance(target, type):
+            validate = None  # a class: its validate is unbound
+        if callable(validate) and not inspect.isfunction(target):
+            call: Callable[[Any], Any] = validate
+            own = getattr(target, "name", None)  # an object may name itself
+            name = own if isinstance(own, str) and own else type(target).__qualname__
+        elif callable(target) and not isinstance(target, type):
+            call = target
+            name = getattr(target, "__qualname__", None) or type(target).__qualname__
+        else:
+            kind = "a class (pass an instance)" if isinstance(target, type) else "not callable"
+            raise ConfigurationError(
+                f"{where}: guardrail {target!r} is {kind}: give a function of the request, or an object "
+                "with a validate(request) method, returning a GuardrailResult"
+            )
+        self._call = call
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<Guardrail {self.name}>"
+
+    async def check(self, request: Any) -> GuardrailResult:
+        result = self._call(request)
+        if inspect.isawaitable(result):
+            result = await result
+        if not isinstance(result, GuardrailResult):
+            raise TypeError(
+                f"guardrail {self.name} returned {result!r}; it must return a GuardrailResult "
+                "(agentrt.guardrails.success(), failure(...), ...)"
+            )
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class OutputChain:
+    """The output guardrails of a method, with how often they may re-ask and how a stream releases
+    text while they have not passed it."""
+
+    guardrails: tuple[Guardrail, ...]
+    max_retries: int = 2
+    release: Release = "buffer"
+
+
+def guardrail_chain(guardrails: Sequence[object] | object, where: str) -> tuple[Guardrail, ...]:
+    """Guardrails declared as a list, each checked."""
+    if isinstance(guardrails, str | bytes) or not isinstance(guardrails, Sequence):
+        guardrails = (guardrails,)
+    return tuple(Guardrail(g, where) for g in guardrails)
+
+
+def output_chain(guardrails: Sequence[object], max_retries: int, release: str, where: str) -> OutputChain:
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+        raise ConfigurationError(f"{where}: max_retries must be an int >= 0, got {max_retries!r}")
+    if release not in ("buffer", "chunked", "optimistic"):
+        raise ConfigurationError(
+            f"{where}: release must be 'buffer', 'chunked' or 'optimistic', got {release!r}"
+        )
+    return OutputChain(guardrail_chain(guardrails, where), max_retries, release)  # type: ignore[arg-type]
+
+
+def _where(target: object) -> str:
+    """`Class.method` (or `Class`) of a decorated target, without the `<locals>` of where it was made."""
+    qualname = getattr(target, "__qualname__", None)
+    return qualname.rsplit("<locals>.", 1)[-1] if isinstance(qualname, str) else repr(target)
+
+
+def input_guardrails(*guardrails: object) -> Callable[[_T], _T]:
+    """Declare the input guardrails of a method, or of every method of a class, run in order before
+    any model request."""
+
+    def decorate(target: _T) -> _T:
+        setattr(target, INPUT_ATTR, guardrail_chain(guardrails, f"{_where(target)}: @input_guardrails"))
+        return target
+
+    return decorate
+
+
+def output_guardrails(
+    *guardrails: object, max_retries: int = 2, release: Release = "buffer"
+) -> Callable[[_T], _T]:
+    """Declare the output guardrails of a method, or of every method of a class, run in order on each
+    answer; `max_retries` re-asks at most (after the first answer), `release` how a stream releases
+    text the chain has not passed yet."""
+
+    def decorate(target: _T) -> _T:
+        where = f"{_where(target)}: @output_guardrails"
+        setattr(target, OUTPUT_ATTR, output_chain(guardrails, max_retries, release, where))
+        return target
+
+    return decorate
