@@ -57,6 +57,7 @@ __all__ = [
     "ModelNotFoundError",
     "ModelResponseError",
     "ModelTimeoutError",
+    "OutputGuardrailError",
     "OutputParsingError",
     "OverloadedError",
     "PermissionDeniedError",
@@ -328,3 +329,13 @@ class GuardrailError(AgentError):
 
 class InputGuardrailError(GuardrailError):
     """The input guardrails refused the user message: no model request was made, nothing stored."""
+
+
+class OutputGuardrailError(GuardrailError):
+    """The output guardrails refused the answer (a failure, a fatal, or re-asks past `max_retries`).
+    `failures` are the failed verdicts of the last run of the chain; `partial` the `Result` so far
+    (its `attempts` counts the answers checked). Nothing was stored."""
+
+    def __init__(self, message: str, *, failures: tuple[Any, ...], partial: Result[Any]) -> None:
+        super().__init__(message, failures=failures)
+        self.partial = partial

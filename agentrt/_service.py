@@ -15,7 +15,7 @@ from ._options import CURRENT_OPTIONS, CallOptions
 from ._pipeline import READY, Invocation, Listener, Runtime, SystemMessageProvider, ToolProvider
 from ._spec import MethodSpec, OutputKind, service_spec
 from ._stream import TokenStream
-from .guardrails._declare import INPUT_ATTR, guardrail_chain
+from .guardrails._declare import INPUT_ATTR, OUTPUT_ATTR, guardrail_chain, output_chain
 from .memory._memory import ChatMemory, Memory
 from .memory._store import ChatMemoryStore
 from .models._protocol import ModelSettings
@@ -152,6 +152,7 @@ def build(
     budget: Budget | None = None,
     memory: ChatMemory | ChatMemoryStore | None = None,
     input_guardrails: Sequence[object] = (),
+    output_guardrails: Sequence[object] = (),
 ) -> S:
     """Build a service: an instance of `cls` whose stub methods call `model`.
 
@@ -167,6 +168,8 @@ def build(
       `@method_options` and the call's own options override it field by field.
     - `input_guardrails`: checks on the user message of every method that declares none itself (nor
       its class), run in order before any model request (see `agentrt.guardrails`).
+    - `output_guardrails`: checks on the answers of every method that declares none itself (nor its
+      class), with the defaults of `@output_guardrails` (`max_retries=2`, `release="buffer"`).
     - `memory`: chat memory (`agentrt.memory.window(...)`, a `ChatMemory`, or a bare store, which
       keeps whole conversations): turns on one memory id see the turns before them.
 
@@ -221,6 +224,19 @@ def build(
             chain = class_input if class_input is not None else build_input
         if chain:
             input_chains[name] = chain
+    build_output = output_chain(output_guardrails, 2, "buffer", f"{cls.__name__}: output_guardrails")
+    class_output = getattr(cls, OUTPUT_ATTR, None)
+    output_chains = {}
+    for name, method_spec in spec.methods.items():
+        out = getattr(method_spec.function, OUTPUT_ATTR, None)
+        if out is None:
+            out = class_output if class_output is not None else build_output
+        if out.guardrails:
+            if out.release != "buffer":
+                raise ConfigurationError(
+                    f"{method_spec.qualname}: release {out.release!r} is not built yet; use 'buffer'"
+                )
+            output_chains[name] = out
     tool_settings = tool_settings or ToolSettings()
     _check_tool_choice(cls.__name__, model, tool_settings, definitions, tool_provider)
 
@@ -238,6 +254,7 @@ def build(
         handles_deadline=getattr(model, "handles_deadline", False) is True,
         memory=Memory(memory, f"{cls.__module__}.{cls.__qualname__}") if memory is not None else None,
         input_guardrails=MappingProxyType(input_chains),
+        output_guardrails=MappingProxyType(output_chains),
     )
     namespace: dict[str, Any] = {
         name: _implement(method_spec, runtime) for name, method_spec in spec.methods.items()

@@ -46,6 +46,7 @@ from agentrt._errors import (
     ModelNotFoundError,
     ModelResponseError,
     ModelTimeoutError,
+    OutputGuardrailError,
     OutputParsingError,
     OverloadedError,
     PermissionDeniedError,
@@ -193,6 +194,11 @@ SAMPLES: dict[type[AgentError], Callable[[], AgentError]] = {
     ),
     ChatMemoryError: lambda: ChatMemoryError("the store failed"),
     GuardrailError: lambda: GuardrailError("refused", failures=()),
+    OutputGuardrailError: lambda: OutputGuardrailError(
+        "Assistant.chat: the output guardrails refused the answer after 1 attempt(s) (Polite: rude)",
+        failures=(GuardrailVerdict("id", "Polite", "output", "failure", "rude", 0.001),),
+        partial=_partial(),
+    ),
     InputGuardrailError: lambda: InputGuardrailError(
         "Assistant.chat: the input guardrails refused the user message (NoSecrets: a key)",
         failures=(GuardrailVerdict("id", "NoSecrets", "input", "fatal", "a key", 0.001),),

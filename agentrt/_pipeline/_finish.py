@@ -1,15 +1,34 @@
-"""The stages after the loop: output guardrails, parse, commit. Each is a small function over the turn."""
+"""The stages after the loop: output guardrails (and re-asks), parse, commit. Each is a small function
+over the turn."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .._errors import ContentRefusedError
+from .._errors import ContentRefusedError, OutputGuardrailError
+from .._events import GuardrailVerdict
+from .._messages import UserMessage
+from ..guardrails._declare import OutputGuardrailRequest
+from ..guardrails._results import NO_VALUE, GuardrailResult, Verdict
+from ._runtime import notify
 
 if TYPE_CHECKING:
+    from .._messages import AssistantMessage, ChatMessage
+    from ..guardrails._declare import OutputChain
     from ._turn import Turn
 
-__all__ = ["answer_text", "commit", "output_guardrails", "parse"]
+__all__ = [
+    "Outcome",
+    "answer_text",
+    "check_value",
+    "commit",
+    "output_guardrails",
+    "parse",
+    "reask",
+    "refused",
+]
 
 
 def answer_text(turn: Turn) -> str:
@@ -21,10 +40,107 @@ def answer_text(turn: Turn) -> str:
     return response.message.text or ""
 
 
-def output_guardrails(turn: Turn, text: str) -> str:
-    """Seam: output guardrails over the final answer (retry and reprompt run the loop again). Plain
-    until guardrails exist: the invocation awaits it, under the deadline, once they can wait."""
-    return text
+@dataclass(slots=True)
+class Outcome:
+    """What an output chain decided about one answer."""
+
+    text: str
+    value: Any = NO_VALUE
+    failures: list[GuardrailVerdict] = field(default_factory=list)
+    reask: GuardrailResult | None = None
+    """The retry or reprompt that stopped the chain, if one did."""
+
+
+async def output_guardrails(turn: Turn, chain: OutputChain, text: str, attempt: int) -> Outcome:
+    """Run the output chain over the answer `text` (attempt 1, then 2 after a re-ask, ...).
+
+    `success_with` rewrites the text later guardrails see (and may give the method's value);
+    failures accumulate to the end of the chain; `fatal` stops it; a retry or reprompt stops it and
+    asks again (the invocation decides whether it may)."""
+    response = turn.response
+    assert response is not None
+    assert turn.user is not None
+    loop = turn.loop
+    listeners = turn.runtime.listeners
+    request = OutputGuardrailRequest(
+        text=text,
+        user_message=turn.user,
+        method=turn.spec.qualname,
+        memory_id=turn.memory_id,
+        history=turn.history,
+        thinking=response.message.thinking,
+        tool_executions=tuple(loop.executions) if loop is not None else (),
+        attempt=attempt,
+    )
+    outcome = Outcome(text)
+    for guardrail in chain.guardrails:
+        started = time.perf_counter()
+        result = await guardrail.check(request)
+        verdict = result.verdict
+        event = GuardrailVerdict(
+            turn.id,
+            guardrail.name,
+            "output",
+            verdict.value,
+            result.message,
+            time.perf_counter() - started,
+            attempt,
+        )
+        turn.verdicts.append(event)
+        if listeners:
+            notify(listeners, event)
+        if verdict is Verdict.SUCCESS_WITH:
+            assert result.text is not None
+            outcome.text = result.text
+            if result.value is not NO_VALUE:
+                outcome.value = result.value
+            request = replace(request, text=result.text)
+        elif verdict is Verdict.FAILURE:
+            outcome.failures.append(event)
+        elif verdict is Verdict.FATAL:
+            outcome.failures.append(event)
+            break
+        elif verdict is Verdict.RETRY or verdict is Verdict.REPROMPT:
+            outcome.failures.append(event)
+            outcome.reask = result
+            break
+    return outcome
+
+
+def reask(turn: Turn, rejected: AssistantMessage, result: GuardrailResult) -> None:
+    """Make the next request ask again: the request that got the rejected answer (retry), or it with
+    the rejected answer and the reprompt text (reprompt; without the answer with message removal).
+    The turn keeps its tool exchanges (tools that ran are not run again); the rejected answer and
+    the reprompt text never join the exchange, so memory never stores them."""
+    sent = turn.sent
+    assert sent is not None
+    if result.verdict is Verdict.RETRY:
+        turn.request = sent
+        return
+    assert result.prompt is not None
+    shown: tuple[ChatMessage, ...] = () if result.remove_message else (rejected,)
+    turn.request = replace(sent, messages=(*sent.messages, *shown, UserMessage.of(result.prompt)))
+
+
+def refused(turn: Turn, outcome: Outcome, attempt: int) -> OutputGuardrailError:
+    """The error for an answer the chain refused (or kept asking about past `max_retries`)."""
+    said = "; ".join(f"{f.guardrail}: {f.message}" for f in outcome.failures)
+    why = "kept asking again past max_retries" if outcome.reask is not None else "refused the answer"
+    partial = turn.partial()
+    return OutputGuardrailError(
+        f"{turn.spec.qualname}: the output guardrails {why} after {attempt} attempt(s) ({said})",
+        failures=tuple(outcome.failures),
+        partial=replace(partial, attempts=attempt),
+    )
+
+
+def check_value(turn: Turn, value: Any) -> None:
+    """A value an output guardrail gave (`success_with(text, value)`) must be of the return type."""
+    if not turn.spec.parser.accepts(value):
+        raise TypeError(
+            f"{turn.spec.qualname}: an output guardrail gave {value!r}, which is not of the method's "
+            "return type"
+        )
 
 
 def parse(turn: Turn, text: str) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 from .._budget import Budget
 from .._events import LifecycleEvent
 from .._messages import UserMessage
-from ..guardrails._declare import Guardrail
+from ..guardrails._declare import Guardrail, OutputChain
 from ..memory._memory import Memory
 from ..models._protocol import ChatModel, ModelSettings
 from ..tools._declare import ToolDefinition
@@ -62,6 +62,8 @@ class Runtime:
     """The service's chat memory, if it keeps conversations."""
     input_guardrails: Mapping[str, tuple[Guardrail, ...]] = field(default_factory=dict)
     """The input guardrail chain of each method that has one (method > class > build), by name."""
+    output_guardrails: Mapping[str, OutputChain] = field(default_factory=dict)
+    """The output guardrail chain of each method that has one (method > class > build), by name."""
 
 
 def notify(listeners: Sequence[Listener], event: LifecycleEvent) -> None:

@@ -38,6 +38,7 @@ async def prepare(turn: Turn) -> None:
     if turn.system is None and runtime.system_message is not None:
         await provided_system_message(turn)
     history = await load_memory(turn) if runtime.memory is not None else []
+    turn.history = tuple(history)
     chain = runtime.input_guardrails.get(turn.spec.name)
     if chain is not None:
         await input_guardrails(turn, chain, history)
@@ -102,7 +103,7 @@ async def input_guardrails(turn: Turn, chain: tuple[Guardrail, ...], history: li
         invocation_id=turn.id,
         method=turn.spec.qualname,
         memory_id=turn.memory_id,
-        history=tuple(history),
+        history=turn.history,
         report=report,
     )
 

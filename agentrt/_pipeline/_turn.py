@@ -50,6 +50,7 @@ class Turn:
         "deadline",
         "exchange",
         "final",
+        "history",
         "id",
         "immediate",
         "loop",
@@ -97,6 +98,8 @@ class Turn:
         if self.memory_id is None:
             raise TypeError(f"{spec.qualname}(): the memory id {spec.memory_param!r} is None")
         self.conversation: Conversation | None = None
+        self.history: tuple[ChatMessage, ...] = ()
+        """The conversation's history sent with this turn (what guardrails may read)."""
         self.verdicts: list[GuardrailVerdict] = []
         """Guardrail verdicts not yet yielded as events (the stages before the loop cannot yield)."""
         """The conversation, locked from the memory stage until the turn is committed or ends."""
@@ -171,7 +174,7 @@ class Turn:
             spent=account.spent(now()) if account is not None else None,
         )
 
-    def result(self, value: Any, text: str) -> Result[Any]:
+    def result(self, value: Any, text: str, attempts: int = 1) -> Result[Any]:
         """The `Result` of a turn that succeeded."""
         response = self.response
         assert response is not None
@@ -187,6 +190,7 @@ class Turn:
             thinking=message.thinking,
             tool_executions=tuple(loop.executions) if loop is not None else (),
             model=response.model or self.runtime.model.name,
+            attempts=attempts,
             messages=((*self.request.messages, message) if self.immediate is None else self.request.messages),
             invocation_id=self.id,
             budget=account.budget if account is not None else None,

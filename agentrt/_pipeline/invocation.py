@@ -40,6 +40,7 @@ from .._events import (
     ToolExecuted,
     Usage,
 )
+from ..guardrails._results import NO_VALUE
 from ..models._protocol import ResponseAccumulator, aclose_iterator
 from ..tools._run import arguments_hash
 from . import _finish, _loop, _meter, _stages
@@ -192,114 +193,131 @@ class Invocation:
                     else:
                         held.append(verdict)
                 turn.verdicts.clear()
+            chain = runtime.output_guardrails.get(turn.spec.name) if runtime.output_guardrails else None
+            hold = chain is not None and turn.spec.output_kind == "stream"
+            attempt = 1
             round_ = 0
-            while True:
-                round_ += 1
-                request, allowance = _loop.before_request(turn)
-                issued = RequestIssued(self.id, request, round_)
-                if listeners:
-                    notify(listeners, issued)
-                if held is None:
-                    yield issued
-                else:
-                    held.append(issued)
-                accumulator = turn.streaming = ResponseAccumulator()
-                add = accumulator.add
-                append = accumulator.text_sink()  # what `add` does for a TextDelta, without the call
-                chunks = model.stream(request)
-                if guard is not None and not runtime.handles_deadline:
-                    chunks = _Deadline(chunks, guard)
-                # A token limit: the allowance in characters, spent chunk by chunk (see _meter); the
-                # response stops within one chunk of it.
-                left = chars_for_tokens(allowance[0]) if allowance is not None else 0
-                try:
-                    if held is not None:
-                        # Primed: wait for the model to accept the request, then hand over.
-                        first = await anext(chunks, None)
-                        yield cast("Event", READY)
-                        for event in held:
-                            yield event
-                        held = None
-                        if first is not None:
-                            add(first)
-                            if first.__class__ in _FORWARD:
-                                yield first  # type: ignore[misc]
-                            if allowance is not None:
-                                left -= _meter.spend(first, allowance[0])
-                                if left < 0:
-                                    raise _cut(turn, accumulator, request, allowance)
-                    if allowance is None:
-                        async for chunk in chunks:
-                            if chunk.__class__ is TextDelta:
-                                append(chunk.text)
-                                yield chunk
-                            else:
-                                add(chunk)
-                                if chunk.__class__ in _FORWARD:
-                                    yield chunk  # type: ignore[misc]
+            value: Any = NO_VALUE
+            while True:  # one answer per pass; output guardrails may ask again
+                while True:
+                    round_ += 1
+                    request, allowance = _loop.before_request(turn)
+                    issued = RequestIssued(self.id, request, round_)
+                    if listeners:
+                        notify(listeners, issued)
+                    if held is None:
+                        yield issued
                     else:
-                        most = allowance[0]
-                        async for chunk in chunks:
-                            if chunk.__class__ is TextDelta:
-                                text = chunk.text
-                                append(text)
-                                size = len(text)
-                                left -= size if size > _meter.TOKEN else _meter.TOKEN
-                                if left < 0:
-                                    raise _cut(turn, accumulator, request, allowance)
-                                yield chunk
-                            else:
+                        held.append(issued)
+                    accumulator = turn.streaming = ResponseAccumulator()
+                    add = accumulator.add
+                    append = accumulator.text_sink()  # what `add` does for a TextDelta, without the call
+                    chunks = model.stream(request)
+                    if guard is not None and not runtime.handles_deadline:
+                        chunks = _Deadline(chunks, guard)
+                    # A token limit: the allowance in characters, spent chunk by chunk (see _meter); the
+                    # response stops within one chunk of it.
+                    left = chars_for_tokens(allowance[0]) if allowance is not None else 0
+                    try:
+                        if held is not None:
+                            # Primed: wait for the model to accept the request, then hand over.
+                            first = await anext(chunks, None)
+                            yield cast("Event", READY)
+                            for event in held:
+                                yield event
+                            held = None
+                            if first is not None:
+                                add(first)
+                                if first.__class__ in _FORWARD and not hold:
+                                    yield first  # type: ignore[misc]
+                                if allowance is not None:
+                                    left -= _meter.spend(first, allowance[0])
+                                    if left < 0:
+                                        raise _cut(turn, accumulator, request, allowance)
+                        if hold:
+                            # Output guardrails on a stream: text and thinking are held back until
+                            # the chain passes the answer (the `buffer` release).
+                            most = allowance[0] if allowance is not None else 0
+                            async for chunk in chunks:
                                 add(chunk)
-                                if chunk.__class__ in _METERED:
+                                if allowance is not None:
                                     left -= _meter.spend(chunk, most)
                                     if left < 0:
                                         raise _cut(turn, accumulator, request, allowance)
-                                if chunk.__class__ in _FORWARD:
-                                    yield chunk  # type: ignore[misc]
-                except ModelTimeoutError as exc:
-                    if deadline is not None and anyio.current_time() >= deadline:
-                        raise _timed_out(turn) from exc
-                    raise
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await aclose_iterator(chunks)
-                response = accumulator.build(request)
-                turn.streaming = None
-                step = _loop.after_response(turn, response)
-                received = ResponseReceived(self.id, response, round_)
-                if listeners:
-                    notify(listeners, received)
-                yield received
-                if step is _loop.Step.ANSWER:
-                    break
-                if step is _loop.Step.ASK:
-                    continue
-                calls = response.message.tool_calls
-                for call in calls:
-                    requested = ToolCallRequested(self.id, call, arguments_hash(call.arguments), round_)
+                                if chunk.__class__ is Usage:
+                                    yield chunk
+                        elif allowance is None:
+                            async for chunk in chunks:
+                                if chunk.__class__ is TextDelta:
+                                    append(chunk.text)
+                                    yield chunk
+                                else:
+                                    add(chunk)
+                                    if chunk.__class__ in _FORWARD:
+                                        yield chunk  # type: ignore[misc]
+                        else:
+                            most = allowance[0]
+                            async for chunk in chunks:
+                                if chunk.__class__ is TextDelta:
+                                    text = chunk.text
+                                    append(text)
+                                    size = len(text)
+                                    left -= size if size > _meter.TOKEN else _meter.TOKEN
+                                    if left < 0:
+                                        raise _cut(turn, accumulator, request, allowance)
+                                    yield chunk
+                                else:
+                                    add(chunk)
+                                    if chunk.__class__ in _METERED:
+                                        left -= _meter.spend(chunk, most)
+                                        if left < 0:
+                                            raise _cut(turn, accumulator, request, allowance)
+                                    if chunk.__class__ in _FORWARD:
+                                        yield chunk  # type: ignore[misc]
+                    except ModelTimeoutError as exc:
+                        if deadline is not None and anyio.current_time() >= deadline:
+                            raise _timed_out(turn) from exc
+                        raise
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            await aclose_iterator(chunks)
+                    response = accumulator.build(request)
+                    turn.streaming = None
+                    step = _loop.after_response(turn, response)
+                    received = ResponseReceived(self.id, response, round_)
                     if listeners:
-                        notify(listeners, requested)
-                    yield requested
-                loop = turn.loop
-                assert loop is not None
-                round_run = loop.run_round(calls)
-                if guard is not None:
-                    round_run = _scoped(turn, round_run, guard)
-                executions = await round_run
-                for execution in executions:
-                    executed = ToolExecuted(self.id, execution)
-                    if listeners:
-                        notify(listeners, executed)
-                    yield executed
-                if _loop.after_round(turn, calls, executions) is _loop.Step.ANSWER:
+                        notify(listeners, received)
+                    yield received
+                    if step is _loop.Step.ANSWER:
+                        break
+                    if step is _loop.Step.ASK:
+                        continue
+                    calls = response.message.tool_calls
+                    for call in calls:
+                        requested = ToolCallRequested(self.id, call, arguments_hash(call.arguments), round_)
+                        if listeners:
+                            notify(listeners, requested)
+                        yield requested
+                    loop = turn.loop
+                    assert loop is not None
+                    round_run = loop.run_round(calls)
+                    if guard is not None:
+                        round_run = _scoped(turn, round_run, guard)
+                    executions = await round_run
+                    for execution in executions:
+                        executed = ToolExecuted(self.id, execution)
+                        if listeners:
+                            notify(listeners, executed)
+                        yield executed
+                    if _loop.after_round(turn, calls, executions) is _loop.Step.ANSWER:
+                        break
+                # the answer: output guardrails (which may ask again), then parse
+                text = _finish.answer_text(turn)
+                if turn.immediate is not None:
+                    if turn.spec.output_kind == "stream":
+                        delta = TextDelta(text)
+                        yield delta
                     break
-            # output guardrails, parse, commit
-            text = _finish.answer_text(turn)
-            if turn.immediate is not None:
-                if turn.spec.output_kind == "stream":
-                    delta = TextDelta(text)
-                    yield delta
-            else:
                 assert turn.response is not None
                 message = turn.response.message
                 if message.tool_calls:
@@ -309,9 +327,37 @@ class Invocation:
                     # A message of calls only keeps an empty text: providers reject an assistant
                     # message with neither text nor calls.
                     message = message.model_copy(update={"tool_calls": (), "text": message.text or ""})
+                if chain is None:
+                    turn.exchange.append(message)
+                    break
+                checked = _finish.output_guardrails(turn, chain, text, attempt)
+                if guard is not None:
+                    checked = _scoped(turn, checked, guard)
+                outcome = await checked
+                for verdict in turn.verdicts:
+                    yield verdict
+                turn.verdicts.clear()
+                if outcome.reask is not None and attempt <= chain.max_retries:
+                    _finish.reask(turn, message, outcome.reask)
+                    attempt += 1
+                    continue
+                if outcome.failures:
+                    raise _finish.refused(turn, outcome, attempt)
+                text, value = outcome.text, outcome.value
+                if text != (message.text or ""):
+                    message = message.model_copy(update={"text": text})
                 turn.exchange.append(message)
-                text = _finish.output_guardrails(turn, text)
-            value = _finish.parse(turn, text)
+                if hold:  # released once the chain passed: the accepted text, as one delta
+                    thinking = turn.response.message.thinking
+                    if thinking:
+                        yield ThinkingDelta(thinking)
+                    if text:
+                        yield TextDelta(text)
+                break
+            if value is NO_VALUE:
+                value = _finish.parse(turn, text)
+            else:
+                _finish.check_value(turn, value)
             conversation = turn.conversation
             if conversation is not None:
                 # The turn is done: store it, and let the next turn on the conversation start now,
@@ -319,7 +365,7 @@ class Invocation:
                 with anyio.CancelScope(shield=True):
                     await _finish.commit(turn)
                     await conversation.release()
-            completed: Completed[Any] = Completed(self.id, turn.result(value, text))
+            completed: Completed[Any] = Completed(self.id, turn.result(value, text, attempt))
             if listeners:
                 notify(listeners, completed)
             done = True
