@@ -68,11 +68,20 @@ async def best_of(runs: int, body: Callable[[], Coroutine[Any, Any, None]]) -> f
     return min(samples) if runs < 5 else statistics.median(sorted(samples)[: runs // 2 + 1])
 
 
-async def measure(budget: Any = None, kind: type[MemoryModel] = MemoryModel) -> dict[str, float]:
+def passes(request: Any) -> Any:
+    """An output guardrail that passes every answer (what holding text back costs, and no more)."""
+    return agentrt.guardrails.success()
+
+
+async def measure(
+    budget: Any = None, kind: type[MemoryModel] = MemoryModel, guarded: bool = False
+) -> dict[str, float]:
     listener_events: list[LifecycleEvent] = []
     one = kind(chunks(1))
     many = kind(chunks(TOKENS))
-    extra = {"budget": budget} if budget is not None else {}
+    extra: dict[str, Any] = {"budget": budget} if budget is not None else {}
+    if guarded:
+        extra["output_guardrails"] = [passes]
     ask = agentrt.build(Service, model=one, listeners=[listener_events.append], **extra)
     stream = agentrt.build(Service, model=many, listeners=[listener_events.append], **extra)
 
@@ -109,19 +118,26 @@ def main() -> None:
     # stream is watched against chunk by chunk.
     budgeted = agentrt.Budget(seconds=3600, total_tokens=10**9) if hasattr(agentrt, "Budget") else None
     rows = (
-        ("no budget", None, MemoryModel),
-        ("with a budget (seconds and total tokens)", budgeted, MemoryModel),
-        ("with a budget, model without handles_deadline", budgeted, GenericModel),
+        ("no budget", None, MemoryModel, False),
+        ("with a budget (seconds and total tokens)", budgeted, MemoryModel, False),
+        ("with a budget, model without handles_deadline", budgeted, GenericModel, False),
+        ("a pass-through output guardrail (text held back: buffer)", None, MemoryModel, True),
     )
-    for label, budget, kind in rows:
-        if label != "no budget" and budget is None:
+    plain: dict[str, float] = {}
+    for label, budget, kind, guarded in rows:
+        if label != "no budget" and budget is None and not guarded:
             continue
         print(f"  {label}:")
         for backend in ("asyncio", "trio"):
-            result = anyio.run(measure, budget, kind, backend=backend)
+            result = anyio.run(measure, budget, kind, guarded, backend=backend)
+            if label == "no budget":
+                plain[backend] = result["token_us"]
+            ratio = ""
+            if guarded and plain.get(backend):
+                ratio = f"   ({result['token_us'] / plain[backend]:.2f}x no guardrail per token)"
             print(
                 f"    {backend:8} per call: {result['call_us']:7.1f} µs   "
-                f"per streamed token: {result['token_us']:5.2f} µs"
+                f"per streamed token: {result['token_us']:5.2f} µs{ratio}"
             )
 
 

@@ -62,11 +62,12 @@ async def test_every_readme_block_runs_as_written(
     )
     budgeted = ScriptedModel("Rayleigh scattering.", ["Once ", "upon ", "a ", "time"])
     remembering = ScriptedModel("Hello Ada.", "Your name is Ada.")
+    guarded = ScriptedModel("It is on its way.", "Please wait, it is on its way.")
     namespace: dict[str, Any] = {"__name__": "readme"}
     monkeypatch.chdir(tmp_path)  # the memory block writes chat.db
 
     # The quickstart, the tools block (which only builds), the budgets block, the memory block.
-    ran = await run_readme(namespace, local=False, models=[model, ScriptedModel(), budgeted, remembering])
+    ran = await run_readme(namespace, local=False, models=[model, ScriptedModel(), budgeted, remembering, guarded])
 
     assert len(ran) == len(python_blocks()) - 1  # all but the local-server block
     assert model.requests[0].messages[-1] == agentrt.UserMessage.of("Where is order SO-2026-0001?")
@@ -80,6 +81,11 @@ async def test_every_readme_block_runs_as_written(
     output = capsys.readouterr().out
     assert "It ships today." in output
     assert "Your name is Ada." in output
+    assert "Please wait, it is on its way." in output
+    assert guarded.requests[1].messages[-2:] == (
+        agentrt.AssistantMessage(text="It is on its way."),
+        agentrt.UserMessage.of("Answer politely."),
+    )
     assert remembering.requests[1].messages == (
         agentrt.UserMessage.of("Hi, I am Ada."),
         agentrt.AssistantMessage(text="Hello Ada."),
