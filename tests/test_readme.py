@@ -67,7 +67,8 @@ async def test_every_readme_block_runs_as_written(
     monkeypatch.chdir(tmp_path)  # the memory block writes chat.db
 
     # The quickstart, the tools block (which only builds), the budgets block, the memory block.
-    ran = await run_readme(namespace, local=False, models=[model, ScriptedModel(), budgeted, remembering, guarded])
+    models = [model, ScriptedModel(), budgeted, remembering, guarded]
+    ran = await run_readme(namespace, local=False, models=models)
 
     assert len(ran) == len(python_blocks()) - 1  # all but the local-server block
     assert model.requests[0].messages[-1] == agentrt.UserMessage.of("Where is order SO-2026-0001?")
