@@ -71,6 +71,7 @@ async def output_guardrails(turn: Turn, chain: OutputChain, text: str, attempt: 
         thinking=response.message.thinking,
         tool_executions=tuple(loop.executions) if loop is not None else (),
         attempt=attempt,
+        parse=turn.spec.parser.parse,
     )
     outcome = Outcome(text)
     for guardrail in chain.guardrails:

@@ -12,6 +12,7 @@ forms. Declared on a method, on the class, or at `build(...)`: the method's win,
 
 from __future__ import annotations
 
+from . import builtin
 from ._declare import (
     InputGuardrailRequest,
     OutputGuardrailRequest,
@@ -40,6 +41,7 @@ __all__ = [
     "OutputGuardrailRequest",
     "Release",
     "Verdict",
+    "builtin",
     "failure",
     "fatal",
     "input_guardrails",

@@ -56,7 +56,8 @@ class InputGuardrailRequest:
 @dataclass(frozen=True, slots=True)
 class OutputGuardrailRequest:
     """What an output guardrail checks: the answer's text (as rewritten by the guardrails before
-    it), its thinking, this turn's tool executions, and the attempt (1, then 2 after a re-ask, ...)."""
+    it), its thinking, this turn's tool executions, the attempt (1, then 2 after a re-ask, ...), and
+    the method's parser."""
 
     text: str
     user_message: UserMessage
@@ -66,6 +67,8 @@ class OutputGuardrailRequest:
     thinking: str | None = None
     tool_executions: tuple[ToolExecution, ...] = ()
     attempt: int = 1
+    parse: Callable[[str], Any] = str
+    """The method's parser: text to its return type, or `OutputParsingError` (see `JsonExtractor`)."""
 
 
 class Guardrail:
