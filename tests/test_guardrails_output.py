@@ -28,6 +28,7 @@ from agentrt import (
 from agentrt.guardrails import (
     GuardrailResult,
     OutputGuardrailRequest,
+    Verdict,
     failure,
     fatal,
     output_guardrails,
@@ -319,3 +320,95 @@ async def test_the_method_s_output_chain_wins_over_the_class_s_and_the_build_s()
     svc = agentrt.build(Tagged, model=ScriptedModel("a", "b"), output_guardrails=[tag("build")])
     assert await svc.own("q") == "a+method"
     assert await svc.inherited("q") == "b+class"
+
+
+# --- an outside review ----------------------------------------------------------------------------
+
+
+class Immediate:
+    @tool("The secret, returned as the answer.", immediate=True)
+    async def secret(self) -> str:
+        return "the secret is 42"
+
+
+@pytest.mark.parametrize("result", [fatal("a secret"), retry("again")], ids=["fatal", "retry"])
+async def test_an_immediate_tool_s_answer_goes_through_the_chain(result: GuardrailResult) -> None:
+    model = ScriptedModel([CallTool("secret", {})])
+    svc = agentrt.build(Chat, model=model, tools=[Immediate()], output_guardrails=[Always(result)])
+
+    with pytest.raises(OutputGuardrailError):
+        await svc.chat("c", "q")
+    stream = await agentrt.build(
+        Chat,
+        model=ScriptedModel([CallTool("secret", {})]),
+        tools=[Immediate()],
+        output_guardrails=[Always(result)],
+    ).stream("c", "q")
+    received: list[str] = []
+
+    async def read() -> None:
+        async for token in stream:
+            received.append(token)
+
+    with pytest.raises(OutputGuardrailError):
+        await read()
+    assert received == []
+    assert len(model.requests) == 1  # no model answer to ask about again
+
+
+async def test_a_wrong_value_fails_before_a_stream_releases_any_text() -> None:
+    class Streams:
+        async def stream(self, question: str) -> TokenStream: ...
+
+    svc = agentrt.build(
+        Streams, model=ScriptedModel(["a", "b"]), output_guardrails=[lambda r: success_with("x", 5)]
+    )
+    received: list[str] = []
+
+    async def read() -> None:
+        async for token in await svc.stream("q"):
+            received.append(token)
+
+    with pytest.raises(TypeError, match="not of the method's return type"):
+        await read()
+    assert received == []
+
+
+async def test_a_budget_stop_during_a_re_ask_reports_the_answers_checked() -> None:
+    model = ScriptedModel("one", "two", "three", "four")
+    svc = agentrt.build(
+        Chat,
+        model=model,
+        output_guardrails=[Always(retry("again"))],
+        budget=Budget(model_requests=2),
+    )
+    with pytest.raises(agentrt.BudgetExceededError) as caught:
+        await svc.chat("c", "q")
+    assert caught.value.limit == "model_requests"
+    assert caught.value.partial.attempts == 2  # two answers checked; the third was never asked for
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: GuardrailResult(Verdict.REPROMPT, message="m"),
+        lambda: GuardrailResult(Verdict.SUCCESS_WITH),
+        lambda: GuardrailResult(Verdict.FAILURE),
+        lambda: GuardrailResult("success"),  # type: ignore[arg-type]
+    ],
+    ids=["reprompt without prompt", "success_with without text", "failure without message", "str verdict"],
+)
+def test_a_result_made_directly_must_carry_what_its_verdict_needs(make: Any) -> None:
+    with pytest.raises(TypeError, match="GuardrailResult"):
+        make()
+
+
+async def test_a_pydantic_model_guardrail_is_called_not_validated() -> None:
+    class Polite(BaseModel):
+        word: str = "please"
+
+        def __call__(self, request: OutputGuardrailRequest) -> GuardrailResult:
+            return success_with(f"{request.text}, {self.word}")
+
+    svc = agentrt.build(Chat, model=ScriptedModel("help me"), output_guardrails=[Polite()])
+    assert await svc.chat("c", "q") == "help me, please"

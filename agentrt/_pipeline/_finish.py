@@ -123,10 +123,16 @@ def reask(turn: Turn, rejected: AssistantMessage, result: GuardrailResult) -> No
     turn.request = replace(sent, messages=(*sent.messages, *shown, UserMessage.of(result.prompt)))
 
 
-def refused(turn: Turn, outcome: Outcome, attempt: int) -> OutputGuardrailError:
-    """The error for an answer the chain refused (or kept asking about past `max_retries`)."""
+def refused(turn: Turn, outcome: Outcome, attempt: int, *, immediate: bool = False) -> OutputGuardrailError:
+    """The error for an answer the chain refused (or kept asking about past `max_retries`; an
+    immediate tool's result, which no model answered, cannot be asked again)."""
     said = "; ".join(f"{f.guardrail}: {f.message}" for f in outcome.failures)
-    why = "kept asking again past max_retries" if outcome.reask is not None else "refused the answer"
+    if outcome.reask is None:
+        why = "refused the answer"
+    elif immediate:
+        why = "asked again about an immediate tool's result, which cannot be asked again"
+    else:
+        why = "kept asking again past max_retries"
     partial = turn.partial()
     return OutputGuardrailError(
         f"{turn.spec.qualname}: the output guardrails {why} after {attempt} attempt(s) ({said})",

@@ -46,6 +46,7 @@ class Turn:
     __slots__ = (
         "account",
         "arguments",
+        "attempts",
         "conversation",
         "deadline",
         "exchange",
@@ -98,6 +99,8 @@ class Turn:
         if self.memory_id is None:
             raise TypeError(f"{spec.qualname}(): the memory id {spec.memory_param!r} is None")
         self.conversation: Conversation | None = None
+        self.attempts = 1
+        """Answers checked by output guardrails so far (1, then 2 after a re-ask, ...)."""
         self.history: tuple[ChatMessage, ...] = ()
         """The conversation's history sent with this turn (what guardrails may read)."""
         self.verdicts: list[GuardrailVerdict] = []
@@ -167,6 +170,7 @@ class Turn:
             finish_reason=response.finish_reason if response is not None else None,
             thinking=response.message.thinking if response is not None else None,
             tool_executions=tuple(loop.executions) if loop is not None else (),
+            attempts=self.attempts,
             model=(response.model if response is not None else None) or self.runtime.model.name,
             messages=messages,
             invocation_id=self.id,

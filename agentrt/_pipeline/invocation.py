@@ -313,51 +313,53 @@ class Invocation:
                         break
                 # the answer: output guardrails (which may ask again), then parse
                 text = _finish.answer_text(turn)
-                if turn.immediate is not None:
-                    if turn.spec.output_kind == "stream":
-                        delta = TextDelta(text)
-                        yield delta
-                    break
-                assert turn.response is not None
-                message = turn.response.message
-                if message.tool_calls:
-                    # An answer with calls that never ran (stray calls in a final answer, or a model
-                    # that called tools the service does not have): the answer counts, the calls do
-                    # not. Stored with them, every later request would carry an unanswered call.
-                    # A message of calls only keeps an empty text: providers reject an assistant
-                    # message with neither text nor calls.
-                    message = message.model_copy(update={"tool_calls": (), "text": message.text or ""})
-                if chain is None:
+                immediate = turn.immediate is not None
+                message = None
+                if not immediate:
+                    assert turn.response is not None
+                    message = turn.response.message
+                    if message.tool_calls:
+                        # An answer with calls that never ran (stray calls in a final answer, or a
+                        # model that called tools the service does not have): the answer counts, the
+                        # calls do not. Stored with them, every later request would carry an
+                        # unanswered call. A message of calls only keeps an empty text: providers
+                        # reject an assistant message with neither text nor calls.
+                        message = message.model_copy(update={"tool_calls": (), "text": message.text or ""})
+                if chain is not None:
+                    turn.attempts = attempt  # answers checked, this one included
+                    checked = _finish.output_guardrails(turn, chain, text, attempt)
+                    if guard is not None:
+                        checked = _scoped(turn, checked, guard)
+                    outcome = await checked
+                    for verdict in turn.verdicts:
+                        yield verdict
+                    turn.verdicts.clear()
+                    if outcome.reask is not None and message is not None and attempt <= chain.max_retries:
+                        _finish.reask(turn, message, outcome.reask)
+                        attempt += 1
+                        continue
+                    if outcome.failures:
+                        raise _finish.refused(turn, outcome, attempt, immediate=immediate)
+                    text, value = outcome.text, outcome.value
+                    if value is not NO_VALUE:
+                        _finish.check_value(turn, value)  # before any text is released
+                if message is not None:
+                    if text != (message.text or ""):
+                        message = message.model_copy(update={"text": text})
                     turn.exchange.append(message)
-                    break
-                checked = _finish.output_guardrails(turn, chain, text, attempt)
-                if guard is not None:
-                    checked = _scoped(turn, checked, guard)
-                outcome = await checked
-                for verdict in turn.verdicts:
-                    yield verdict
-                turn.verdicts.clear()
-                if outcome.reask is not None and attempt <= chain.max_retries:
-                    _finish.reask(turn, message, outcome.reask)
-                    attempt += 1
-                    continue
-                if outcome.failures:
-                    raise _finish.refused(turn, outcome, attempt)
-                text, value = outcome.text, outcome.value
-                if text != (message.text or ""):
-                    message = message.model_copy(update={"text": text})
-                turn.exchange.append(message)
-                if hold:  # released once the chain passed: the accepted text, as one delta
-                    thinking = turn.response.message.thinking
-                    if thinking:
-                        yield ThinkingDelta(thinking)
-                    if text:
+                if turn.spec.output_kind == "stream":
+                    if immediate:
                         yield TextDelta(text)
+                    elif hold:  # released once the chain passed: the accepted answer, as one delta
+                        assert turn.response is not None
+                        thinking = turn.response.message.thinking
+                        if thinking:
+                            yield ThinkingDelta(thinking)
+                        if text:
+                            yield TextDelta(text)
                 break
             if value is NO_VALUE:
                 value = _finish.parse(turn, text)
-            else:
-                _finish.check_value(turn, value)
             conversation = turn.conversation
             if conversation is not None:
                 # The turn is done: store it, and let the next turn on the conversation start now,

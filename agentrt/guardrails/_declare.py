@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
+from pydantic import BaseModel
+
 from .._errors import ConfigurationError
 from .._events import ToolExecution
 from .._messages import ChatMessage, UserMessage
@@ -71,6 +73,11 @@ class OutputGuardrailRequest:
     """The method's parser: text to its return type, or `OutputParsingError` (see `JsonExtractor`)."""
 
 
+def _defined_by(cls: type, name: str) -> type | None:
+    """The class of `cls`'s MRO that defines `name`."""
+    return next((klass for klass in cls.__mro__ if name in vars(klass)), None)
+
+
 class Guardrail:
     """One declared guardrail: its name (an object's `name` attribute, else its class's or the
     function's qualified name; events and errors report it) and how to call it."""
@@ -81,6 +88,8 @@ class Guardrail:
         validate = getattr(target, "validate", None)
         if isinstance(target, type):
             validate = None  # a class: its validate is unbound
+        elif isinstance(target, BaseModel) and _defined_by(type(target), "validate") is BaseModel:
+            validate = None  # pydantic's own (deprecated) classmethod, not the guardrail's
         if callable(validate) and not inspect.isfunction(target):
             call: Callable[[Any], Any] = validate
             own = getattr(target, "name", None)  # an object may name itself

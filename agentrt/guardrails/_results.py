@@ -68,6 +68,24 @@ class GuardrailResult:
     remove_message: bool = False
     """Re-ask without the rejected answer in the request (`*_with_message_removal`)."""
 
+    def __post_init__(self) -> None:
+        # Made directly, a result must still carry what its verdict needs (the functions below do).
+        verdict = self.verdict
+        if not isinstance(verdict, Verdict):
+            raise TypeError(f"GuardrailResult: verdict must be a Verdict, got {verdict!r}")
+        needs = {
+            Verdict.SUCCESS_WITH: ("text",),
+            Verdict.FAILURE: ("message",),
+            Verdict.FATAL: ("message",),
+            Verdict.RETRY: ("message",),
+            Verdict.REPROMPT: ("message", "prompt"),
+        }.get(verdict, ())
+        for name in needs:
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(
+                    f"GuardrailResult({verdict.value}) needs a str {name}, got {getattr(self, name)!r}"
+                )
+
     @property
     def passed(self) -> bool:
         return self.verdict in (Verdict.SUCCESS, Verdict.SUCCESS_WITH)
