@@ -412,3 +412,37 @@ async def test_a_pydantic_model_guardrail_is_called_not_validated() -> None:
 
     svc = agentrt.build(Chat, model=ScriptedModel("help me"), output_guardrails=[Polite()])
     assert await svc.chat("c", "q") == "help me, please"
+
+
+async def test_a_held_stream_s_events_show_nothing_of_a_rejected_answer() -> None:
+    heard: list[Any] = []
+    model = ScriptedModel(
+        [CallTool("lookup", {"query": "x"}, id="c1")],
+        ["rejected ", "secret"],
+        ["accepted ", "text"],
+    )
+    svc = agentrt.build(
+        Chat,
+        model=model,
+        tools=[Lookup()],
+        output_guardrails=[Once("check", reprompt("bad", "Again, better."))],
+        listeners=[heard.append],
+    )
+    stream = await svc.stream("c", "q")
+    events = [event async for event in stream.events()]
+
+    assert [type(e).__name__ for e in events] == [
+        "Started",
+        "GuardrailVerdict",  # attempt 1: reprompt
+        "GuardrailVerdict",  # attempt 2: success
+        "ResponseReceived",  # the tool call
+        "ToolCallRequested",
+        "ToolExecuted",
+        "TextDelta",
+        "ResponseReceived",  # the accepted answer
+        "Completed",
+    ]
+    assert "secret" not in repr(events[:-1])  # only Completed's transcript carries the re-ask
+    # Listeners hear everything as it happens, requests and the rejected response included.
+    assert [type(e).__name__ for e in heard].count("RequestIssued") == 3
+    assert [type(e).__name__ for e in heard].count("ResponseReceived") == 3

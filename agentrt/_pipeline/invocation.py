@@ -195,6 +195,10 @@ class Invocation:
                 turn.verdicts.clear()
             chain = runtime.output_guardrails.get(turn.spec.name) if runtime.output_guardrails else None
             hold = chain is not None and turn.spec.output_kind == "stream"
+            # Held, responses and tool events wait with the text: released with the accepted answer
+            # (a rejected answer's response never is, nor are requests, which may carry one);
+            # listeners get every event as it happens.
+            pending: list[Event] | None = [] if hold else None
             attempt = 1
             round_ = 0
             value: Any = NO_VALUE
@@ -205,10 +209,11 @@ class Invocation:
                     issued = RequestIssued(self.id, request, round_)
                     if listeners:
                         notify(listeners, issued)
-                    if held is None:
-                        yield issued
-                    else:
-                        held.append(issued)
+                    if pending is None:  # held back otherwise: a re-asked request carries a rejected answer
+                        if held is None:
+                            yield issued
+                        else:
+                            held.append(issued)
                     accumulator = turn.streaming = ResponseAccumulator()
                     add = accumulator.add
                     append = accumulator.text_sink()  # what `add` does for a TextDelta, without the call
@@ -287,7 +292,10 @@ class Invocation:
                     received = ResponseReceived(self.id, response, round_)
                     if listeners:
                         notify(listeners, received)
-                    yield received
+                    if pending is None:
+                        yield received
+                    else:
+                        pending.append(received)
                     if step is _loop.Step.ANSWER:
                         break
                     if step is _loop.Step.ASK:
@@ -297,7 +305,10 @@ class Invocation:
                         requested = ToolCallRequested(self.id, call, arguments_hash(call.arguments), round_)
                         if listeners:
                             notify(listeners, requested)
-                        yield requested
+                        if pending is None:
+                            yield requested
+                        else:
+                            pending.append(requested)
                     loop = turn.loop
                     assert loop is not None
                     round_run = loop.run_round(calls)
@@ -308,7 +319,10 @@ class Invocation:
                         executed = ToolExecuted(self.id, execution)
                         if listeners:
                             notify(listeners, executed)
-                        yield executed
+                        if pending is None:
+                            yield executed
+                        else:
+                            pending.append(executed)
                     if _loop.after_round(turn, calls, executions) is _loop.Step.ANSWER:
                         break
                 # the answer: output guardrails (which may ask again), then parse
@@ -335,6 +349,8 @@ class Invocation:
                         yield verdict
                     turn.verdicts.clear()
                     if outcome.reask is not None and message is not None and attempt <= chain.max_retries:
+                        if pending:
+                            pending.pop()  # the rejected answer's ResponseReceived
                         _finish.reask(turn, message, outcome.reask)
                         attempt += 1
                         continue
@@ -347,16 +363,23 @@ class Invocation:
                     if text != (message.text or ""):
                         message = message.model_copy(update={"text": text})
                     turn.exchange.append(message)
+                if pending is not None:  # released once the chain passed
+                    final = pending.pop() if not immediate and pending else None
+                    for event in pending:
+                        yield event
+                    pending.clear()
                 if turn.spec.output_kind == "stream":
                     if immediate:
                         yield TextDelta(text)
-                    elif hold:  # released once the chain passed: the accepted answer, as one delta
+                    elif hold:  # the accepted answer, as one delta, then its response
                         assert turn.response is not None
                         thinking = turn.response.message.thinking
                         if thinking:
                             yield ThinkingDelta(thinking)
                         if text:
                             yield TextDelta(text)
+                        if final is not None:
+                            yield final
                 break
             if value is NO_VALUE:
                 value = _finish.parse(turn, text)
