@@ -446,3 +446,29 @@ async def test_a_held_stream_s_events_show_nothing_of_a_rejected_answer() -> Non
     # Listeners hear everything as it happens, requests and the rejected response included.
     assert [type(e).__name__ for e in heard].count("RequestIssued") == 3
     assert [type(e).__name__ for e in heard].count("ResponseReceived") == 3
+
+
+@pytest.mark.virtual_clock
+async def test_the_time_budget_cuts_a_held_re_ask_and_stores_nothing() -> None:
+    model = ScriptedModel(["first"], ["second ", Hang()], handles_deadline=False)
+    svc = agentrt.build(
+        Chat,
+        model=model,
+        output_guardrails=[Always(retry("again"))],
+        budget=Budget(seconds=5),
+        memory=agentrt.memory.window(),
+    )
+    received: list[str] = []
+
+    async def read() -> None:
+        async for token in await svc.stream("c", "q"):
+            received.append(token)
+
+    with anyio.fail_after(60), pytest.raises(agentrt.BudgetExceededError) as caught:
+        await read()
+    assert caught.value.limit == "seconds"
+    assert caught.value.partial.attempts == 1
+    assert received == []
+    with anyio.fail_after(5):
+        await model.streams[1].wait_closed()
+    assert await agentrt.memory.access(svc).read("c") == []
