@@ -15,6 +15,8 @@ import math
 import threading
 from typing import TYPE_CHECKING
 
+import anyio.to_thread
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
 
@@ -133,6 +135,39 @@ class LeaseRenewer:
             self._held.discard((key, owner))
             if not self._held:
                 self._wake.notify()
+
+    async def take(
+        self, key: str, owner: str, attempt: Callable[[], bool], give_back: Callable[[], None]
+    ) -> bool:
+        """A store's `try_lock`: run `attempt` (a blocking call that takes the lock, `True` when taken)
+        in a worker thread; renew the lock it takes; give it back (`give_back`, blocking) when the
+        caller stopped waiting meanwhile."""
+        self.attempt(key, owner)
+
+        def run() -> bool:
+            taken = False
+            try:
+                taken = attempt()
+            finally:
+                kept = self.settle(key, owner, taken)
+            if taken and not kept:
+                give_back()
+            return kept
+
+        try:
+            return await anyio.to_thread.run_sync(run)
+        except BaseException:
+            self.abandon(key, owner, give_back)
+            raise
+
+    async def give_back(self, key: str, owner: str, give_back: Callable[[], None]) -> None:
+        """A store's `unlock`: stop renewing, then `give_back` (blocking) in a worker thread."""
+
+        def run() -> None:
+            self.release(key, owner)
+            give_back()
+
+        await anyio.to_thread.run_sync(run)
 
     def held(self) -> frozenset[tuple[str, str]]:
         """The leases renewed now."""

@@ -187,33 +187,16 @@ class RedisStore:
         """Take the lock with `SET NX PX` (an expired lease is gone, so it is free); when taken, the
         renewer renews it, and a caller that stopped waiting meanwhile has it given back (see
         `LeaseRenewer.attempt`)."""
-        renewer = self._renewer
-        renewer.attempt(key, owner)
-
-        def take() -> bool:
-            taken = False
-            try:
-                taken = bool(self._client.set(self._lock(key), owner, nx=True, px=self._lease_ms))
-            finally:
-                kept = renewer.settle(key, owner, taken)
-            if taken and not kept:
-                self._give_back(key, owner)
-            return kept
-
-        try:
-            return await anyio.to_thread.run_sync(take)
-        except BaseException:
-            renewer.abandon(key, owner, lambda: self._give_back(key, owner))
-            raise
+        return await self._renewer.take(
+            key,
+            owner,
+            lambda: bool(self._client.set(self._lock(key), owner, nx=True, px=self._lease_ms)),
+            lambda: self._give_back(key, owner),
+        )
 
     async def unlock(self, key: str, owner: str) -> None:
         """Stop renewing, then delete the lock only if `owner` still holds it (compare and delete)."""
-
-        def release() -> None:
-            self._renewer.release(key, owner)
-            self._give_back(key, owner)
-
-        await anyio.to_thread.run_sync(release)
+        await self._renewer.give_back(key, owner, lambda: self._give_back(key, owner))
 
     def _give_back(self, key: str, owner: str) -> None:
         self._unlock(keys=[self._lock(key)], args=[owner])

@@ -223,35 +223,18 @@ class SQLiteStore:
         """Take the lease row if there is none or it expired (one upsert); when taken, the renewer
         renews it, and a caller that stopped waiting meanwhile has it given back (see
         `LeaseRenewer.attempt`)."""
-        renewer = self._renewer
-        renewer.attempt(key, owner)
-
-        def take() -> bool:
-            taken = False
-            try:
-                with self._use() as db, self._writes:
-                    now = time.time()
-                    taken = db.execute(_TAKE, (key, owner, now + self._lease_seconds, now)).rowcount == 1
-            finally:
-                kept = renewer.settle(key, owner, taken)
-            if taken and not kept:
-                self._give_back(key, owner)
-            return kept
-
-        try:
-            return await anyio.to_thread.run_sync(take)
-        except BaseException:
-            renewer.abandon(key, owner, lambda: self._give_back(key, owner))
-            raise
+        return await self._renewer.take(
+            key, owner, lambda: self._take(key, owner), lambda: self._give_back(key, owner)
+        )
 
     async def unlock(self, key: str, owner: str) -> None:
         """Stop renewing, then delete the lease row only if `owner` still holds it."""
+        await self._renewer.give_back(key, owner, lambda: self._give_back(key, owner))
 
-        def release() -> None:
-            self._renewer.release(key, owner)
-            self._give_back(key, owner)
-
-        await anyio.to_thread.run_sync(release)
+    def _take(self, key: str, owner: str) -> bool:
+        with self._use() as db, self._writes:
+            now = time.time()
+            return db.execute(_TAKE, (key, owner, now + self._lease_seconds, now)).rowcount == 1
 
     def _give_back(self, key: str, owner: str) -> None:
         with self._use() as db, self._writes:
