@@ -13,7 +13,7 @@ from ._budget import Budget
 from ._errors import ConfigurationError
 from ._options import CURRENT_OPTIONS, CallOptions
 from ._pipeline import READY, Invocation, Listener, Runtime, SystemMessageProvider, ToolProvider
-from ._spec import MethodSpec, OutputKind, service_spec
+from ._spec import MethodSpec, OutputKind, ServiceSpec, service_spec
 from ._stream import TokenStream
 from .guardrails._declare import INPUT_ATTR, OUTPUT_ATTR, guardrail_chain, output_chain
 from .memory._memory import ChatMemory, Memory
@@ -40,6 +40,7 @@ def runtime_of(service: object) -> Runtime | None:
 
 
 S = TypeVar("S")
+_D = TypeVar("_D")
 
 
 def _implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
@@ -137,6 +138,20 @@ def _check_tool_choice(
         )
 
 
+def _declared(spec: ServiceSpec, attr: str, at_build: _D) -> dict[str, _D]:
+    """What each method declares under `attr` (a decorator's value): the method's own, else its
+    class's, else the build's; methods whose value is empty are left out."""
+    on_class = getattr(spec.cls, attr, None)
+    declared = {}
+    for name, method_spec in spec.methods.items():
+        value = getattr(method_spec.function, attr, None)
+        if value is None:
+            value = on_class if on_class is not None else at_build
+        if value:
+            declared[name] = value
+    return declared
+
+
 def build(
     cls: type[S],
     /,
@@ -215,28 +230,18 @@ def build(
                 f"got {memory!r}"
             )
         memory = ChatMemory(store=memory)
-    build_input = guardrail_chain(input_guardrails, f"{cls.__name__}: input_guardrails")
-    class_input = getattr(cls, INPUT_ATTR, None)
-    input_chains = {}
-    for name, method_spec in spec.methods.items():
-        chain = getattr(method_spec.function, INPUT_ATTR, None)
-        if chain is None:
-            chain = class_input if class_input is not None else build_input
-        if chain:
-            input_chains[name] = chain
-    build_output = output_chain(output_guardrails, 2, "buffer", f"{cls.__name__}: output_guardrails")
-    class_output = getattr(cls, OUTPUT_ATTR, None)
-    output_chains = {}
-    for name, method_spec in spec.methods.items():
-        out = getattr(method_spec.function, OUTPUT_ATTR, None)
-        if out is None:
-            out = class_output if class_output is not None else build_output
-        if out.guardrails:
-            if out.release != "buffer":
-                raise ConfigurationError(
-                    f"{method_spec.qualname}: release {out.release!r} is not built yet; use 'buffer'"
-                )
-            output_chains[name] = out
+    input_chains = _declared(
+        spec, INPUT_ATTR, guardrail_chain(input_guardrails, f"{cls.__name__}: input_guardrails")
+    )
+    output_chains = _declared(
+        spec, OUTPUT_ATTR, output_chain(output_guardrails, 2, "buffer", f"{cls.__name__}: output_guardrails")
+    )
+    output_chains = {name: chain for name, chain in output_chains.items() if chain.guardrails}
+    for name, chain in output_chains.items():
+        if chain.release != "buffer":
+            raise ConfigurationError(
+                f"{spec.methods[name].qualname}: release {chain.release!r} is not built yet; use 'buffer'"
+            )
     tool_settings = tool_settings or ToolSettings()
     _check_tool_choice(cls.__name__, model, tool_settings, definitions, tool_provider)
 

@@ -199,6 +199,17 @@ class Invocation:
             # (a rejected answer's response never is, nor are requests, which may carry one);
             # listeners get every event as it happens.
             pending: list[Event] | None = [] if hold else None
+
+            def shown(event: ResponseReceived | ToolCallRequested | ToolExecuted) -> bool:
+                """Tell listeners of a response or tool event; whether to yield it now (False: it
+                is held with the text)."""
+                if listeners:
+                    notify(listeners, event)
+                if pending is None:
+                    return True
+                pending.append(event)
+                return False
+
             attempt = 1
             round_ = 0
             value: Any = NO_VALUE
@@ -290,12 +301,8 @@ class Invocation:
                     turn.streaming = None
                     step = _loop.after_response(turn, response)
                     received = ResponseReceived(self.id, response, round_)
-                    if listeners:
-                        notify(listeners, received)
-                    if pending is None:
+                    if shown(received):
                         yield received
-                    else:
-                        pending.append(received)
                     if step is _loop.Step.ANSWER:
                         break
                     if step is _loop.Step.ASK:
@@ -303,12 +310,8 @@ class Invocation:
                     calls = response.message.tool_calls
                     for call in calls:
                         requested = ToolCallRequested(self.id, call, arguments_hash(call.arguments), round_)
-                        if listeners:
-                            notify(listeners, requested)
-                        if pending is None:
+                        if shown(requested):
                             yield requested
-                        else:
-                            pending.append(requested)
                     loop = turn.loop
                     assert loop is not None
                     round_run = loop.run_round(calls)
@@ -317,12 +320,8 @@ class Invocation:
                     executions = await round_run
                     for execution in executions:
                         executed = ToolExecuted(self.id, execution)
-                        if listeners:
-                            notify(listeners, executed)
-                        if pending is None:
+                        if shown(executed):
                             yield executed
-                        else:
-                            pending.append(executed)
                     if _loop.after_round(turn, calls, executions) is _loop.Step.ANSWER:
                         break
                 # the answer: output guardrails (which may ask again), then parse
