@@ -48,6 +48,8 @@ from ._events import (
     LifecycleEvent,
     RefusalDelta,
     RequestIssued,
+    Reset,
+    ResetReason,
     ResponseReceived,
     Result,
     Started,
@@ -79,13 +81,14 @@ from ._options import call_options, method_options
 from ._pipeline import Listener, SystemMessageProvider, ToolProvider, ToolRequest
 from ._service import build, create
 from ._spec import AiService, MemoryId, V, system_message, user_message
-from ._stream import TokenStream
+from ._stream import RESET, TokenStream
 from .models import Capabilities, ChatModel, ModelRequest, ModelSettings
 from .tools import LoopLimit, P, ToolContext, ToolSettings, tool
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "RESET",
     "AgentError",
     "AiService",
     "AssistantMessage",
@@ -132,6 +135,8 @@ __all__ = [
     "RateLimitError",
     "RefusalDelta",
     "RequestIssued",
+    "Reset",
+    "ResetReason",
     "ResponseReceived",
     "Result",
     "ServerError",

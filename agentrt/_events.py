@@ -39,6 +39,8 @@ __all__ = [
     "ModelResponse",
     "RefusalDelta",
     "RequestIssued",
+    "Reset",
+    "ResetReason",
     "ResponseMeta",
     "ResponseReceived",
     "Result",
@@ -265,7 +267,8 @@ class ToolExecuted:
 @dataclass(frozen=True, slots=True)
 class GuardrailVerdict:
     """A guardrail ran: on the user message (`kind` "input") or on an answer ("output"; `attempt`
-    is 1 for the first answer, 2 after one re-ask, ...). `verdict` is a `guardrails.Verdict` value."""
+    is 1 for the first answer, 2 after one re-ask, ...). `verdict` is a `guardrails.Verdict` value;
+    `partial` is true for a check of part of an answer (a `chunked` stream's chunk)."""
 
     invocation_id: str
     guardrail: str
@@ -274,10 +277,34 @@ class GuardrailVerdict:
     message: str | None
     seconds: float
     attempt: int = 1
+    partial: bool = False
 
     @property
     def passed(self) -> bool:
         return self.verdict in ("success", "success_with")
+
+
+class ResetReason(enum.StrEnum):
+    """Why released text was withdrawn."""
+
+    REJECTED = "rejected"
+    """The output guardrails asked again: the answer released so far was refused."""
+    REWRITTEN = "rewritten"
+    """An output guardrail rewrote text that was already released."""
+    TOOL_CALLS = "tool_calls"
+    """The text released so far came with tool calls: it was not the answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """Discard the text and thinking released since the previous `Reset` (or the start): it is
+    withdrawn, and what follows replaces it. Only streams whose output guardrails release text before
+    the whole answer passed (`release="chunked"` or `"optimistic"`) have resets; `attempt` is the
+    attempt whose text is withdrawn."""
+
+    invocation_id: str
+    reason: ResetReason
+    attempt: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +365,7 @@ Event = (
     | ToolCallRequested
     | ToolExecuted
     | GuardrailVerdict
+    | Reset
     | Completed[Any]
 )
 """What an invocation's event stream yields."""
@@ -349,6 +377,7 @@ LifecycleEvent = (
     | ToolCallRequested
     | ToolExecuted
     | GuardrailVerdict
+    | Reset
     | Completed[Any]
     | FailedEvent
     | CancelledEvent

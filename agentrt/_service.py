@@ -15,7 +15,7 @@ from ._options import CURRENT_OPTIONS, CallOptions
 from ._pipeline import READY, Invocation, Listener, Runtime, SystemMessageProvider, ToolProvider
 from ._spec import MethodSpec, OutputKind, ServiceSpec, service_spec
 from ._stream import TokenStream
-from .guardrails._declare import INPUT_ATTR, OUTPUT_ATTR, guardrail_chain, output_chain
+from .guardrails._declare import INPUT_ATTR, OUTPUT_ATTR, OutputChain, guardrail_chain, output_chain
 from .memory._memory import ChatMemory, Memory
 from .memory._store import ChatMemoryStore
 from .models._protocol import ModelSettings
@@ -152,6 +152,29 @@ def _declared(spec: ServiceSpec, attr: str, at_build: _D) -> dict[str, _D]:
     return declared
 
 
+def _check_release(method: MethodSpec, chain: OutputChain) -> None:
+    """A release policy other than `buffer` is for streaming methods (declared on a class, it leaves
+    the others alone), and `chunked` needs guardrails that can judge part of an answer."""
+    if chain.release == "buffer":
+        return
+    if method.output_kind != "stream":
+        if getattr(method.function, OUTPUT_ATTR, None) is chain:
+            raise ConfigurationError(
+                f"{method.qualname}: release {chain.release!r} is for methods that stream; this one "
+                "returns the whole answer, which its guardrails check before it returns"
+            )
+        return
+    if chain.release == "chunked":
+        whole = [guardrail.name for guardrail in chain.guardrails if not guardrail.partial]
+        if whole:
+            raise ConfigurationError(
+                f"{method.qualname}: release 'chunked' checks each chunk of the answer, but "
+                f"{', '.join(whole)} cannot judge part of one (it does not declare partial_text); mark "
+                "it @partial_text (an object: partial_text = True) if it can, or use 'buffer' or "
+                "'optimistic'"
+            )
+
+
 def build(
     cls: type[S],
     /,
@@ -238,10 +261,7 @@ def build(
     )
     output_chains = {name: chain for name, chain in output_chains.items() if chain.guardrails}
     for name, chain in output_chains.items():
-        if chain.release != "buffer":
-            raise ConfigurationError(
-                f"{spec.methods[name].qualname}: release {chain.release!r} is not built yet; use 'buffer'"
-            )
+        _check_release(spec.methods[name], chain)
     tool_settings = tool_settings or ToolSettings()
     _check_tool_choice(cls.__name__, model, tool_settings, definitions, tool_provider)
 

@@ -22,14 +22,14 @@ import asyncio
 import logging
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 
-from ._events import Completed, Event, Result, TextDelta, ThinkingDelta
+from ._events import Completed, Event, Reset, Result, TextDelta, ThinkingDelta
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["TokenStream"]
+__all__ = ["RESET", "TokenStream"]
 
 logger = logging.getLogger("agentrt")
 
@@ -80,6 +80,20 @@ def _close_later(events: AsyncGenerator[Event, None], home: Schedule | None) -> 
         return  # the loop is closed (trio's RunFinishedError is a RuntimeError): nothing to clean up with
 
 
+class _ResetToken(str):
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "agentrt.RESET"
+
+
+RESET: Final[str] = _ResetToken()
+"""The token a `TokenStream` yields for a `Reset` event: discard the text shown so far (since the
+previous reset); the text after it replaces it. Compare with `is`. Its value is the empty string.
+Only streams whose output guardrails release text early (`release="chunked"` or `"optimistic"`)
+yield it."""
+
+
 class _Events(AsyncIterator[Event]):
     """`TokenStream.events()`: every remaining event of the stream."""
 
@@ -108,7 +122,8 @@ class _Events(AsyncIterator[Event]):
 class TokenStream(AsyncIterator[str]):
     """The text of an answer as it is released, over the invocation's full event stream.
 
-    Iterate it for text deltas, or `events()` for every event; `await result()` for the final `Result`
+    Iterate it for text deltas (and `RESET`, under a `chunked` or `optimistic` output guardrail
+    release: discard the text so far), or `events()` for every event; `await result()` for the final `Result`
     (reading the rest of the stream if needed). The stream can be read once; the views share it, so
     reading some tokens and then calling `result()` continues where the tokens stopped.
     """
@@ -136,6 +151,8 @@ class TokenStream(AsyncIterator[str]):
                 return event.text  # type: ignore[union-attr]
             if kind is Completed:
                 self._result = event.result  # type: ignore[union-attr]
+            elif kind is Reset:
+                return RESET
 
     def __del__(self) -> None:
         _close_later(self._events, self._home)
@@ -164,10 +181,13 @@ class TokenStream(AsyncIterator[str]):
         *,
         on_partial: Callable[[str], Any] | None = None,
         on_thinking: Callable[[str], Any] | None = None,
+        on_reset: Callable[[], Any] | None = None,
         on_complete: Callable[[Result[str]], Any] | None = None,
         on_error: Callable[[Exception], Any] | None = None,
     ) -> Result[str] | None:
-        """Read the whole stream, calling the callbacks: sugar over `events()`.
+        """Read the whole stream, calling the callbacks: sugar over `events()`. `on_reset` is
+        called for a `Reset`: discard the text and thinking passed to the callbacks since the
+        previous one.
 
         Without `on_error`, errors are raised; with it, an `Exception` is passed to it and `None`
         returned. Cancellation is always raised. The stream is closed when this returns.
@@ -181,6 +201,9 @@ class TokenStream(AsyncIterator[str]):
                 elif kind is ThinkingDelta:
                     if on_thinking is not None:
                         on_thinking(event.text)  # type: ignore[union-attr]
+                elif kind is Reset:
+                    if on_reset is not None:
+                        on_reset()
             result = await self.result()
         except Exception as exc:
             if on_error is None:

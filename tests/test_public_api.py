@@ -16,10 +16,15 @@ import agentrt.testing
 import agentrt.tools
 
 
+def _isort_order(name: str) -> tuple[int, str]:
+    return (0 if len(name) > 1 and name.isupper() else 1 if name[:1].isupper() else 2, name)
+
+
 @pytest.mark.parametrize(
     ("module", "owner"),
     [
         (agentrt, "agentrt"),
+        (agentrt.guardrails, "agentrt"),
         (agentrt.models, "agentrt"),
         (agentrt.output, "agentrt"),
         (agentrt.testing, "agentrt.testing"),
@@ -44,7 +49,8 @@ async def test_all_is_sorted_and_lists_every_public_name(module: types.ModuleTyp
         if defined_in is None or defined_in.startswith(owner):
             public.add(name)
 
-    assert sorted(module.__all__) == module.__all__
+    # ruff's isort-style order (RUF022): constants, then classes, then the rest
+    assert sorted(module.__all__, key=_isort_order) == module.__all__
     assert set(module.__all__) == public
     for name in module.__all__:
         assert getattr(module, name) is not None

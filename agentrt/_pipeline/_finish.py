@@ -51,15 +51,23 @@ class Outcome:
     """The retry or reprompt that stopped the chain, if one did."""
 
 
-async def output_guardrails(turn: Turn, chain: OutputChain, text: str, attempt: int) -> Outcome:
-    """Run the output chain over the answer `text` (attempt 1, then 2 after a re-ask, ...).
+async def output_guardrails(
+    turn: Turn,
+    chain: OutputChain,
+    text: str,
+    attempt: int,
+    thinking: str | None,
+    *,
+    released: int | None = None,
+) -> Outcome:
+    """Run the output chain over the answer `text` (attempt 1, then 2 after a re-ask, ...), or over
+    the answer so far, whose first `released` characters were released (a `chunked` stream's check).
 
-    `success_with` rewrites the text later guardrails see (and may give the method's value);
-    failures accumulate to the end of the chain; `fatal` stops it; a retry or reprompt stops it and
-    asks again (the invocation decides whether it may)."""
-    response = turn.response
-    assert response is not None
+    `success_with` rewrites the text later guardrails see (and may give the method's value, but not
+    for part of an answer); failures accumulate to the end of the chain; `fatal` stops it; a retry or
+    reprompt stops it and asks again (the invocation decides whether it may)."""
     assert turn.user is not None
+    partial = released is not None
     loop = turn.loop
     listeners = turn.runtime.listeners
     request = OutputGuardrailRequest(
@@ -68,10 +76,12 @@ async def output_guardrails(turn: Turn, chain: OutputChain, text: str, attempt: 
         method=turn.spec.qualname,
         memory_id=turn.memory_id,
         history=turn.history,
-        thinking=response.message.thinking,
+        thinking=thinking,
         tool_executions=tuple(loop.executions) if loop is not None else (),
         attempt=attempt,
         parse=turn.spec.parser.parse,
+        partial=partial,
+        released=released or 0,
     )
     outcome = Outcome(text)
     for guardrail in chain.guardrails:
@@ -86,6 +96,7 @@ async def output_guardrails(turn: Turn, chain: OutputChain, text: str, attempt: 
             result.message,
             time.perf_counter() - started,
             attempt,
+            partial,
         )
         turn.verdicts.append(event)
         if listeners:
@@ -94,6 +105,11 @@ async def output_guardrails(turn: Turn, chain: OutputChain, text: str, attempt: 
             assert result.text is not None
             outcome.text = result.text
             if result.value is not NO_VALUE:
+                if partial:
+                    raise TypeError(
+                        f"{turn.spec.qualname}: output guardrail {guardrail.name} gave a value for part "
+                        "of an answer; give values when request.partial is false"
+                    )
                 outcome.value = result.value
             request = replace(request, text=result.text)
         elif verdict is Verdict.FAILURE:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..tools._run import LoopLimit, ToolLoop
     from ._turn import Turn
 
-__all__ = ["Step", "after_response", "after_round", "before_request"]
+__all__ = ["Step", "after_response", "after_round", "before_request", "record"]
 
 logger = logging.getLogger("agentrt")
 
@@ -68,12 +68,9 @@ def before_request(turn: Turn) -> tuple[ModelRequest, tuple[int, BudgetLimit] | 
     return request, allowance
 
 
-def after_response(turn: Turn, response: ModelResponse) -> Step:
-    """Record `response`; decide whether it is the answer or a round of tool calls.
-
-    Raises `BudgetExceededError` (a token limit, or the tool calls it asks for), or
-    `ToolLoopLimitError` when a loop limit stops it and the settings say "raise".
-    """
+def record(turn: Turn, response: ModelResponse) -> None:
+    """Record `response` as the turn's latest, and what it spent (`BudgetExceededError` past a
+    token limit)."""
     turn.response = response
     turn.since_sent.append(response.message)
     turn.usage = turn.usage + response.usage
@@ -82,6 +79,16 @@ def after_response(turn: Turn, response: ModelResponse) -> Step:
         spent = account.record(response.usage)
         if spent is not None:
             raise turn.exceeded(spent, cause="after a model response")
+
+
+def after_response(turn: Turn, response: ModelResponse) -> Step:
+    """Record `response`; decide whether it is the answer or a round of tool calls.
+
+    Raises `BudgetExceededError` (a token limit, or the tool calls it asks for), or
+    `ToolLoopLimitError` when a loop limit stops it and the settings say "raise".
+    """
+    record(turn, response)
+    account = turn.account
     calls = response.message.tool_calls
     loop = turn.loop
     if loop is None or not calls:

@@ -30,6 +30,8 @@ from .._events import (
     FailedEvent,
     RefusalDelta,
     RequestIssued,
+    Reset,
+    ResetReason,
     ResponseReceived,
     Result,
     Started,
@@ -43,7 +45,7 @@ from .._events import (
 from ..guardrails._results import NO_VALUE
 from ..models._protocol import ResponseAccumulator, aclose_iterator
 from ..tools._run import arguments_hash
-from . import _finish, _loop, _meter, _stages
+from . import _finish, _loop, _meter, _release, _stages
 from ._runtime import notify
 from ._turn import Turn
 
@@ -194,11 +196,22 @@ class Invocation:
                         held.append(verdict)
                 turn.verdicts.clear()
             chain = runtime.output_guardrails.get(turn.spec.name) if runtime.output_guardrails else None
-            hold = chain is not None and turn.spec.output_kind == "stream"
-            # Held, responses and tool events wait with the text: released with the accepted answer
-            # (a rejected answer's response never is, nor are requests, which may carry one);
-            # listeners get every event as it happens.
-            pending: list[Event] | None = [] if hold else None
+            streams = turn.spec.output_kind == "stream"
+            policy = chain.release if chain is not None and streams else None
+            # How this attempt's text reaches a stream's reader: held until the chain passed the
+            # answer (`buffer`, and every re-ask of a `chunked` stream: stream-to-sync), released
+            # chunk by chunk as each passes (`chunked`), or at once (`optimistic`; a rejection then
+            # withdraws it with a `Reset`). `released` is what the reader has of it.
+            hold = policy == "buffer"
+            chunking = policy == "chunked"
+            optimistic = policy == "optimistic"
+            released = None
+            if chain is not None and (chunking or optimistic):
+                released = _release.Released(chain.chunk)
+            # Held or chunked, responses and tool events wait with the text: released with the
+            # accepted answer or chunk (a rejected answer's response never is, nor are requests, which
+            # may carry one); listeners get every event as it happens.
+            pending: list[Event] | None = [] if hold or chunking else None
 
             def shown(event: ResponseReceived | ToolCallRequested | ToolExecuted) -> bool:
                 """Tell listeners of a response or tool event; whether to yield it now (False: it
@@ -213,6 +226,7 @@ class Invocation:
             attempt = 1
             round_ = 0
             value: Any = NO_VALUE
+            stopped: _finish.Outcome | None = None  # a chunk the chain refused: the answer stops there
             while True:  # one answer per pass; output guardrails may ask again
                 while True:
                     round_ += 1
@@ -234,6 +248,7 @@ class Invocation:
                     # A token limit: the allowance in characters, spent chunk by chunk (see _meter); the
                     # response stops within one chunk of it.
                     left = chars_for_tokens(allowance[0]) if allowance is not None else 0
+                    carried = None
                     try:
                         if held is not None:
                             # Primed: wait for the model to accept the request, then hand over.
@@ -242,7 +257,9 @@ class Invocation:
                             for event in held:
                                 yield event
                             held = None
-                            if first is not None:
+                            if chunking:
+                                carried = first  # checked with the chunks after it
+                            elif first is not None:
                                 add(first)
                                 if first.__class__ in _FORWARD and not hold:
                                     yield first  # type: ignore[misc]
@@ -262,6 +279,50 @@ class Invocation:
                                         raise _cut(turn, accumulator, request, allowance)
                                 if chunk.__class__ is Usage:
                                     yield chunk
+                        elif chunking:
+                            # `chunked`: the answer so far is checked at each chunk's end, and the
+                            # chunk released once it passed; a refused chunk stops the response.
+                            assert chain is not None
+                            assert released is not None
+                            assert pending is not None
+                            most = allowance[0] if allowance is not None else 0
+                            crossed = released.crossed
+                            following = chunks.__anext__
+                            while True:  # `async for`, after a primed first chunk (as fast)
+                                if carried is None:
+                                    try:
+                                        chunk = await following()
+                                    except StopAsyncIteration:
+                                        break
+                                else:
+                                    chunk, carried = carried, None
+                                add(chunk)
+                                if allowance is not None:
+                                    left -= _meter.spend(chunk, most)
+                                    if left < 0:
+                                        raise _cut(turn, accumulator, request, allowance)
+                                kind = chunk.__class__
+                                if kind is TextDelta:
+                                    if crossed(chunk.text):  # type: ignore[union-attr]
+                                        checking = _release.check(turn, chain, accumulator, released, attempt)
+                                        if guard is not None:
+                                            checking = _scoped(turn, checking, guard)
+                                        outcome, out = await checking
+                                        for verdict in turn.verdicts:
+                                            yield verdict
+                                        turn.verdicts.clear()
+                                        if outcome.failures:
+                                            stopped = outcome
+                                            break
+                                        for event in pending:
+                                            yield event
+                                        pending.clear()
+                                        for event in out:
+                                            if listeners and event.__class__ is Reset:
+                                                notify(listeners, event)
+                                            yield event
+                                elif kind is Usage:
+                                    yield chunk  # type: ignore[misc]
                         elif allowance is None:
                             async for chunk in chunks:
                                 if chunk.__class__ is TextDelta:
@@ -297,6 +358,14 @@ class Invocation:
                     finally:
                         with anyio.CancelScope(shield=True):
                             await aclose_iterator(chunks)
+                    if stopped is not None:
+                        # Refused part way: the response ends where it was cut, and is not shown.
+                        response = accumulator.build(request, cut=True)
+                        turn.streaming = None
+                        _loop.record(turn, response)
+                        if listeners:
+                            notify(listeners, ResponseReceived(self.id, response, round_))
+                        break
                     response = accumulator.build(request)
                     turn.streaming = None
                     step = _loop.after_response(turn, response)
@@ -305,6 +374,16 @@ class Invocation:
                         yield received
                     if step is _loop.Step.ANSWER:
                         break
+                    if released is not None:
+                        # Not the answer (it calls tools): what the reader has of it is withdrawn.
+                        if optimistic:
+                            released.saw(response.message)
+                        reset = released.withdraw(self.id, ResetReason.TOOL_CALLS, attempt)
+                        released.restart()
+                        if reset is not None:
+                            if listeners:
+                                notify(listeners, reset)
+                            yield reset
                     if step is _loop.Step.ASK:
                         continue
                     calls = response.message.tool_calls
@@ -338,18 +417,43 @@ class Invocation:
                         # unanswered call. A message of calls only keeps an empty text: providers
                         # reject an assistant message with neither text nor calls.
                         message = message.model_copy(update={"tool_calls": (), "text": message.text or ""})
+                final = None
                 if chain is not None:
                     turn.attempts = attempt  # answers checked, this one included
-                    checked = _finish.output_guardrails(turn, chain, text, attempt)
-                    if guard is not None:
-                        checked = _scoped(turn, checked, guard)
-                    outcome = await checked
-                    for verdict in turn.verdicts:
-                        yield verdict
-                    turn.verdicts.clear()
+                    cut = stopped is not None
+                    if stopped is not None:
+                        outcome, stopped = stopped, None
+                    else:
+                        if chunking and not immediate:
+                            assert released is not None
+                            # the answer as released so far (with any rewrites), then the rest
+                            text = released.text + accumulator.text_from(released.text_at)[0]
+                        assert turn.response is not None
+                        checked = _finish.output_guardrails(
+                            turn, chain, text, attempt, turn.response.message.thinking
+                        )
+                        if guard is not None:
+                            checked = _scoped(turn, checked, guard)
+                        outcome = await checked
+                        for verdict in turn.verdicts:
+                            yield verdict
+                        turn.verdicts.clear()
                     if outcome.reask is not None and message is not None and attempt <= chain.max_retries:
-                        if pending:
+                        if pending and not cut:
                             pending.pop()  # the rejected answer's ResponseReceived
+                        if released is not None:
+                            if optimistic:
+                                assert turn.response is not None
+                                released.saw(turn.response.message)
+                            reset = released.withdraw(self.id, ResetReason.REJECTED, attempt)
+                            released.restart()
+                            if reset is not None:
+                                if listeners:
+                                    notify(listeners, reset)
+                                yield reset
+                        if chunking:  # a re-ask is replayed stream-to-sync: held until it passed
+                            chunking = False
+                            hold = True
                         _finish.reask(turn, message, outcome.reask)
                         attempt += 1
                         continue
@@ -367,7 +471,7 @@ class Invocation:
                     for event in pending:
                         yield event
                     pending.clear()
-                if turn.spec.output_kind == "stream":
+                if streams:
                     if immediate:
                         yield TextDelta(text)
                     elif hold:  # the accepted answer, as one delta, then its response
@@ -377,6 +481,19 @@ class Invocation:
                             yield ThinkingDelta(thinking)
                         if text:
                             yield TextDelta(text)
+                        if final is not None:
+                            yield final
+                    elif released is not None:  # the rest of the accepted answer (or a Reset, and all of it)
+                        thought = ""
+                        if chunking:
+                            thought = accumulator.thinking_from(released.thought_at)[0]
+                        else:
+                            assert turn.response is not None
+                            released.saw(turn.response.message)
+                        for event in released.release(self.id, attempt, text, thought):
+                            if listeners and event.__class__ is Reset:
+                                notify(listeners, event)
+                            yield event
                         if final is not None:
                             yield final
                 break

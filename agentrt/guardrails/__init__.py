@@ -19,6 +19,7 @@ from ._declare import (
     Release,
     input_guardrails,
     output_guardrails,
+    partial_text,
 )
 from ._results import (
     NO_VALUE,
@@ -46,6 +47,7 @@ __all__ = [
     "fatal",
     "input_guardrails",
     "output_guardrails",
+    "partial_text",
     "reprompt",
     "reprompt_with_message_removal",
     "retry",

@@ -2,7 +2,8 @@
 
 A guardrail is a function of its request, or an object with a `validate(request)` method, sync or
 async, that returns a `GuardrailResult`. A sync guardrail runs on the event loop: keep it quick, or
-make it async.
+make it async. An output guardrail that can judge part of an answer says so with a true
+`partial_text` attribute (`@partial_text` on a function); a `chunked` stream needs it of every one.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "guardrail_chain",
     "input_guardrails",
     "output_guardrails",
+    "partial_text",
 ]
 
 INPUT_ATTR: Final = "__agentrt_input_guardrails__"
@@ -71,6 +73,16 @@ class OutputGuardrailRequest:
     attempt: int = 1
     parse: Callable[[str], Any] = str
     """The method's parser: text to its return type, or `OutputParsingError` (see `JsonExtractor`)."""
+    partial: bool = False
+    """True for a check of part of an answer (a `chunked` stream, at a chunk's end): `text` is the
+    answer so far, whose first `released` characters the reader already has. The whole answer is
+    checked again when it is complete (`partial` false)."""
+    released: int = 0
+
+    @property
+    def chunk(self) -> str:
+        """The text not released yet: all of `text` unless `partial`."""
+        return self.text[self.released :]
 
 
 def _defined_by(cls: type, name: str) -> type | None:
@@ -82,7 +94,7 @@ class Guardrail:
     """One declared guardrail: its name (an object's `name` attribute, else its class's or the
     function's qualified name; events and errors report it) and how to call it."""
 
-    __slots__ = ("_call", "name")
+    __slots__ = ("_call", "name", "partial")
 
     def __init__(self, target: object, where: str) -> None:
         validate = getattr(target, "validate", None)
@@ -105,6 +117,7 @@ class Guardrail:
             )
         self._call = call
         self.name = name
+        self.partial = getattr(target, "partial_text", False) is True
 
     def __repr__(self) -> str:
         return f"<Guardrail {self.name}>"
@@ -129,6 +142,8 @@ class OutputChain:
     guardrails: tuple[Guardrail, ...]
     max_retries: int = 2
     release: Release = "buffer"
+    chunk: int | None = None
+    """Under `chunked`: at least this many characters per chunk; `None`: sentences and lines."""
 
 
 def guardrail_chain(guardrails: Sequence[object] | object, where: str) -> tuple[Guardrail, ...]:
@@ -138,14 +153,37 @@ def guardrail_chain(guardrails: Sequence[object] | object, where: str) -> tuple[
     return tuple(Guardrail(g, where) for g in guardrails)
 
 
-def output_chain(guardrails: Sequence[object], max_retries: int, release: str, where: str) -> OutputChain:
+def output_chain(
+    guardrails: Sequence[object], max_retries: int, release: str, where: str, chunk: int | None = None
+) -> OutputChain:
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
         raise ConfigurationError(f"{where}: max_retries must be an int >= 0, got {max_retries!r}")
     if release not in ("buffer", "chunked", "optimistic"):
         raise ConfigurationError(
             f"{where}: release must be 'buffer', 'chunked' or 'optimistic', got {release!r}"
         )
-    return OutputChain(guardrail_chain(guardrails, where), max_retries, release)  # type: ignore[arg-type]
+    if chunk is not None:
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ConfigurationError(
+                f"{where}: chunk must be a positive int (characters) or None, got {chunk!r}"
+            )
+        if release != "chunked":
+            raise ConfigurationError(f"{where}: chunk={chunk} needs release='chunked', not {release!r}")
+    chain = guardrail_chain(guardrails, where)
+    return OutputChain(chain, max_retries, release, chunk)  # type: ignore[arg-type]
+
+
+def partial_text(guardrail: _T) -> _T:
+    """Declare that an output guardrail function can judge part of an answer (see
+    `OutputGuardrailRequest.partial`): it may run under `release="chunked"`. An object declares it
+    with a `partial_text = True` attribute."""
+    try:
+        setattr(guardrail, "partial_text", True)  # noqa: B010
+    except (AttributeError, TypeError):
+        raise ConfigurationError(
+            f"@partial_text: cannot mark {guardrail!r}; give it a partial_text = True attribute"
+        ) from None
+    return guardrail
 
 
 def _where(target: object) -> str:
@@ -166,15 +204,16 @@ def input_guardrails(*guardrails: object) -> Callable[[_T], _T]:
 
 
 def output_guardrails(
-    *guardrails: object, max_retries: int = 2, release: Release = "buffer"
+    *guardrails: object, max_retries: int = 2, release: Release = "buffer", chunk: int | None = None
 ) -> Callable[[_T], _T]:
     """Declare the output guardrails of a method, or of every method of a class, run in order on each
     answer; `max_retries` re-asks at most (after the first answer), `release` how a stream releases
-    text the chain has not passed yet."""
+    text the chain has not passed yet (`chunk`: the characters per chunk under `chunked`; sentences
+    and lines by default)."""
 
     def decorate(target: _T) -> _T:
         where = f"{_where(target)}: @output_guardrails"
-        setattr(target, OUTPUT_ATTR, output_chain(guardrails, max_retries, release, where))
+        setattr(target, OUTPUT_ATTR, output_chain(guardrails, max_retries, release, where, chunk))
         return target
 
     return decorate

@@ -297,6 +297,16 @@ class ResponseAccumulator:
             or self._meta is not None
         )
 
+    def text_from(self, start: int) -> tuple[str, int]:
+        """The text from its `start`-th delta on, and the number of deltas so far."""
+        pieces = self._text
+        return "".join(pieces[start:]), len(pieces)
+
+    def thinking_from(self, start: int) -> tuple[str, int]:
+        """The thinking from its `start`-th delta on, and the number of deltas so far."""
+        pieces = self._thinking
+        return "".join(pieces[start:]), len(pieces)
+
     def text_sink(self) -> Callable[[str], None]:
         """What `add` does with a `TextDelta`'s text, for a reader's per-token loop that dispatches
         on the chunk's type itself (it saves a method call per token)."""
