@@ -60,7 +60,8 @@ def _event(delta: dict[str, object], finish: str | None = None) -> bytes:
 
 def _stream(tokens: int) -> list[bytes]:
     events = [_event({"role": "assistant", "content": ""})]
-    events += [_event({"content": f" tok{i}"}) for i in range(tokens)]
+    # a sentence every 20 tokens (where a `chunked` output guardrail checks the answer so far)
+    events += [_event({"content": f" tok{i}." if i % 20 == 19 else f" tok{i}"}) for i in range(tokens)]
     events.append(_event({}, "stop"))
     events.append(b"data: [DONE]\n\n")
     return _chunked(events)
@@ -280,6 +281,20 @@ async def median_of(runs: int, body: Callable[[], Awaitable[object]]) -> float:
 BUDGET = agentrt.Budget(seconds=600, total_tokens=10**9)
 
 
+@agentrt.guardrails.partial_text
+def passes(request: Any) -> Any:
+    """An output guardrail that passes every answer."""
+    return agentrt.guardrails.success()
+
+
+def guarded_by(release: str) -> type[Service]:
+    @agentrt.guardrails.output_guardrails(passes, release=release)  # type: ignore[arg-type]
+    class Guarded(Service):
+        pass
+
+    return Guarded
+
+
 async def measure(port: int) -> tuple[float, float, float, float, float]:
     base = f"http://127.0.0.1:{port}/v1"
     events: list[LifecycleEvent] = []
@@ -306,6 +321,10 @@ async def measure(port: int) -> tuple[float, float, float, float, float]:
         weather = agentrt.build(Service, model=chat, listeners=[events.append], tools=[get_current_weather])
         ask_budget = agentrt.build(Service, model=one, listeners=[events.append], budget=BUDGET)
         stream_budget = agentrt.build(Service, model=many, listeners=[events.append], budget=BUDGET)
+        guarded = {
+            release: agentrt.build(guarded_by(release), model=many, listeners=[events.append])
+            for release in ("buffer", "chunked")
+        }
         url = f"{base}/chat/completions"
         functions = {"get_current_weather": get_current_weather}
         answer = "It's sunny in Seattle, 18 °C."
@@ -327,6 +346,14 @@ async def measure(port: int) -> tuple[float, float, float, float, float]:
                 pass
             events.clear()
 
+        def guarded_tokens(release: str) -> Callable[[], Awaitable[None]]:
+            async def read() -> None:
+                async for _ in await guarded[release].stream("hi"):
+                    pass
+                events.clear()
+
+            return read
+
         async def budget_calls() -> None:
             for _ in range(CALLS):
                 await ask_budget.ask("hi")
@@ -346,6 +373,7 @@ async def measure(port: int) -> tuple[float, float, float, float, float]:
         await budget_calls()
         budget_call = await median_of(5, budget_calls) / CALLS
         budget_token = await median_of(9, budget_tokens) / TOKENS
+        guarded_token = {release: await median_of(9, guarded_tokens(release)) / TOKENS for release in guarded}
 
         for _ in range(20):  # warm up both loops (and the worker threads)
             assert await plain_round_trip(client, url, functions) == answer
@@ -372,6 +400,11 @@ async def measure(port: int) -> tuple[float, float, float, float, float]:
         f"{trip * 1e3:6.3f} ms a tool round trip"
     )
     print(f"    agentrt, budget   : {budget_call * 1e3:6.3f} ms a call, {budget_token * 1e6:5.2f} µs a token")
+    for release, cost in guarded_token.items():
+        print(
+            f"    agentrt, a pass-through output guardrail, {release:7}: {cost * 1e6:5.2f} µs a token "
+            f"({cost / token:.2f}x no guardrail)"
+        )
     return (
         call - floor_call,
         token - floor_token,

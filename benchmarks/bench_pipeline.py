@@ -56,7 +56,9 @@ class Service:
 
 
 def chunks(n: int) -> list[ModelChunk]:
-    return [*(TextDelta(f"t{i} ") for i in range(n)), Usage(10, n), Finish(FinishReason.STOP)]
+    """Word tokens, a sentence every 20 (where a `chunked` release checks the answer so far)."""
+    words = (TextDelta(f" t{i}." if i % 20 == 19 else f" t{i}") for i in range(n))
+    return [*words, Usage(10, n), Finish(FinishReason.STOP)]
 
 
 async def best_of(runs: int, body: Callable[[], Coroutine[Any, Any, None]]) -> float:
@@ -68,22 +70,32 @@ async def best_of(runs: int, body: Callable[[], Coroutine[Any, Any, None]]) -> f
     return min(samples) if runs < 5 else statistics.median(sorted(samples)[: runs // 2 + 1])
 
 
+@agentrt.guardrails.partial_text
 def passes(request: Any) -> Any:
     """An output guardrail that passes every answer (what holding text back costs, and no more)."""
     return agentrt.guardrails.success()
 
 
+def guarded_by(release: str) -> type[Service]:
+    """`Service` with `passes` as its output guardrail, released by `release`."""
+
+    @agentrt.guardrails.output_guardrails(passes, release=release)  # type: ignore[arg-type]
+    class Guarded(Service):
+        pass
+
+    return Guarded
+
+
 async def measure(
-    budget: Any = None, kind: type[MemoryModel] = MemoryModel, guarded: bool = False
+    budget: Any = None, kind: type[MemoryModel] = MemoryModel, release: str | None = None
 ) -> dict[str, float]:
     listener_events: list[LifecycleEvent] = []
     one = kind(chunks(1))
     many = kind(chunks(TOKENS))
     extra: dict[str, Any] = {"budget": budget} if budget is not None else {}
-    if guarded:
-        extra["output_guardrails"] = [passes]
-    ask = agentrt.build(Service, model=one, listeners=[listener_events.append], **extra)
-    stream = agentrt.build(Service, model=many, listeners=[listener_events.append], **extra)
+    cls = guarded_by(release) if release is not None else Service
+    ask = agentrt.build(cls, model=one, listeners=[listener_events.append], **extra)
+    stream = agentrt.build(cls, model=many, listeners=[listener_events.append], **extra)
 
     async def raw_call() -> None:
         for _ in range(CALLS):
@@ -118,22 +130,24 @@ def main() -> None:
     # stream is watched against chunk by chunk.
     budgeted = agentrt.Budget(seconds=3600, total_tokens=10**9) if hasattr(agentrt, "Budget") else None
     rows = (
-        ("no budget", None, MemoryModel, False),
-        ("with a budget (seconds and total tokens)", budgeted, MemoryModel, False),
-        ("with a budget, model without handles_deadline", budgeted, GenericModel, False),
-        ("a pass-through output guardrail (text held back: buffer)", None, MemoryModel, True),
+        ("no budget", None, MemoryModel, None),
+        ("with a budget (seconds and total tokens)", budgeted, MemoryModel, None),
+        ("with a budget, model without handles_deadline", budgeted, GenericModel, None),
+        ("a pass-through output guardrail, release buffer (held back)", None, MemoryModel, "buffer"),
+        ("a pass-through output guardrail, release chunked (per sentence)", None, MemoryModel, "chunked"),
+        ("a pass-through output guardrail, release optimistic", None, MemoryModel, "optimistic"),
     )
     plain: dict[str, float] = {}
-    for label, budget, kind, guarded in rows:
-        if label != "no budget" and budget is None and not guarded:
+    for label, budget, kind, release in rows:
+        if label != "no budget" and budget is None and release is None:
             continue
         print(f"  {label}:")
         for backend in ("asyncio", "trio"):
-            result = anyio.run(measure, budget, kind, guarded, backend=backend)
+            result = anyio.run(measure, budget, kind, release, backend=backend)
             if label == "no budget":
                 plain[backend] = result["token_us"]
             ratio = ""
-            if guarded and plain.get(backend):
+            if release is not None and plain.get(backend):
                 ratio = f"   ({result['token_us'] / plain[backend]:.2f}x no guardrail per token)"
             print(
                 f"    {backend:8} per call: {result['call_us']:7.1f} µs   "

@@ -21,12 +21,14 @@ if TYPE_CHECKING:
     from ..models._protocol import ResponseAccumulator
     from ._turn import Turn
 
-__all__ = ["Released", "check"]
+__all__ = ["MAY_END", "Released", "check"]
 
 # A chunk ends with a text delta that ends a sentence or a line (a number's "3." ends one too: a
 # chunk boundary is only where a check runs).
 _ENDS: Final = frozenset(".!?\n")
 _SPACE: Final = frozenset(" \t\r\n")
+MAY_END: Final = _ENDS | _SPACE
+"""The last characters of a text delta that may end a sentence (a gate before `crossed`)."""
 
 
 class Released:
@@ -102,15 +104,18 @@ async def check(
     thought, thought_at = accumulator.thinking_from(released.thought_at)
     released.size = 0
     have = released.text
+    text = have + new
     outcome = await _finish.output_guardrails(
-        turn,
-        chain,
-        have + new,
-        attempt,
-        (released.thinking + thought) or None,
-        released=len(have),
+        turn, chain, text, attempt, (released.thinking + thought) or None, released=len(have)
     )
     if outcome.failures:
         return outcome, []
     released.thought_at = thought_at
-    return outcome, released.release(turn.id, attempt, outcome.text, thought)
+    if outcome.text is not text:  # rewritten
+        return outcome, released.release(turn.id, attempt, outcome.text, thought)
+    released.text = text
+    released.thinking += thought
+    events: list[Event] = [ThinkingDelta(thought)] if thought else []
+    if new:
+        events.append(TextDelta(new))
+    return outcome, events

@@ -287,6 +287,8 @@ class Invocation:
                             assert pending is not None
                             most = allowance[0] if allowance is not None else 0
                             crossed = released.crossed
+                            # By sentences, most tokens end in none of the characters that may end one.
+                            gate = _release.MAY_END if chain.chunk is None else None
                             following = chunks.__anext__
                             while True:  # `async for`, after a primed first chunk (as fast)
                                 if carried is None:
@@ -296,14 +298,16 @@ class Invocation:
                                         break
                                 else:
                                     chunk, carried = carried, None
-                                add(chunk)
-                                if allowance is not None:
-                                    left -= _meter.spend(chunk, most)
-                                    if left < 0:
-                                        raise _cut(turn, accumulator, request, allowance)
                                 kind = chunk.__class__
                                 if kind is TextDelta:
-                                    if crossed(chunk.text):  # type: ignore[union-attr]
+                                    text = chunk.text  # type: ignore[union-attr]
+                                    append(text)
+                                    if allowance is not None:
+                                        size = len(text)
+                                        left -= size if size > _meter.TOKEN else _meter.TOKEN
+                                        if left < 0:
+                                            raise _cut(turn, accumulator, request, allowance)
+                                    if (gate is None or text[-1:] in gate) and crossed(text):
                                         checking = _release.check(turn, chain, accumulator, released, attempt)
                                         if guard is not None:
                                             checking = _scoped(turn, checking, guard)
@@ -321,7 +325,13 @@ class Invocation:
                                             if listeners and event.__class__ is Reset:
                                                 notify(listeners, event)
                                             yield event
-                                elif kind is Usage:
+                                    continue
+                                add(chunk)
+                                if allowance is not None and kind in _METERED:
+                                    left -= _meter.spend(chunk, most)
+                                    if left < 0:
+                                        raise _cut(turn, accumulator, request, allowance)
+                                if kind is Usage:
                                     yield chunk  # type: ignore[misc]
                         elif allowance is None:
                             async for chunk in chunks:
