@@ -264,12 +264,11 @@ class ToolExecuted:
     execution: ToolExecution
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class GuardrailVerdict:
     """A guardrail ran: on the user message (`kind` "input") or on an answer ("output"; `attempt`
     is 1 for the first answer, 2 after one re-ask, ...). `verdict` is a `guardrails.Verdict` value;
-    `partial` is true for a check of part of an answer (a `chunked` stream's chunk). Not frozen, as a
-    chunked stream makes one per chunk (see the module's note); treat it as immutable all the same."""
+    `partial` is true for a check of part of an answer (a `chunked` stream's chunk)."""
 
     invocation_id: str
     guardrail: str
