@@ -63,11 +63,12 @@ async def test_every_readme_block_runs_as_written(
     budgeted = ScriptedModel("Rayleigh scattering.", ["Once ", "upon ", "a ", "time"])
     remembering = ScriptedModel("Hello Ada.", "Your name is Ada.")
     guarded = ScriptedModel("It is on its way.", "Please wait, it is on its way.")
+    redacting = ScriptedModel(["Write to ann@", "example.com.", " Or call us."])
     namespace: dict[str, Any] = {"__name__": "readme"}
     monkeypatch.chdir(tmp_path)  # the memory block writes chat.db
 
-    # The quickstart, the tools block (which only builds), the budgets block, the memory block.
-    models = [model, ScriptedModel(), budgeted, remembering, guarded]
+    # The quickstart, the tools block (which only builds), the budgets, memory and guardrail blocks.
+    models = [model, ScriptedModel(), budgeted, remembering, guarded, redacting]
     ran = await run_readme(namespace, local=False, models=models)
 
     assert len(ran) == len(python_blocks()) - 1  # all but the local-server block
@@ -83,6 +84,8 @@ async def test_every_readme_block_runs_as_written(
     assert "It ships today." in output
     assert "Your name is Ada." in output
     assert "Please wait, it is on its way." in output
+    assert "Write to [email]. Or call us." in output
+    assert "ann@" not in output
     assert guarded.requests[1].messages[-2:] == (
         agentrt.AssistantMessage(text="It is on its way."),
         agentrt.UserMessage.of("Answer politely."),

@@ -24,6 +24,7 @@ async def test_the_local_server_block_of_the_readme_runs_as_written(
         ScriptedModel("e", "f"),
         ScriptedModel("g", "h"),
         ScriptedModel("i", "please j"),
+        ScriptedModel("k. l."),
     ]
     namespace: dict[str, Any] = {"__name__": "readme"}
     await run_readme(namespace, local=False, models=models)
