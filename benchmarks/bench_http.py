@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import anyio
 import httpx
 import orjson
+from bench_pipeline import guarded_by  # benchmarks/ is on the path of a script run from it
 
 import agentrt
 from agentrt import LifecycleEvent, TokenStream
@@ -281,20 +282,6 @@ async def median_of(runs: int, body: Callable[[], Awaitable[object]]) -> float:
 BUDGET = agentrt.Budget(seconds=600, total_tokens=10**9)
 
 
-@agentrt.guardrails.partial_text
-def passes(request: Any) -> Any:
-    """An output guardrail that passes every answer."""
-    return agentrt.guardrails.success()
-
-
-def guarded_by(release: str) -> type[Service]:
-    @agentrt.guardrails.output_guardrails(passes, release=release)  # type: ignore[arg-type]
-    class Guarded(Service):
-        pass
-
-    return Guarded
-
-
 async def measure(port: int) -> tuple[float, float, float, float, float]:
     base = f"http://127.0.0.1:{port}/v1"
     events: list[LifecycleEvent] = []
@@ -322,7 +309,7 @@ async def measure(port: int) -> tuple[float, float, float, float, float]:
         ask_budget = agentrt.build(Service, model=one, listeners=[events.append], budget=BUDGET)
         stream_budget = agentrt.build(Service, model=many, listeners=[events.append], budget=BUDGET)
         guarded = {
-            release: agentrt.build(guarded_by(release), model=many, listeners=[events.append])
+            release: agentrt.build(guarded_by(release, Service), model=many, listeners=[events.append])
             for release in ("buffer", "chunked")
         }
         url = f"{base}/chat/completions"

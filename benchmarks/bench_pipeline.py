@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -21,6 +21,8 @@ from agentrt.models import Capabilities, Finish, FinishReason, ModelChunk, Model
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Coroutine
+
+S = TypeVar("S")
 
 TOKENS = 10_000
 CALLS = 2_000
@@ -76,14 +78,14 @@ def passes(request: Any) -> Any:
     return agentrt.guardrails.success()
 
 
-def guarded_by(release: str) -> type[Service]:
-    """`Service` with `passes` as its output guardrail, released by `release`."""
+def guarded_by(release: str, base: type[S]) -> type[S]:
+    """`base` (a service class) with `passes` as its output guardrail, released by `release`."""
 
     @agentrt.guardrails.output_guardrails(passes, release=release)  # type: ignore[arg-type]
-    class Guarded(Service):
+    class Guarded(base):  # type: ignore[valid-type,misc]
         pass
 
-    return Guarded
+    return Guarded  # type: ignore[no-any-return]
 
 
 async def measure(
@@ -93,7 +95,7 @@ async def measure(
     one = kind(chunks(1))
     many = kind(chunks(TOKENS))
     extra: dict[str, Any] = {"budget": budget} if budget is not None else {}
-    cls = guarded_by(release) if release is not None else Service
+    cls = guarded_by(release, Service) if release is not None else Service
     ask = agentrt.build(cls, model=one, listeners=[listener_events.append], **extra)
     stream = agentrt.build(cls, model=many, listeners=[listener_events.append], **extra)
 

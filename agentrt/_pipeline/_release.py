@@ -66,12 +66,16 @@ class Released:
             return True
         return last in _SPACE and ("\n" in text or text.rstrip()[-1:] in _ENDS)
 
-    def withdraw(self, invocation_id: str, reason: ResetReason, attempt: int) -> Reset | None:
-        """The `Reset` that withdraws what the reader has, if it has anything."""
-        if not (self.text or self.thinking):
-            return None
-        self.text = self.thinking = ""
-        return Reset(invocation_id, reason, attempt)
+    def withdraw(
+        self, invocation_id: str, reason: ResetReason, attempt: int, shown: AssistantMessage | None
+    ) -> Reset | None:
+        """The `Reset` that withdraws what the reader has of the response (all of `shown`, for an
+        optimistic stream), if it has anything; the next response starts afresh."""
+        if shown is not None:
+            self.saw(shown)
+        had = self.text or self.thinking
+        self.restart()
+        return Reset(invocation_id, reason, attempt) if had else None
 
     def release(self, invocation_id: str, attempt: int, text: str, thought: str) -> list[Event]:
         """The events that bring the reader to `text` (the answer so far, accepted) and `thought`

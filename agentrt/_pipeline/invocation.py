@@ -386,10 +386,8 @@ class Invocation:
                         break
                     if released is not None:
                         # Not the answer (it calls tools): what the reader has of it is withdrawn.
-                        if optimistic:
-                            released.saw(response.message)
-                        reset = released.withdraw(self.id, ResetReason.TOOL_CALLS, attempt)
-                        released.restart()
+                        shown_all = response.message if optimistic else None
+                        reset = released.withdraw(self.id, ResetReason.TOOL_CALLS, attempt, shown_all)
                         if reset is not None:
                             if listeners:
                                 notify(listeners, reset)
@@ -452,11 +450,8 @@ class Invocation:
                         if pending and not cut:
                             pending.pop()  # the rejected answer's ResponseReceived
                         if released is not None:
-                            if optimistic:
-                                assert turn.response is not None
-                                released.saw(turn.response.message)
-                            reset = released.withdraw(self.id, ResetReason.REJECTED, attempt)
-                            released.restart()
+                            shown_all = message if optimistic else None
+                            reset = released.withdraw(self.id, ResetReason.REJECTED, attempt, shown_all)
                             if reset is not None:
                                 if listeners:
                                     notify(listeners, reset)
