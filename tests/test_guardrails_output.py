@@ -467,3 +467,39 @@ async def test_the_time_budget_cuts_a_held_re_ask_and_stores_nothing() -> None:
     with anyio.fail_after(5):
         await model.streams[1].wait_closed()
     assert await agentrt.memory.access(svc).read("c") == []
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["awaited", "stream"])
+async def test_a_rewritten_immediate_answer_is_stored_as_the_answer_the_reader_got(streaming: bool) -> None:
+    svc = agentrt.build(
+        Chat,
+        model=ScriptedModel([CallTool("secret", {})]),
+        tools=[Immediate()],
+        output_guardrails=[lambda r: success_with(r.text.replace("42", "[redacted]"))],
+        memory=agentrt.memory.window(),
+    )
+    if streaming:
+        stream = await svc.stream("c", "q")
+        assert [token async for token in stream] == ["the secret is [redacted]"]
+        text = (await stream.result()).text
+    else:
+        text = await svc.chat("c", "q")
+    assert text == "the secret is [redacted]"
+    stored = await agentrt.memory.access(svc).read("c")
+    assert [type(m) for m in stored] == [UserMessage, AssistantMessage, ToolResultMessage, AssistantMessage]
+    assert stored[-1] == AssistantMessage(text="the secret is [redacted]")
+
+
+async def test_a_rewritten_answer_is_what_the_result_s_transcript_and_a_held_response_show() -> None:
+    model = ScriptedModel(["Mail x@", "y.com now."])
+    svc = agentrt.build(
+        Chat, model=model, output_guardrails=[lambda r: success_with(r.text.replace("x@y.com", "[email]"))]
+    )
+    stream = await svc.stream("c", "q")
+    events = [event async for event in stream.events()]
+    result = await stream.result()
+    assert result.text == "Mail [email] now."
+    assert result.messages[-1] == AssistantMessage(text="Mail [email] now.")
+    responses = [e for e in events if type(e) is agentrt.ResponseReceived]
+    assert [r.response.message.text for r in responses] == ["Mail [email] now."]
+    assert "x@y.com" not in repr(events)

@@ -550,3 +550,25 @@ async def test_a_value_given_for_part_of_an_answer_is_an_error() -> None:
     with pytest.raises(TypeError, match="gave a value for part of an answer"):
         await read(await svc.stream("c", "q"))
     assert model.streams[0].closed
+
+
+async def test_chunked_checks_text_that_comes_before_tool_calls_since_it_would_be_shown() -> None:
+    lookup = Lookup()
+    model = ScriptedModel(["Let me look up the secret.", CallTool("lookup", {"query": "x"})], ["Done."])
+    svc = service(model, Seen(lambda r: failure("secret") if "secret" in r.text else success()), "chunked")
+    tokens: list[str] = []
+    with pytest.raises(OutputGuardrailError):
+        await read_into(tokens, svc)
+    assert tokens == []  # the reader never saw it
+    assert lookup.calls == 0  # the refused response's calls are not run
+    assert model.streams[0].closed
+
+
+async def test_a_bound_validate_of_an_object_that_judges_partial_text_may_run_chunked() -> None:
+    guardrail = Seen()
+    model = ScriptedModel(["これは文です。", "次の文。"])
+    svc = service(model, guardrail.validate, "chunked")
+    stream = await svc.stream("c", "q")
+    tokens = await read(stream)
+    assert tokens == ["これは文です。", "次の文。"]  # CJK full stops end chunks too
+    await assert_consistent(svc, tokens, await stream.result())

@@ -9,18 +9,19 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import ContentRefusedError, OutputGuardrailError
 from .._events import GuardrailVerdict
-from .._messages import UserMessage
+from .._messages import AssistantMessage, UserMessage
 from ..guardrails._declare import OutputGuardrailRequest
 from ..guardrails._results import NO_VALUE, GuardrailResult, Verdict
 from ._runtime import notify
 
 if TYPE_CHECKING:
-    from .._messages import AssistantMessage, ChatMessage
+    from .._messages import ChatMessage
     from ..guardrails._declare import OutputChain
     from ._turn import Turn
 
 __all__ = [
     "Outcome",
+    "accept",
     "answer_text",
     "check_value",
     "commit",
@@ -139,6 +140,29 @@ def reask(turn: Turn, rejected: AssistantMessage, result: GuardrailResult) -> No
     turn.request = replace(sent, messages=(*sent.messages, *shown, UserMessage.of(result.prompt)))
 
 
+def accept(turn: Turn, message: AssistantMessage | None, text: str, answered: str) -> bool:
+    """Add the accepted answer, `text`, to the exchange (what memory stores); whether a guardrail
+    rewrote it. `message` is the model's answer (`None`: immediate tools' results, `answered`).
+
+    A rewritten answer replaces the model's text everywhere the reader looks: the stored message, the
+    turn's response (so the result's transcript and a held stream's `ResponseReceived` carry it), or,
+    for immediate tools' results, an assistant message after them."""
+    if message is None:
+        if text == answered:
+            return False
+        turn.exchange.append(AssistantMessage(text=text))
+        return True
+    if text == (message.text or ""):
+        turn.exchange.append(message)
+        return False
+    message = message.model_copy(update={"text": text})
+    response = turn.response
+    assert response is not None
+    turn.response = replace(response, message=message)
+    turn.exchange.append(message)
+    return True
+
+
 def refused(turn: Turn, outcome: Outcome, attempt: int, *, immediate: bool = False) -> OutputGuardrailError:
     """The error for an answer the chain refused (or kept asking about past `max_retries`; an
     immediate tool's result, which no model answered, cannot be asked again)."""
@@ -166,11 +190,12 @@ def check_value(turn: Turn, value: Any) -> None:
         )
 
 
-def parse(turn: Turn, text: str) -> Any:
-    """The answer as the declared return type (`OutputParsingError` when it does not parse)."""
+def parse(turn: Turn, text: str, rewritten: bool = False) -> Any:
+    """The answer as the declared return type (`OutputParsingError` when it does not parse): one
+    immediate tool's value as it is, unless a guardrail rewrote the answer."""
     parser = turn.spec.parser
     immediate = turn.immediate
-    if immediate is not None:
+    if immediate is not None and not rewritten:
         only = immediate[0].value if len(immediate) == 1 else None
         return only if parser.accepts(only) else parser.parse(text)
     response = turn.response

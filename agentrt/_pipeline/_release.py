@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 __all__ = ["MAY_END", "Released", "check"]
 
 # A chunk ends with a text delta that ends a sentence or a line (a number's "3." ends one too: a
-# chunk boundary is only where a check runs).
-_ENDS: Final = frozenset(".!?\n")
+# chunk boundary is only where a check runs), in Latin or CJK punctuation.
+_ENDS: Final = frozenset(".!?\n\u2026\u3002\uff01\uff1f")
 _SPACE: Final = frozenset(" \t\r\n")
 MAY_END: Final = _ENDS | _SPACE
 """The last characters of a text delta that may end a sentence (a gate before `crossed`)."""

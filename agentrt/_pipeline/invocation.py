@@ -412,7 +412,7 @@ class Invocation:
                     if _loop.after_round(turn, calls, executions) is _loop.Step.ANSWER:
                         break
                 # the answer: output guardrails (which may ask again), then parse
-                text = _finish.answer_text(turn)
+                text = answered = _finish.answer_text(turn)
                 immediate = turn.immediate is not None
                 message = None
                 if not immediate:
@@ -467,12 +467,12 @@ class Invocation:
                     text, value = outcome.text, outcome.value
                     if value is not NO_VALUE:
                         _finish.check_value(turn, value)  # before any text is released
-                if message is not None:
-                    if text != (message.text or ""):
-                        message = message.model_copy(update={"text": text})
-                    turn.exchange.append(message)
+                rewritten = _finish.accept(turn, message, text, answered)
                 if pending is not None:  # released once the chain passed
                     final = pending.pop() if not immediate and pending else None
+                    if rewritten and final is not None:  # its response, as the reader gets it
+                        assert turn.response is not None
+                        final = ResponseReceived(self.id, turn.response, round_)
                     for event in pending:
                         yield event
                     pending.clear()
@@ -492,9 +492,9 @@ class Invocation:
                         thought = ""
                         if chunking:
                             thought = accumulator.thinking_from(released.thought_at)[0]
-                        else:
-                            assert turn.response is not None
-                            released.saw(turn.response.message)
+                        else:  # optimistic: the reader has all of the model's answer
+                            assert message is not None
+                            released.saw(message)
                         for event in released.release(self.id, attempt, text, thought):
                             if listeners and event.__class__ is Reset:
                                 notify(listeners, event)
@@ -503,7 +503,7 @@ class Invocation:
                             yield final
                 break
             if value is NO_VALUE:
-                value = _finish.parse(turn, text)
+                value = _finish.parse(turn, text, rewritten)
             conversation = turn.conversation
             if conversation is not None:
                 # The turn is done: store it, and let the next turn on the conversation start now,

@@ -117,7 +117,9 @@ class Guardrail:
             )
         self._call = call
         self.name = name
-        self.partial = getattr(target, "partial_text", False) is True
+        # a bound method (`obj.validate`) of an object that declares it declares it too
+        owner = getattr(target, "__self__", None)
+        self.partial = getattr(target, "partial_text", getattr(owner, "partial_text", False)) is True
 
     def __repr__(self) -> str:
         return f"<Guardrail {self.name}>"
