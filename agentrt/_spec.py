@@ -493,22 +493,23 @@ def _output_kind(qualname: str, hints: Mapping[str, Any]) -> tuple[str, OutputPa
         origin in (collections.abc.AsyncIterator, collections.abc.AsyncIterable) and args == (str,)
     ):
         return OutputKind.STREAM, TextParser()
+    if origin in (collections.abc.AsyncIterator, collections.abc.AsyncIterable):
+        raise ConfigurationError(
+            f"{qualname}: a stream of {getattr(args[0], '__name__', args[0]) if args else '?'} is not "
+            "supported yet; stream text (TokenStream or AsyncIterator[str]) or await the value"
+        )
     if annotation is Result or origin is Result:
         inner = args[0] if args else str
-        parser = parser_for(inner)
-        if parser is None:
+        if inner is TokenStream or get_origin(inner) in (
+            collections.abc.AsyncIterator,
+            collections.abc.AsyncIterable,
+        ):
             raise ConfigurationError(
-                f"{qualname}: return type Result[{getattr(inner, '__name__', inner)}] is not "
-                "supported; Result takes str or a pydantic model"
+                f"{qualname}: return type Result[{getattr(inner, '__name__', inner)}] is not supported: "
+                "a stream's Result is `await stream.result()`"
             )
-        return OutputKind.RESULT, parser
-    parser = parser_for(annotation)
-    if parser is None:
-        raise ConfigurationError(
-            f"{qualname}: return type {getattr(annotation, '__name__', annotation)!r} is not "
-            "supported; use str, a pydantic model, Result[...], TokenStream or AsyncIterator[str]"
-        )
-    return OutputKind.VALUE, parser
+        return OutputKind.RESULT, parser_for(inner)
+    return OutputKind.VALUE, parser_for(annotation)
 
 
 def _method_spec(cls: type[Any], function: Callable[..., Any]) -> MethodSpec:

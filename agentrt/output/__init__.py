@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ._parsers import ModelParser, OutputParser, TextParser, extract_json, parser_for
+from ._parsers import NoneParser, OutputParser, TextParser, TypeParser, extract_json, parser_for
 
-__all__ = ["ModelParser", "OutputParser", "TextParser", "extract_json", "parser_for"]
+__all__ = ["NoneParser", "OutputParser", "TextParser", "TypeParser", "extract_json", "parser_for"]
