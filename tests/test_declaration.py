@@ -4,7 +4,6 @@ naming `Class.method` and the parameter; none is deferred to the first call."""
 from __future__ import annotations
 
 import collections.abc
-
 import inspect
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
