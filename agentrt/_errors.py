@@ -236,13 +236,25 @@ class ContentRefusedError(ModelError):
 class OutputParsingError(AgentError):
     """The model's answer could not be parsed into the method's declared return type.
 
-    `text` is the raw answer; `target` names the type it should have become.
+    `text` is the raw answer; `target` names the type it should have become; `detail` says what was
+    wrong (the first validation errors, each with where it was); `partial` is the `Result` so far when
+    the invocation raised it (after its repairs, if any).
     """
 
-    def __init__(self, message: str, *, text: str, target: str) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        text: str,
+        target: str,
+        detail: str = "",
+        partial: Result[Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.text = text
         self.target = target
+        self.detail = detail
+        self.partial = partial
 
 
 class ToolError(AgentError):

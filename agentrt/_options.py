@@ -1,4 +1,5 @@
-"""Options of a call: its `Budget` and `ModelSettings`, set per build, per method and per call.
+"""Options of a call: its `Budget`, `ModelSettings` and `max_repairs`, set per build, per method and
+per call.
 
 Per build: `build(..., budget=..., settings=...)`. Per method: `@method_options(...)`. Per call,
 without changing the stub's signature for other callers: `with call_options(...):` around the call,
@@ -22,7 +23,7 @@ from .models._protocol import ModelSettings
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-__all__ = ["CURRENT_OPTIONS", "CallOptions", "call_options", "method_options"]
+__all__ = ["CURRENT_OPTIONS", "CallOptions", "call_options", "check_repairs", "method_options"]
 
 _T = TypeVar("_T")
 
@@ -31,34 +32,46 @@ OPTIONS_ATTR: Final = "__agentrt_options__"
 
 @dataclass(frozen=True, slots=True)
 class CallOptions:
-    """A budget and model settings; `None` fields inherit from the level below."""
+    """A budget, model settings and how often an answer that does not parse is repaired; `None`
+    fields inherit from the level below."""
 
     budget: Budget | None = None
     settings: ModelSettings | None = None
+    max_repairs: int | None = None
 
     def over(self, below: CallOptions) -> CallOptions:
         """These options laid over `below`, field by field."""
         budget = below.budget.merge(self.budget) if below.budget is not None else self.budget
         settings = below.settings.merge(self.settings) if below.settings is not None else self.settings
-        return CallOptions(budget, settings)
+        repairs = self.max_repairs if self.max_repairs is not None else below.max_repairs
+        return CallOptions(budget, settings, repairs)
 
 
 CURRENT_OPTIONS: ContextVar[CallOptions | None] = ContextVar("agentrt_call_options", default=None)
 
 
-def _checked(where: str, budget: object, settings: object) -> CallOptions:
+def check_repairs(where: str, max_repairs: object) -> None:
+    if max_repairs is not None and (
+        isinstance(max_repairs, bool) or not isinstance(max_repairs, int) or max_repairs < 0
+    ):
+        raise ConfigurationError(f"{where}: max_repairs must be an int >= 0, got {max_repairs!r}")
+
+
+def _checked(where: str, budget: object, settings: object, max_repairs: object = None) -> CallOptions:
     if budget is not None and not isinstance(budget, Budget):
         raise ConfigurationError(f"{where}: budget must be an agentrt.Budget, got {budget!r}")
     if settings is not None and not isinstance(settings, ModelSettings):
         raise ConfigurationError(f"{where}: settings must be an agentrt.ModelSettings, got {settings!r}")
-    return CallOptions(budget, settings)
+    check_repairs(where, max_repairs)
+    return CallOptions(budget, settings, max_repairs)  # type: ignore[arg-type]
 
 
 def method_options(
-    *, budget: Budget | None = None, settings: ModelSettings | None = None
+    *, budget: Budget | None = None, settings: ModelSettings | None = None, max_repairs: int | None = None
 ) -> Callable[[_T], _T]:
-    """The budget and model settings of one service method (over the build's, under the call's)."""
-    options = _checked("@method_options", budget, settings)
+    """The budget, model settings and `max_repairs` of one service method (over the build's, under
+    the call's)."""
+    options = _checked("@method_options", budget, settings, max_repairs)
 
     def decorate(target: _T) -> _T:
         if not inspect.isfunction(target):
@@ -70,13 +83,15 @@ def method_options(
 
 
 @contextlib.contextmanager
-def call_options(*, budget: Budget | None = None, settings: ModelSettings | None = None) -> Iterator[None]:
+def call_options(
+    *, budget: Budget | None = None, settings: ModelSettings | None = None, max_repairs: int | None = None
+) -> Iterator[None]:
     """Options for the service calls made inside the block (nested blocks lay theirs over the outer).
 
     A call takes the options in force when it is made: for a stream, when `await service.stream(...)`
     is evaluated, not while it is read.
     """
-    options = _checked("call_options", budget, settings)
+    options = _checked("call_options", budget, settings, max_repairs)
     outer = CURRENT_OPTIONS.get()
     token = CURRENT_OPTIONS.set(options.over(outer) if outer is not None else options)
     try:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ._budget import Budget
 from ._errors import ConfigurationError
-from ._options import CURRENT_OPTIONS, CallOptions
+from ._options import CURRENT_OPTIONS, CallOptions, check_repairs
 from ._pipeline import READY, Invocation, Listener, Runtime, SystemMessageProvider, ToolProvider
 from ._spec import MethodSpec, OutputKind, ServiceSpec, service_spec
 from ._stream import TokenStream
@@ -46,7 +46,7 @@ _D = TypeVar("_D")
 def _implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
     bind = spec.bind
     # Options that do not depend on the call, laid over the build's once.
-    base = CallOptions(runtime.budget, runtime.settings)
+    base = CallOptions(runtime.budget, runtime.settings, runtime.max_repairs)
     if spec.options is not None:
         base = spec.options.over(base)
     fixed = not spec.option_params
@@ -61,7 +61,14 @@ def _implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
             own = spec.call_options(arguments)
             if own is not None:
                 options = own.over(options)
-        return Invocation(runtime, spec, arguments, settings=options.settings, budget=options.budget)
+        return Invocation(
+            runtime,
+            spec,
+            arguments,
+            settings=options.settings,
+            budget=options.budget,
+            max_repairs=options.max_repairs,
+        )
 
     method: Callable[..., Any]
     if spec.output_kind == OutputKind.STREAM:
@@ -188,6 +195,7 @@ def build(
     tool_provider: ToolProvider | None = None,
     tool_settings: ToolSettings | None = None,
     budget: Budget | None = None,
+    max_repairs: int = 1,
     memory: ChatMemory | ChatMemoryStore | None = None,
     input_guardrails: Sequence[object] = (),
     output_guardrails: Sequence[object] = (),
@@ -204,6 +212,8 @@ def build(
     - `tool_settings`: timeouts, concurrency, loop limits and failure policies (`ToolSettings`).
     - `budget`: what one call may spend (`Budget`: seconds, tokens, model requests, tool calls);
       `@method_options` and the call's own options override it field by field.
+    - `max_repairs`: how often an answer that does not parse into the return type is asked for
+      again, with what was wrong (default 1); `@method_options` and `call_options` override it.
     - `input_guardrails`: checks on the user message of every method that declares none itself (nor
       its class), run in order before any model request (see `agentrt.guardrails`).
     - `output_guardrails`: checks on the answers of every method that declares none itself (nor its
@@ -242,6 +252,7 @@ def build(
         raise ConfigurationError(f"{cls.__name__}: tool_provider must be callable")
     if budget is not None and not isinstance(budget, Budget):
         raise ConfigurationError(f"{cls.__name__}: budget must be an agentrt.Budget, got {budget!r}")
+    check_repairs(cls.__name__, max_repairs)
     if settings is not None and not isinstance(settings, ModelSettings):
         raise ConfigurationError(
             f"{cls.__name__}: settings must be an agentrt.ModelSettings, got {settings!r}"
@@ -276,6 +287,7 @@ def build(
         tool_settings=tool_settings,
         threads=ThreadLimiter(tool_settings.thread_limit),
         budget=budget,
+        max_repairs=max_repairs,
         handles_deadline=getattr(model, "handles_deadline", False) is True,
         memory=Memory(memory, f"{cls.__module__}.{cls.__qualname__}") if memory is not None else None,
         input_guardrails=MappingProxyType(input_chains),

@@ -509,7 +509,8 @@ def _output_kind(qualname: str, hints: Mapping[str, Any]) -> tuple[str, OutputPa
                 "a stream's Result is `await stream.result()`"
             )
         return OutputKind.RESULT, parser_for(inner)
-    return OutputKind.VALUE, parser_for(annotation)
+    # The declared type as it is: `Annotated` metadata (a discriminator, constraints) is validation.
+    return OutputKind.VALUE, parser_for(annotation if annotation is str else hints["return"])
 
 
 def _method_spec(cls: type[Any], function: Callable[..., Any]) -> MethodSpec:

@@ -340,7 +340,7 @@ class Typed:
 
 
 async def test_a_parse_failure_leaves_the_conversation_as_it_was() -> None:
-    model = ScriptedModel("not a number", "after answer")
+    model = ScriptedModel("not a number", "still not one", "after answer")  # the answer and its repair
     svc = agentrt.build(Typed, model=model, memory=agentrt.memory.window())
     access = agentrt.memory.access(svc)
     await access.replace("c", PRIOR)

@@ -104,7 +104,7 @@ async def test_the_whole_exchange_reaches_the_commit(commits: list[dict[str, Any
 
 
 async def test_nothing_is_committed_when_the_call_fails(commits: list[dict[str, Any]]) -> None:
-    model = ScriptedModel("not json", capabilities=Capabilities())
+    model = ScriptedModel("not json", "nor this", capabilities=Capabilities())  # the answer, its repair
     service = agentrt.build(Tickets, model=model, memory=agentrt.memory.window())
 
     with pytest.raises(agentrt.OutputParsingError):

@@ -202,12 +202,12 @@ async def test_pydantic_model_value_and_result() -> None:
 
 
 async def test_unparseable_answer_raises_output_parsing_error_with_the_text() -> None:
-    svc, _ = service('{"name": "Bern"}')
+    svc, _ = service('{"name": "Bern"}', '{"name": "Bern!"}')  # the answer and its repair
 
     with pytest.raises(OutputParsingError) as info:
         await svc.city("capital?")
 
-    assert info.value.text == '{"name": "Bern"}'
+    assert info.value.text == '{"name": "Bern!"}'
     assert info.value.target == "City"
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
-from .._errors import ContentRefusedError, OutputGuardrailError
+import anyio
+import anyio.to_thread
+
+from .._errors import ContentRefusedError, OutputGuardrailError, OutputParsingError
 from .._events import GuardrailVerdict
 from .._messages import AssistantMessage, UserMessage
 from ..guardrails._declare import OutputGuardrailRequest
@@ -20,6 +23,7 @@ if TYPE_CHECKING:
     from ._turn import Turn
 
 __all__ = [
+    "OFF_LOOP",
     "Outcome",
     "accept",
     "answer_text",
@@ -27,8 +31,11 @@ __all__ = [
     "commit",
     "output_guardrails",
     "parse",
+    "parse_off_loop",
     "reask",
     "refused",
+    "repair",
+    "unparsed",
 ]
 
 
@@ -130,14 +137,42 @@ def reask(turn: Turn, rejected: AssistantMessage, result: GuardrailResult) -> No
     the rejected answer and the reprompt text (reprompt; without the answer with message removal).
     The turn keeps its tool exchanges (tools that ran are not run again); the rejected answer and
     the reprompt text never join the exchange, so memory never stores them."""
-    sent = turn.sent
-    assert sent is not None
     if result.verdict is Verdict.RETRY:
+        sent = turn.sent
+        assert sent is not None
         turn.request = sent
         return
     assert result.prompt is not None
-    shown: tuple[ChatMessage, ...] = () if result.remove_message else (rejected,)
-    turn.request = replace(sent, messages=(*sent.messages, *shown, UserMessage.of(result.prompt)))
+    _ask_again(turn, () if result.remove_message else (rejected,), result.prompt)
+
+
+def repair(turn: Turn, failed: AssistantMessage, error: OutputParsingError) -> None:
+    """Make the next request ask for an answer that parses: the request that got the `failed` answer,
+    then that answer and what was wrong with it. Like a re-ask, neither joins the exchange."""
+    prompt = (
+        f"Your answer could not be read as {error.target}: {error.detail}. "
+        "Answer again, in the format asked for."
+    )
+    _ask_again(turn, (failed,), prompt)
+
+
+def _ask_again(turn: Turn, shown: tuple[ChatMessage, ...], prompt: str) -> None:
+    sent = turn.sent
+    assert sent is not None
+    turn.request = replace(sent, messages=(*sent.messages, *shown, UserMessage.of(prompt)))
+
+
+def unparsed(turn: Turn, error: OutputParsingError, attempt: int, repairs: int) -> OutputParsingError:
+    """The error for an answer that did not parse, after `repairs` repairs: the parser's error,
+    naming the method, with the partial `Result`."""
+    after = f" (after {repairs} repair{'s' if repairs > 1 else ''})" if repairs else ""
+    return OutputParsingError(
+        f"{turn.spec.qualname}: {error}{after}",
+        text=error.text,
+        target=error.target,
+        detail=error.detail,
+        partial=replace(turn.partial(), attempts=attempt),
+    )
 
 
 def accept(turn: Turn, message: AssistantMessage | None, text: str, answered: str) -> bool:
@@ -203,6 +238,16 @@ def parse(turn: Turn, text: str, rewritten: bool = False) -> Any:
     if response.message.refusal and not text:
         raise ContentRefusedError(response.message.refusal)
     return parser.parse(text)
+
+
+OFF_LOOP: Final = 1 << 18
+"""Answers longer than this (in characters) are parsed in a worker thread, not on the event loop."""
+
+
+async def parse_off_loop(turn: Turn, text: str, rewritten: bool) -> Any:
+    """`parse` in a worker thread: a long answer does not stop the event loop while it is read.
+    Cancelled, the caller goes on at once (the thread finishes its parse and is forgotten)."""
+    return await anyio.to_thread.run_sync(parse, turn, text, rewritten, abandon_on_cancel=True)
 
 
 async def commit(turn: Turn) -> None:

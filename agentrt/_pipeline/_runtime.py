@@ -52,6 +52,8 @@ class Runtime:
     variables: Mapping[str, str] | None = None
     settings: ModelSettings | None = None
     budget: Budget | None = None
+    max_repairs: int = 1
+    """How often an answer that does not parse is asked for again (the build's; options override)."""
     tools: Mapping[str, ToolDefinition] = field(default_factory=dict)
     tool_provider: ToolProvider | None = None
     tool_settings: ToolSettings = field(default_factory=ToolSettings)

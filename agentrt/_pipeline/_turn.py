@@ -55,6 +55,7 @@ class Turn:
         "id",
         "immediate",
         "loop",
+        "max_repairs",
         "memory_id",
         "outgoing",
         "request",
@@ -100,7 +101,9 @@ class Turn:
             raise TypeError(f"{spec.qualname}(): the memory id {spec.memory_param!r} is None")
         self.conversation: Conversation | None = None
         self.attempts = 1
-        """Answers checked by output guardrails so far (1, then 2 after a re-ask, ...)."""
+        """Answers checked so far (1, then 2 after a re-ask or a repair, ...)."""
+        self.max_repairs = runtime.max_repairs
+        """How often an answer that does not parse may be asked for again."""
         self.history: tuple[ChatMessage, ...] = ()
         """The conversation's history sent with this turn (what guardrails may read)."""
         self.verdicts: list[GuardrailVerdict] = []

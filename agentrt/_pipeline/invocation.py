@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 import anyio
 
 from .._budget import chars_for_tokens
-from .._errors import BudgetExceededError, ModelTimeoutError
+from .._errors import BudgetExceededError, ModelTimeoutError, OutputParsingError
 from .._events import (
     CancelledEvent,
     Completed,
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from .._budget import Budget, BudgetLimit
     from .._events import ModelChunk, ModelResponse
     from .._spec import MethodSpec
+    from ..guardrails._results import GuardrailResult
     from ..models._protocol import ModelRequest, ModelSettings
     from ._runtime import Runtime
 
@@ -116,9 +117,11 @@ class Invocation:
         *,
         settings: ModelSettings | None = None,
         budget: Budget | None = None,
+        max_repairs: int | None = None,
     ) -> None:
         self.id = os.urandom(16).hex()  # as random as uuid4().hex, without building a UUID
         self._turn = Turn(self.id, runtime, spec, arguments, settings, budget)
+        self._turn.max_repairs = runtime.max_repairs if max_repairs is None else max_repairs
 
     async def result(self) -> Result[Any]:
         """Run to the end and return the result: the fold of `events()`.
@@ -223,7 +226,8 @@ class Invocation:
                 pending.append(event)
                 return False
 
-            attempt = 1
+            attempt = 1  # answers so far: 1, then one more per re-ask or repair
+            reasks = repairs = 0
             round_ = 0
             value: Any = NO_VALUE
             stopped: _finish.Outcome | None = None  # a chunk the chain refused: the answer stops there
@@ -426,6 +430,8 @@ class Invocation:
                         # reject an assistant message with neither text nor calls.
                         message = message.model_copy(update={"tool_calls": (), "text": message.text or ""})
                 final = None
+                cut = False
+                again: GuardrailResult | OutputParsingError | None = None  # what asks again, if anything
                 if chain is not None:
                     turn.attempts = attempt  # answers checked, this one included
                     cut = stopped is not None
@@ -446,27 +452,52 @@ class Invocation:
                         for verdict in turn.verdicts:
                             yield verdict
                         turn.verdicts.clear()
-                    if outcome.reask is not None and message is not None and attempt <= chain.max_retries:
-                        if pending and not cut:
-                            pending.pop()  # the rejected answer's ResponseReceived
-                        if released is not None:
-                            shown_all = message if optimistic else None
-                            reset = released.withdraw(self.id, ResetReason.REJECTED, attempt, shown_all)
-                            if reset is not None:
-                                if listeners:
-                                    notify(listeners, reset)
-                                yield reset
-                        if chunking:  # a re-ask is replayed stream-to-sync: held until it passed
-                            chunking = False
-                            hold = True
-                        _finish.reask(turn, message, outcome.reask)
-                        attempt += 1
-                        continue
-                    if outcome.failures:
+                    if outcome.reask is not None and message is not None and reasks < chain.max_retries:
+                        again = outcome.reask
+                        reasks += 1
+                    elif outcome.failures:
                         raise _finish.refused(turn, outcome, attempt, immediate=immediate)
-                    text, value = outcome.text, outcome.value
-                    if value is not NO_VALUE:
-                        _finish.check_value(turn, value)  # before any text is released
+                    else:
+                        text, value = outcome.text, outcome.value
+                        if value is not NO_VALUE:
+                            _finish.check_value(turn, value)  # before any text is released
+                if again is None and value is NO_VALUE:
+                    # Parsed before the answer is accepted: one that does not parse is repaired (asked
+                    # again with what was wrong), and nothing of it is stored or released.
+                    turn.attempts = attempt
+                    try:
+                        if len(text) > _finish.OFF_LOOP:
+                            parsing = _finish.parse_off_loop(turn, text, text != answered)
+                            if guard is not None:
+                                parsing = _scoped(turn, parsing, guard)
+                            value = await parsing
+                        else:
+                            value = _finish.parse(turn, text, text != answered)
+                    except OutputParsingError as error:
+                        if message is None or repairs >= turn.max_repairs:
+                            raise _finish.unparsed(turn, error, attempt, repairs) from error
+                        again = error
+                        repairs += 1
+                if again is not None:
+                    assert message is not None
+                    if pending and not cut:
+                        pending.pop()  # the rejected answer's ResponseReceived
+                    if released is not None:
+                        shown_all = message if optimistic else None
+                        reset = released.withdraw(self.id, ResetReason.REJECTED, attempt, shown_all)
+                        if reset is not None:
+                            if listeners:
+                                notify(listeners, reset)
+                            yield reset
+                    if chunking:  # asked again, the answer is replayed stream-to-sync: held until it passed
+                        chunking = False
+                        hold = True
+                    if isinstance(again, OutputParsingError):
+                        _finish.repair(turn, message, again)
+                    else:
+                        _finish.reask(turn, message, again)
+                    attempt += 1
+                    continue
                 rewritten = _finish.accept(turn, message, text, answered)
                 if pending is not None:  # released once the chain passed
                     final = pending.pop() if not immediate and pending else None
@@ -502,8 +533,6 @@ class Invocation:
                         if final is not None:
                             yield final
                 break
-            if value is NO_VALUE:
-                value = _finish.parse(turn, text, rewritten)
             conversation = turn.conversation
             if conversation is not None:
                 # The turn is done: store it, and let the next turn on the conversation start now,

@@ -29,6 +29,8 @@ _FENCE: Final = "```"
 # Structural characters of JSON spans: runs of openers, runs of closers, quotes and backslashes.
 _STRUCTURE: Final = re.compile(r'[{}\[\]"\\][{}\[\]]*')
 _CLOSER: Final = {"}": "{", "]": "["}
+_OPENERS: Final = re.compile(r"[{\[]+")
+_OPENING: Final = frozenset("{[")
 _MAX_DEPTH: Final = 256  # deeper than any JSON parser here accepts
 
 
@@ -96,14 +98,6 @@ def _spans(text: str) -> Iterator[str]:
             position += 1
         elif in_string:
             continue
-        if len(kinds) + len(run) > _MAX_DEPTH and "}" not in run and "]" not in run:
-            # Nothing this deep is JSON a parser accepts: what is open below is stray.
-            kinds.clear()
-            starts.clear()
-            open_count["{"] = open_count["["] = 0
-            skip = max(0, len(run) - _MAX_DEPTH)
-            run = run[skip:]
-            position += skip
         offset = -1
         size = len(run)
         while offset + 1 < size:
@@ -117,13 +111,25 @@ def _spans(text: str) -> Iterator[str]:
                 offset = min(following)
                 char = run[offset]
             if char == "{" or char == "[":
-                if len(kinds) == _MAX_DEPTH:
+                if len(kinds) < _MAX_DEPTH and run[offset + 1 : offset + 2] not in _OPENING:
+                    kinds.append(char)  # one opener
+                    starts.append(position + offset)
+                    open_count[char] += 1
+                    continue
+                # The openers from here on, pushed at once: past the depth limit, what is open
+                # below is stray (nothing that deep is JSON a parser accepts).
+                end = _OPENERS.match(run, offset).end()  # type: ignore[union-attr]
+                if len(kinds) + end - offset > _MAX_DEPTH:
                     kinds.clear()
                     starts.clear()
                     open_count["{"] = open_count["["] = 0
-                kinds.append(char)
-                starts.append(position + offset)
-                open_count[char] += 1
+                    offset = max(offset, end - _MAX_DEPTH)
+                for at in range(offset, end):
+                    opener = run[at]
+                    kinds.append(opener)
+                    starts.append(position + at)
+                    open_count[opener] += 1
+                offset = end - 1
                 continue
             opener = _CLOSER[char]
             if not open_count[opener]:
@@ -136,9 +142,17 @@ def _spans(text: str) -> Iterator[str]:
                 open_count[kind] -= 1
                 if kind == opener:
                     break
-            while outermost and outermost[-1][0] > start:
-                outermost.pop()
-            outermost.append((start, position + offset + 1))
+            if kinds:  # openers around it may still close: it may not be outermost
+                while outermost and outermost[-1][0] > start:
+                    outermost.pop()
+                outermost.append((start, position + offset + 1))
+                continue
+            # Nothing is open: the spans kept so far lie inside this one or before it, and are final.
+            for kept, end in outermost:
+                if kept < start:
+                    yield text[kept:end]
+            outermost.clear()
+            yield text[start : position + offset + 1]
     for start, end in outermost:
         yield text[start:end]
 

@@ -18,8 +18,9 @@ import datetime
 import decimal
 import enum
 import re
+import types
 import uuid
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, Protocol, Union, get_args, get_origin
 
 import orjson
 from pydantic import PydanticUserError, TypeAdapter, ValidationError
@@ -113,10 +114,28 @@ def extract_json(text: str) -> str:
 
 
 def type_name(annotation: Any) -> str:
-    """A type as users write it: `Ticket`, `list[Ticket]`, `Literal['a', 'b']`, `int | None`."""
-    if isinstance(annotation, type) and not get_args(annotation):
+    """A type as users write it: `Ticket`, `list[Ticket]`, `Literal['a', 'b']`, `int | None`; the
+    metadata of `Annotated` left out (it may hold validators, whose reprs are no type name)."""
+    if annotation is None or annotation is type(None):
+        return "None"
+    if annotation is Ellipsis:
+        return "..."
+    origin = get_origin(annotation)
+    args = get_args(annotation)
+    if origin is Annotated:
+        return type_name(args[0])
+    if origin is Literal:
+        return f"Literal[{', '.join(repr(arg) for arg in args)}]"
+    if origin is Union or origin is types.UnionType:
+        return " | ".join(type_name(arg) for arg in args)
+    if isinstance(annotation, type) and not args:
         return annotation.__qualname__
-    return re.sub(r"\b(typing|collections\.abc|datetime|decimal|uuid)\.", "", repr(annotation))
+    if origin is not None and args:
+        name = getattr(annotation, "__name__", None) or type_name(origin)
+        return f"{name}[{', '.join(type_name(arg) for arg in args)}]"
+    return re.sub(
+        r"\b(typing|typing_extensions|collections\.abc|datetime|decimal|uuid)\.", "", repr(annotation)
+    )
 
 
 def _is_scalar(schema: dict[str, Any], defs: dict[str, Any]) -> bool:
@@ -248,22 +267,21 @@ class TypeParser:
         return True
 
     def parse(self, text: str) -> Any:
-        bare_error = json_error = any_error = None
-        if self._scalar:
-            bare = _bare(strip_thinking(text))
-            if bare is not None:
-                try:
-                    return self._from_python(bare)
-                except ValidationError as exc:
-                    bare_error = exc
+        error = None  # what the first JSON-looking candidate got wrong says the most
         for candidate in candidates(text):
             try:
                 return self._from_json(candidate)
             except ValidationError as exc:
-                any_error = any_error or exc
-                if json_error is None and candidate[:1] in ("{", "["):
-                    json_error = exc  # what a structured answer got wrong says the most
-        raise _parse_error(text, self.target, json_error or bare_error or any_error)
+                if error is None and candidate[:1] in ("{", "[", '"'):
+                    error = exc
+        if self._scalar:
+            bare = _bare(strip_thinking(text))  # "yes", "POSITIVE", 2026-12-01: not JSON, but clear
+            if bare is not None:
+                try:
+                    return self._from_python(bare)
+                except ValidationError as exc:
+                    error = error or exc
+        raise _parse_error(text, self.target, error)
 
     def _from_python(self, value: str) -> Any:
         """A bare scalar, as written (lax: "42" is an int, "yes" a bool); an Enum also by name."""
@@ -328,15 +346,20 @@ def _loads(candidate: str) -> Any:
 
 
 def _parse_error(text: str, target: str, error: ValidationError | None) -> OutputParsingError:
+    """The error for an answer that is not a `target`: what was wrong, short and exact (at most three
+    validation errors, each with where it was)."""
     if error is None:
-        detail = "no JSON found"
+        detail = "no JSON found in it"
     else:
-        problems = error.errors(include_url=False)
-        where = ".".join(str(part) for part in problems[0]["loc"])
-        detail = f"{error.error_count()} error(s), first: {problems[0]['msg']}" + (
-            f" at {where}" if where else ""
-        )
-    return OutputParsingError(f"the answer is not a valid {target}: {detail}", text=text, target=target)
+        problems = []
+        for problem in error.errors(include_url=False)[:3]:
+            where = ".".join(str(part) for part in problem["loc"])
+            problems.append(f"{where}: {problem['msg']}" if where else problem["msg"])
+        more = error.error_count() - len(problems)
+        detail = "; ".join(problems) + (f" (and {more} more)" if more > 0 else "")
+    return OutputParsingError(
+        f"the answer is not a valid {target}: {detail}", text=text, target=target, detail=detail
+    )
 
 
 def parser_for(annotation: Any) -> OutputParser:
