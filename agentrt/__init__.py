@@ -81,7 +81,7 @@ from ._options import call_options, method_options
 from ._pipeline import Listener, SystemMessageProvider, ToolProvider, ToolRequest
 from ._service import build, create
 from ._spec import AiService, MemoryId, V, system_message, user_message
-from ._stream import RESET, TokenStream
+from ._stream import RESET, PartialStream, TokenStream
 from .models import Capabilities, ChatModel, ModelRequest, ModelSettings
 from .tools import LoopLimit, P, ToolContext, ToolSettings, tool
 
@@ -130,6 +130,7 @@ __all__ = [
     "OutputParsingError",
     "OverloadedError",
     "P",
+    "PartialStream",
     "PdfContent",
     "PermissionDeniedError",
     "RateLimitError",

@@ -293,14 +293,17 @@ class ResetReason(enum.StrEnum):
     """An output guardrail rewrote text that was already released."""
     TOOL_CALLS = "tool_calls"
     """The text released so far came with tool calls: it was not the answer."""
+    UNPARSED = "unparsed"
+    """The answer did not parse into the return type: it is asked for again (a repair)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Reset:
     """Discard the text and thinking released since the previous `Reset` (or the start): it is
     withdrawn, and what follows replaces it. Only streams whose output guardrails release text before
-    the whole answer passed (`release="chunked"` or `"optimistic"`) have resets; `attempt` is the
-    attempt whose text is withdrawn."""
+    the whole answer passed (`release="chunked"` or `"optimistic"`), and streams of structured values
+    whose answer did not parse (a repair), have resets; `attempt` is the attempt whose text is
+    withdrawn."""
 
     invocation_id: str
     reason: ResetReason

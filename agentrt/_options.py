@@ -1,5 +1,5 @@
 """Options of a call: its `Budget`, `ModelSettings` and `max_repairs`, set per build, per method and
-per call.
+per call; and a method's `output_mode`, set per build and per method.
 
 Per build: `build(..., budget=..., settings=...)`. Per method: `@method_options(...)`. Per call,
 without changing the stub's signature for other callers: `with call_options(...):` around the call,
@@ -11,6 +11,7 @@ which win over the build's, field by field.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -19,11 +20,21 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from ._budget import Budget
 from ._errors import ConfigurationError
 from .models._protocol import ModelSettings
+from .output._modes import MODES
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-__all__ = ["CURRENT_OPTIONS", "CallOptions", "call_options", "check_repairs", "method_options"]
+    from .output._modes import OutputMode
+
+__all__ = [
+    "CURRENT_OPTIONS",
+    "CallOptions",
+    "call_options",
+    "check_mode",
+    "check_repairs",
+    "method_options",
+]
 
 _T = TypeVar("_T")
 
@@ -38,13 +49,16 @@ class CallOptions:
     budget: Budget | None = None
     settings: ModelSettings | None = None
     max_repairs: int | None = None
+    output_mode: str | None = None
+    """How a structured answer is asked for (`agentrt.output.OutputMode`); per method only."""
 
     def over(self, below: CallOptions) -> CallOptions:
         """These options laid over `below`, field by field."""
         budget = below.budget.merge(self.budget) if below.budget is not None else self.budget
         settings = below.settings.merge(self.settings) if below.settings is not None else self.settings
         repairs = self.max_repairs if self.max_repairs is not None else below.max_repairs
-        return CallOptions(budget, settings, repairs)
+        mode = self.output_mode if self.output_mode is not None else below.output_mode
+        return CallOptions(budget, settings, repairs, mode)
 
 
 CURRENT_OPTIONS: ContextVar[CallOptions | None] = ContextVar("agentrt_call_options", default=None)
@@ -57,6 +71,13 @@ def check_repairs(where: str, max_repairs: object) -> None:
         raise ConfigurationError(f"{where}: max_repairs must be an int >= 0, got {max_repairs!r}")
 
 
+def check_mode(where: str, output_mode: object) -> None:
+    if output_mode not in MODES:
+        raise ConfigurationError(
+            f"{where}: output_mode must be one of {', '.join(map(repr, MODES))}, got {output_mode!r}"
+        )
+
+
 def _checked(where: str, budget: object, settings: object, max_repairs: object = None) -> CallOptions:
     if budget is not None and not isinstance(budget, Budget):
         raise ConfigurationError(f"{where}: budget must be an agentrt.Budget, got {budget!r}")
@@ -67,11 +88,19 @@ def _checked(where: str, budget: object, settings: object, max_repairs: object =
 
 
 def method_options(
-    *, budget: Budget | None = None, settings: ModelSettings | None = None, max_repairs: int | None = None
+    *,
+    budget: Budget | None = None,
+    settings: ModelSettings | None = None,
+    max_repairs: int | None = None,
+    output_mode: OutputMode | None = None,
 ) -> Callable[[_T], _T]:
     """The budget, model settings and `max_repairs` of one service method (over the build's, under
-    the call's)."""
+    the call's), and how it asks for a structured answer (`output_mode`, over the build's: `"auto"`,
+    `"schema"`, `"json"`, `"instructions"` or `"tool"`; see `agentrt.build`)."""
     options = _checked("@method_options", budget, settings, max_repairs)
+    if output_mode is not None:
+        check_mode("@method_options", output_mode)
+        options = dataclasses.replace(options, output_mode=output_mode)
 
     def decorate(target: _T) -> _T:
         if not inspect.isfunction(target):

@@ -11,21 +11,26 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ._budget import Budget
 from ._errors import ConfigurationError
-from ._options import CURRENT_OPTIONS, CallOptions, check_repairs
+from ._options import CURRENT_OPTIONS, CallOptions, check_mode, check_repairs
 from ._pipeline import READY, Invocation, Listener, Runtime, SystemMessageProvider, ToolProvider
 from ._spec import MethodSpec, OutputKind, ServiceSpec, service_spec
-from ._stream import TokenStream
+from ._stream import PartialStream, TokenStream
 from .guardrails._declare import INPUT_ATTR, OUTPUT_ATTR, OutputChain, guardrail_chain, output_chain
 from .memory._memory import ChatMemory, Memory
 from .memory._store import ChatMemoryStore
 from .models._protocol import ModelSettings
+from .output._modes import ANSWER_TOOL, AnswerTool, answer_tool, resolve_mode
+from .output._parsers import TypeParser
+from .output._partial import Snapshots
 from .tools._declare import collect_tools
 from .tools._run import ThreadLimiter, ToolSettings
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import AsyncGenerator, Callable, Mapping
 
-    from .models._protocol import ChatModel
+    from ._events import Event
+    from .models._protocol import Capabilities, ChatModel
+    from .output._modes import OutputMode
 
 __all__ = ["build", "create", "runtime_of"]
 
@@ -74,16 +79,14 @@ def _implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
     if spec.output_kind == OutputKind.STREAM:
 
         async def method(self: Any, /, *args: Any, **kwargs: Any) -> TokenStream:
-            # Started here, up to the model's acceptance of the first request, so that errors
-            # before it (a connection error, 401, 429, an exceeded context) are raised by this await.
-            events = invocation(args, kwargs).events(prime=True)
-            try:
-                ready = await events.__anext__()
-            except BaseException:
-                await events.aclose()
-                raise
-            assert ready is cast("object", READY)
-            return TokenStream(events)
+            return TokenStream(await _primed(invocation(args, kwargs)))
+
+    elif spec.output_kind == OutputKind.PARTIAL:
+        parser = spec.parser
+        assert isinstance(parser, TypeParser)
+
+        async def method(self: Any, /, *args: Any, **kwargs: Any) -> PartialStream[Any]:
+            return PartialStream(await _primed(invocation(args, kwargs)), Snapshots(parser))
 
     elif spec.output_kind == OutputKind.RESULT:
 
@@ -104,6 +107,51 @@ def _implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
     method.__dict__.pop("__agentrt_system_message__", None)
     vars(method)["__signature__"] = inspect.signature(spec.function)
     return method
+
+
+async def _primed(invocation: Invocation) -> AsyncGenerator[Event, None]:
+    """A stream's events, started up to the model's acceptance of the first request, so that errors
+    before it (a connection error, 401, 429, an exceeded context) are raised by the method's await."""
+    events = invocation.events(prime=True)
+    try:
+        ready = await events.__anext__()
+    except BaseException:
+        await events.aclose()
+        raise
+    assert ready is cast("object", READY)
+    return events
+
+
+def _output_modes(
+    spec: ServiceSpec, requested: str, capabilities: Capabilities, tools: Mapping[str, object]
+) -> tuple[dict[str, str], dict[str, AnswerTool]]:
+    """How each method with a structured return type asks for it (the method's `output_mode` over
+    the build's, made concrete for the model), and the answer tool of those in tool mode."""
+    modes: dict[str, str] = {}
+    answer_tools: dict[str, AnswerTool] = {}
+    for name, method in spec.methods.items():
+        own = method.options.output_mode if method.options is not None else None
+        parser = method.parser
+        if not isinstance(parser, TypeParser):
+            if own not in (None, "auto"):
+                raise ConfigurationError(
+                    f"{method.qualname}: output_mode {own!r} is for structured return types; this "
+                    f"method returns {parser.target}"
+                )
+            continue
+        try:
+            mode = resolve_mode(own or requested, capabilities)
+        except ValueError as exc:
+            raise ConfigurationError(f"{method.qualname}: {exc}") from None
+        modes[name] = mode
+        if mode == "tool":
+            if ANSWER_TOOL in tools:
+                raise ConfigurationError(
+                    f"{method.qualname}: a tool is named {ANSWER_TOOL!r}, the name of the answer tool "
+                    "in output_mode 'tool'; rename it"
+                )
+            answer_tools[name] = answer_tool(parser, capabilities)
+    return modes, answer_tools
 
 
 def _check_model(model: object) -> None:
@@ -164,7 +212,7 @@ def _check_release(method: MethodSpec, chain: OutputChain) -> None:
     the others alone), and `chunked` needs guardrails that can judge part of an answer."""
     if chain.release == "buffer":
         return
-    if method.output_kind != "stream":
+    if method.output_kind not in (OutputKind.STREAM, OutputKind.PARTIAL):
         if getattr(method.function, OUTPUT_ATTR, None) is chain:
             raise ConfigurationError(
                 f"{method.qualname}: release {chain.release!r} is for methods that stream; this one "
@@ -196,6 +244,7 @@ def build(
     tool_settings: ToolSettings | None = None,
     budget: Budget | None = None,
     max_repairs: int = 1,
+    output_mode: OutputMode = "auto",
     memory: ChatMemory | ChatMemoryStore | None = None,
     input_guardrails: Sequence[object] = (),
     output_guardrails: Sequence[object] = (),
@@ -214,6 +263,12 @@ def build(
       `@method_options` and the call's own options override it field by field.
     - `max_repairs`: how often an answer that does not parse into the return type is asked for
       again, with what was wrong (default 1); `@method_options` and `call_options` override it.
+    - `output_mode`: how methods with a structured return type ask for it: `"schema"` (a JSON-schema
+      response format), `"json"` (JSON mode and the schema in the instructions), `"instructions"`
+      (format instructions only), `"tool"` (a forced `final_answer` tool whose parameters are the
+      schema), or `"auto"` (the default: schema, else tool where the model declares
+      `Capabilities.tool_output`, else JSON mode, else instructions, as the model allows).
+      `@method_options(output_mode=...)` overrides it for one method.
     - `input_guardrails`: checks on the user message of every method that declares none itself (nor
       its class), run in order before any model request (see `agentrt.guardrails`).
     - `output_guardrails`: checks on the answers of every method that declares none itself (nor its
@@ -253,6 +308,7 @@ def build(
     if budget is not None and not isinstance(budget, Budget):
         raise ConfigurationError(f"{cls.__name__}: budget must be an agentrt.Budget, got {budget!r}")
     check_repairs(cls.__name__, max_repairs)
+    check_mode(cls.__name__, output_mode)
     if settings is not None and not isinstance(settings, ModelSettings):
         raise ConfigurationError(
             f"{cls.__name__}: settings must be an agentrt.ModelSettings, got {settings!r}"
@@ -275,6 +331,7 @@ def build(
         _check_release(spec.methods[name], chain)
     tool_settings = tool_settings or ToolSettings()
     _check_tool_choice(cls.__name__, model, tool_settings, definitions, tool_provider)
+    modes, answer_tools = _output_modes(spec, output_mode, capabilities, definitions)
 
     runtime = Runtime(
         model=model,
@@ -292,6 +349,8 @@ def build(
         memory=Memory(memory, f"{cls.__module__}.{cls.__qualname__}") if memory is not None else None,
         input_guardrails=MappingProxyType(input_chains),
         output_guardrails=MappingProxyType(output_chains),
+        output_modes=MappingProxyType(modes),
+        answer_tools=MappingProxyType(answer_tools),
     )
     namespace: dict[str, Any] = {
         name: _implement(method_spec, runtime) for name, method_spec in spec.methods.items()

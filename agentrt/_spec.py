@@ -32,11 +32,11 @@ from ._messages import (
     VideoContent,
 )
 from ._options import CallOptions, method_options_of
-from ._stream import TokenStream
+from ._stream import PartialStream, TokenStream
 from ._templates import Template, format_value
 from .models._protocol import ModelSettings
 from .output import OutputParser, TextParser, parser_for
-from .output._parsers import SchemaError
+from .output._parsers import SchemaError, TypeParser, type_name
 
 if typing.TYPE_CHECKING:
     from .models._protocol import Capabilities
@@ -263,6 +263,8 @@ class OutputKind:
     VALUE: Final = "value"
     RESULT: Final = "result"
     STREAM: Final = "stream"
+    PARTIAL: Final = "partial"
+    """A `PartialStream`: snapshots of a structured value as it streams in."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,19 +495,31 @@ def _output_kind(qualname: str, hints: Mapping[str, Any]) -> tuple[str, OutputPa
         origin in (collections.abc.AsyncIterator, collections.abc.AsyncIterable) and args == (str,)
     ):
         return OutputKind.STREAM, TextParser()
-    if origin in (collections.abc.AsyncIterator, collections.abc.AsyncIterable):
-        raise ConfigurationError(
-            f"{qualname}: a stream of {getattr(args[0], '__name__', args[0]) if args else '?'} is not "
-            "supported yet; stream text (TokenStream or AsyncIterator[str]) or await the value"
-        )
+    if (
+        annotation is PartialStream
+        or origin is PartialStream
+        or (origin in (collections.abc.AsyncIterator, collections.abc.AsyncIterable))
+    ):
+        if not args:
+            raise ConfigurationError(
+                f"{qualname}: say what it streams: PartialStream[Ticket], TokenStream, ..."
+            )
+        item = args[0]
+        if item is str or _unwrap(item)[0] is str:
+            raise ConfigurationError(f"{qualname}: a stream of str is a TokenStream (or AsyncIterator[str])")
+        parser = parser_for(item)
+        if not isinstance(parser, TypeParser):
+            raise ConfigurationError(f"{qualname}: a stream of {type_name(item)} has no values to stream")
+        return OutputKind.PARTIAL, parser
     if annotation is Result or origin is Result:
         inner = args[0] if args else str
         if inner is TokenStream or get_origin(inner) in (
             collections.abc.AsyncIterator,
             collections.abc.AsyncIterable,
+            PartialStream,
         ):
             raise ConfigurationError(
-                f"{qualname}: return type Result[{getattr(inner, '__name__', inner)}] is not supported: "
+                f"{qualname}: return type Result[{type_name(inner)}] is not supported: "
                 "a stream's Result is `await stream.result()`"
             )
         return OutputKind.RESULT, parser_for(inner)

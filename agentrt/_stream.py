@@ -1,4 +1,4 @@
-"""`TokenStream`: the streaming view of one invocation.
+"""`TokenStream` and `PartialStream`: the streaming views of one invocation.
 
 The invocation's events are an async generator driven by whoever reads the stream, in the reader's own
 task: no task group or cancel scope is held across a `yield` to the reader (DESIGN §3), so nothing needs
@@ -22,14 +22,18 @@ import asyncio
 import logging
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Generic, Self, TypeVar
 
 from ._events import Completed, Event, Reset, Result, TextDelta, ThinkingDelta
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["RESET", "TokenStream"]
+    from .output._partial import Snapshots
+
+__all__ = ["RESET", "PartialStream", "TokenStream"]
+
+T = TypeVar("T")
 
 logger = logging.getLogger("agentrt")
 
@@ -99,7 +103,7 @@ class _Events(AsyncIterator[Event]):
 
     __slots__ = ("_stream",)
 
-    def __init__(self, stream: TokenStream) -> None:
+    def __init__(self, stream: _View[Any]) -> None:
         self._stream = stream
 
     async def __anext__(self) -> Event:
@@ -119,22 +123,70 @@ class _Events(AsyncIterator[Event]):
         await self._stream.aclose()
 
 
-class TokenStream(AsyncIterator[str]):
-    """The text of an answer as it is released, over the invocation's full event stream.
-
-    Iterate it for text deltas (and `RESET`, under a `chunked` or `optimistic` output guardrail
-    release: discard the text so far), or `events()` for every event; `await result()` for the final `Result`
-    (reading the rest of the stream if needed). The stream can be read once; the views share it, so
-    reading some tokens and then calling `result()` continues where the tokens stopped.
-    """
+class _View(Generic[T]):
+    """What the streaming views share: the invocation's events, read once; `events()`, `result()`,
+    `aclose()`, `async with`, and the close of an abandoned stream."""
 
     __slots__ = ("__weakref__", "_error", "_events", "_home", "_result")
 
     def __init__(self, events: AsyncGenerator[Event, None]) -> None:
         self._events = events
-        self._result: Result[str] | None = None
+        self._result: Result[T] | None = None
         self._error: Exception | None = None
         self._home = _home()
+
+    def __del__(self) -> None:
+        _close_later(self._events, self._home)
+
+    def events(self) -> AsyncIterator[Event]:
+        """Every remaining event, in order (the last one is `Completed`)."""
+        return _Events(self)
+
+    async def result(self) -> Result[T]:
+        """The final result; reads (and discards) the rest of the stream first.
+
+        Raises whatever the invocation raised; raises `RuntimeError` if the stream was closed or
+        cancelled before it completed.
+        """
+        if self._result is None and self._error is None:
+            async for _ in _Events(self):
+                pass
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            raise RuntimeError("the stream was closed before the invocation completed")
+        return self._result
+
+    async def aclose(self) -> None:
+        """Stop the invocation and close the model stream. Idempotent.
+
+        Must not be called while another task is reading the stream: cancel that task instead.
+        """
+        await self._events.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class TokenStream(_View[str], AsyncIterator[str]):
+    """The text of an answer as it is released, over the invocation's full event stream.
+
+    Iterate it for text deltas (and `RESET`, under a `chunked` or `optimistic` output guardrail
+    release, or when an answer that did not parse is asked for again: discard the text so far), or
+    `events()` for every event; `await result()` for the final `Result` (reading the rest of the
+    stream if needed). The stream can be read once; the views share it, so reading some tokens and
+    then calling `result()` continues where the tokens stopped.
+    """
+
+    __slots__ = ()
 
     async def __anext__(self) -> str:
         events = self._events
@@ -153,28 +205,6 @@ class TokenStream(AsyncIterator[str]):
                 self._result = event.result  # type: ignore[union-attr]
             elif kind is Reset:
                 return RESET
-
-    def __del__(self) -> None:
-        _close_later(self._events, self._home)
-
-    def events(self) -> AsyncIterator[Event]:
-        """Every remaining event, in order (the last one is `Completed`)."""
-        return _Events(self)
-
-    async def result(self) -> Result[str]:
-        """The final result; reads (and discards) the rest of the stream first.
-
-        Raises whatever the invocation raised; raises `RuntimeError` if the stream was closed or
-        cancelled before it completed.
-        """
-        if self._result is None and self._error is None:
-            async for _ in _Events(self):
-                pass
-        if self._error is not None:
-            raise self._error
-        if self._result is None:
-            raise RuntimeError("the stream was closed before the invocation completed")
-        return self._result
 
     async def run(
         self,
@@ -216,20 +246,45 @@ class TokenStream(AsyncIterator[str]):
             on_complete(result)
         return result
 
-    async def aclose(self) -> None:
-        """Stop the invocation and close the model stream. Idempotent.
 
-        Must not be called while another task is reading the stream: cancel that task instead.
-        """
-        await self._events.aclose()
+class PartialStream(_View[T], AsyncIterator[T]):
+    """A structured answer as it streams in: validated partial snapshots of the value, then the final,
+    fully validated value (`-> PartialStream[T]` or `-> AsyncIterator[T]` for a type that is not
+    `str`).
 
-    async def __aenter__(self) -> Self:
-        return self
+    Each snapshot is the whole value so far, validated with pydantic's partial validation over the
+    complete JSON values received (a string or number appears once it is complete; a list grows by
+    whole items; a model appears once its required fields are in): later ones supersede earlier ones.
+    Equal snapshots are not repeated, and the last item is always the final value, the same as
+    `(await stream.result()).value`. After a `Reset` (an answer that did not parse is asked for again,
+    and replayed whole), the snapshots start over from the new answer. `events()`, `result()`,
+    `aclose()` and `async with` are as on `TokenStream`.
+    """
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
+    __slots__ = ("_snapshots",)
+
+    def __init__(self, events: AsyncGenerator[Event, None], snapshots: Snapshots) -> None:
+        super().__init__(events)
+        self._snapshots = snapshots
+
+    async def __anext__(self) -> T:
+        events = self._events
+        snapshots = self._snapshots
+        while True:
+            try:
+                event = await events.__anext__()
+            except Exception as exc:
+                if not isinstance(exc, StopAsyncIteration):
+                    self._error = exc
+                raise
+            kind = type(event)
+            if kind is TextDelta:
+                if snapshots.feed(event.text):  # type: ignore[union-attr]
+                    return snapshots.value  # type: ignore[no-any-return]
+            elif kind is Completed:
+                result: Result[T] = event.result  # type: ignore[union-attr]
+                self._result = result
+                if snapshots.final(result.value):
+                    return result.value
+            elif kind is Reset:
+                snapshots.reset()

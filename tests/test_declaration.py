@@ -108,7 +108,7 @@ class Opaque:
         (Opaque, r"return type Opaque has no JSON schema"),
         (list[Opaque], r"return type list\[.*Opaque\] has no JSON schema"),
         (collections.abc.Callable[[], int], r"return type .*Callable.* has no JSON schema"),
-        (collections.abc.AsyncIterator[int], r"a stream of int is not supported yet"),
+        (collections.abc.AsyncIterator[Opaque], r"return type .*Opaque.* has no JSON schema"),
     ],
 )
 def test_unsupported_return_annotation(annotation: object, message: str) -> None:

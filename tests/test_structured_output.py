@@ -1,6 +1,7 @@
-"""Structured output: every return type, on the schema path and the instructions path, from every
-answer shape a model gives (clean JSON, a fenced block, prose around it, a `<think>` block with braces,
-a wrapped scalar, a bare scalar).
+"""Structured output: every return type, on the schema path, the instructions path and in tool mode
+(the answer as a forced `final_answer` call's arguments), from every answer shape a model gives
+(clean JSON, a fenced block, prose around it, a `<think>` block with braces, a wrapped scalar, a bare
+scalar).
 
 The model double records each request: tests assert the schema or the instructions it was sent, and
 the value the call returned.
@@ -22,8 +23,8 @@ from typing_extensions import TypedDict
 
 import agentrt
 from agentrt import OutputParsingError, Result
-from agentrt.models import Capabilities, JsonObjectFormat, JsonSchemaFormat
-from agentrt.output import extract_json, parser_for
+from agentrt.models import Capabilities, JsonObjectFormat, JsonSchemaFormat, ToolCallDelta
+from agentrt.output import ANSWER_TOOL, extract_json, parser_for
 from agentrt.testing import ScriptedModel
 
 
@@ -144,21 +145,42 @@ MATRIX = [
 ]
 
 
-@pytest.mark.parametrize("path", ["schema", "instructions"])
+def answered(path: str, text: str) -> list[Any]:
+    """The model's answer: the text, or (tool mode) the `final_answer` call with the text as its
+    arguments, split in two fragments as providers stream them."""
+    if path != "tool":
+        return [text]
+    half = len(text) // 2
+    return [ToolCallDelta(0, "call_1", ANSWER_TOOL, text[:half]), ToolCallDelta(0, None, None, text[half:])]
+
+
+@pytest.mark.parametrize("path", ["schema", "instructions", "tool"])
 @pytest.mark.parametrize(("annotation", "value", "text"), MATRIX)
 async def test_every_type_from_every_answer_shape(annotation: Any, value: Any, text: str, path: str) -> None:
     capabilities = Capabilities(json_schema=path == "schema")
-    model = ScriptedModel(text, text, capabilities=capabilities)
-    svc = agentrt.build(service_for(annotation), model=model)
+    model = ScriptedModel(answered(path, text), answered(path, text), capabilities=capabilities)
+    mode = "tool" if path == "tool" else "auto"
+    svc = agentrt.build(service_for(annotation), model=model, output_mode=mode)
     got = await svc.ask("q")
     assert got == value
     assert type(got) is type(value)
-    result = await agentrt.build(service_for(annotation, result=True), model=model).ask("q")
+    result = await agentrt.build(service_for(annotation, result=True), model=model, output_mode=mode).ask("q")
     assert result.value == value and result.text == text
 
     request = model.requests[0]
     schema = TypeAdapter(annotation).json_schema()
-    if path == "schema":
+    if path == "tool":  # the answer tool, forced by name; its parameters are the (wrapped) schema
+        assert request.response_format is None
+        assert [tool.name for tool in request.tools] == [ANSWER_TOOL]
+        assert request.tool_choice == ANSWER_TOOL
+        sent = request.tools[0].parameters
+        if is_object(annotation):
+            assert sent == schema
+        else:
+            assert sent["type"] == "object" and sent["required"] == ["value"]
+            assert sent["properties"]["value"] == {k: v for k, v in schema.items() if k != "$defs"}
+        assert request.messages[-1].text == "q"
+    elif path == "schema":
         assert isinstance(request.response_format, JsonSchemaFormat)
         sent = request.response_format.schema
         if is_object(annotation):
@@ -171,29 +193,28 @@ async def test_every_type_from_every_answer_shape(annotation: Any, value: Any, t
         assert request.response_format is None
         instructions = request.messages[-1].text.removeprefix("q\n")  # appended to the question
         assert instructions.startswith("You must answer strictly with")
-        assert instructions == parser_for(annotation).instructions(capabilities)
+        assert instructions == parser_for(annotation).instructions("instructions")
         if "JSON schema" in instructions:
             assert orjson.loads(instructions.split("\n", 1)[1]) == schema
 
 
 def test_format_instructions_are_short_and_exact() -> None:
-    assert parser_for(bool).instructions(Capabilities()) == (
+    assert parser_for(bool).instructions("instructions") == (
         'You must answer strictly with "true" or "false", and nothing else.'
     )
-    assert parser_for(Sentiment).instructions(Capabilities()) == (
+    assert parser_for(Sentiment).instructions("instructions") == (
         "You must answer strictly with one of these values, and nothing else:\npositive\nnegative"
     )
-    assert parser_for(datetime.date).instructions(Capabilities()) == (
+    assert parser_for(datetime.date).instructions("instructions") == (
         "You must answer strictly with a date in the format YYYY-MM-DD, and nothing else."
     )
-    ticket = parser_for(list[Ticket]).instructions(Capabilities())
+    ticket = parser_for(list[Ticket]).instructions("instructions")
     assert ticket is not None and ticket.startswith("You must answer strictly with a JSON array that matches")
 
 
 def test_json_mode_asks_for_the_wrapped_object() -> None:
     parser = parser_for(int)
-    capabilities = Capabilities(json_object=True)
-    response_format = parser.response_format(capabilities)
+    response_format = parser.response_format("json")
     assert isinstance(response_format, JsonObjectFormat)
     assert response_format.schema == {
         "type": "object",
@@ -201,7 +222,7 @@ def test_json_mode_asks_for_the_wrapped_object() -> None:
         "required": ["value"],
         "additionalProperties": False,
     }
-    instructions = parser.instructions(capabilities)
+    instructions = parser.instructions("json")
     assert instructions is not None and '"value" is the answer' in instructions
 
 

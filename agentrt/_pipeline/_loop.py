@@ -93,6 +93,9 @@ def after_response(turn: Turn, response: ModelResponse) -> Step:
     loop = turn.loop
     if loop is None or not calls:
         return Step.ANSWER
+    answering = turn.answering
+    if answering is not None and answering.answered:
+        return Step.ANSWER  # the answer tool was called: calls beside it do not run
     if turn.final is not None:
         if not (response.message.text or "").strip():
             # Asked for an answer without tools, the model called tools again: a typed error with
@@ -125,12 +128,19 @@ def after_round(turn: Turn, calls: tuple[ToolCall, ...], executions: list[ToolEx
     turn.exchange.extend(results)
     turn.since_sent.extend(results)
     capabilities = turn.runtime.model.capabilities
+    # The model chooses from now on; a model that cannot gets no more tools (in tool mode: the
+    # answer tool, forced).
+    tools = tuple(d.spec for d in turn.tools.values()) if capabilities.tool_choice_auto else ()
+    choice = None
+    answer = turn.answer
+    if answer is not None:
+        choice = answer.choice if tools else answer.alone
+        tools = (*tools, answer.spec)
     turn.request = replace(
         request,
         messages=(*request.messages, response.message, *results),
-        # The model chooses from now on; a model that cannot gets no more tools.
-        tools=tuple(d.spec for d in turn.tools.values()) if capabilities.tool_choice_auto else (),
-        tool_choice=None,
+        tools=tools,
+        tool_choice=choice,
     )
     if all(not e.is_error and turn.tools[e.name].immediate for e in executions):
         turn.immediate = executions
@@ -150,11 +160,12 @@ def _stop_at(turn: Turn, limit: LoopLimit) -> None:
     assert request is not None
     # The unanswered tool calls of the last response are not sent: an assistant message with tool
     # calls must be followed by their results, and those calls never ran.
+    answer = turn.answer
     turn.request = replace(
         request,
         messages=(*request.messages, UserMessage.of(FINAL_ANSWER_PROMPT)),
-        tools=(),
-        tool_choice=None,
+        tools=(answer.spec,) if answer is not None else (),  # in tool mode, the answer tool alone
+        tool_choice=answer.alone if answer is not None else None,
     )
     turn.final = limit
 

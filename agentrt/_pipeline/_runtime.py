@@ -13,6 +13,7 @@ from .._messages import UserMessage
 from ..guardrails._declare import Guardrail, OutputChain
 from ..memory._memory import Memory
 from ..models._protocol import ChatModel, ModelSettings
+from ..output._modes import AnswerTool
 from ..tools._declare import ToolDefinition
 from ..tools._run import ThreadLimiter, ToolSettings
 
@@ -66,6 +67,11 @@ class Runtime:
     """The input guardrail chain of each method that has one (method > class > build), by name."""
     output_guardrails: Mapping[str, OutputChain] = field(default_factory=dict)
     """The output guardrail chain of each method that has one (method > class > build), by name."""
+    output_modes: Mapping[str, str] = field(default_factory=dict)
+    """How each method with a structured return type asks for it (`schema`, `json`, `instructions`
+    or `tool`), by name; the others ask for text."""
+    answer_tools: Mapping[str, AnswerTool] = field(default_factory=dict)
+    """The `final_answer` tool of each method in tool mode, by name."""
 
 
 def notify(listeners: Sequence[Listener], event: LifecycleEvent) -> None:

@@ -12,6 +12,7 @@ from .._errors import ConfigurationError
 from .._messages import ChatMessage, SystemMessage, TextContent, UserMessage
 from ..guardrails._run import run_input
 from ..models._protocol import ModelRequest, ToolSpec
+from ..output._modes import ANSWER_TOOL
 from ..tools._declare import ToolContext, ToolDefinition, collect_tools
 from ..tools._run import ToolLoop
 from ._runtime import ToolRequest, notify
@@ -133,6 +134,11 @@ async def provided_tools(turn: Turn) -> None:
     if inspect.isawaitable(extra):
         extra = await extra
     added = collect_tools(extra, where=f"{spec.qualname}: the tool provider")
+    if turn.answer is not None and ANSWER_TOOL in added:
+        raise ConfigurationError(
+            f"{spec.qualname}: the tool provider returned a tool named {ANSWER_TOOL!r}, the name of "
+            "the answer tool in output_mode 'tool'"
+        )
     clash = set(added) & set(runtime.tools)
     if clash:
         raise ConfigurationError(
@@ -150,29 +156,39 @@ def select_tools(turn: Turn, tools: Mapping[str, ToolDefinition]) -> None:
 
 
 def first_request(turn: Turn, history: list[ChatMessage]) -> ModelRequest:
-    """The output format (a JSON schema, or format instructions on the outgoing message) and the
-    first request: system message, history, the outgoing user message, the tools on offer."""
+    """The output format (a JSON schema, format instructions on the outgoing message, or the answer
+    tool) and the first request: system message, history, the outgoing user message, the tools on
+    offer."""
     runtime, spec = turn.runtime, turn.spec
     capabilities = runtime.model.capabilities
     outgoing = turn.outgoing
     assert outgoing is not None
-    instructions = spec.parser.instructions(capabilities)
-    if instructions:
-        outgoing = turn.outgoing = _with_instructions(outgoing, instructions)
-    messages: list[ChatMessage] = [SystemMessage(text=turn.system)] if turn.system else []
-    messages.extend(history)
-    messages.append(outgoing)
+    mode = runtime.output_modes.get(spec.name, "instructions")
     offered: tuple[ToolSpec, ...] = ()
     choice = runtime.tool_settings.tool_choice
     if turn.tools:
         specs = tuple(definition.spec for definition in turn.tools.values())
         forced = choice is not None and choice not in ("auto", "none")
         offered = specs if capabilities.tool_choice_auto or forced else ()
+    answer = turn.answer
+    if answer is not None:
+        # Tool mode: the answer tool beside the others, forced unless the build forces another.
+        if choice is None or choice == "auto":
+            choice = answer.choice if offered else answer.alone
+        offered = (*offered, answer.spec)
+        instructions = answer.instructions(choice)
+    else:
+        instructions = spec.parser.instructions(mode)
+    if instructions:
+        outgoing = turn.outgoing = _with_instructions(outgoing, instructions)
+    messages: list[ChatMessage] = [SystemMessage(text=turn.system)] if turn.system else []
+    messages.extend(history)
+    messages.append(outgoing)
     return ModelRequest(
         messages=tuple(messages),
         tools=offered,
         tool_choice=choice if offered else None,
-        response_format=spec.parser.response_format(capabilities),
+        response_format=spec.parser.response_format(mode),
         settings=turn.settings,
         deadline=turn.deadline,
         deadline_watched=turn.watched,

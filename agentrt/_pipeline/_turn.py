@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .._spec import MethodSpec
     from ..memory._memory import Conversation
     from ..models._protocol import ModelRequest, ModelSettings, ResponseAccumulator
+    from ..output._modes import AnswerChunks, AnswerTool
     from ..tools._declare import ToolDefinition
     from ..tools._run import LoopLimit, ToolLoop
     from ._runtime import Runtime
@@ -45,6 +46,8 @@ class Turn:
 
     __slots__ = (
         "account",
+        "answer",
+        "answering",
         "arguments",
         "attempts",
         "conversation",
@@ -129,6 +132,10 @@ class Turn:
         self.final: LoopLimit | None = None
         """The loop limit that made the next request the last one (no tools), if any."""
         self.immediate: list[ToolExecution] | None = None
+        self.answer: AnswerTool | None = runtime.answer_tools.get(spec.name) if runtime.answer_tools else None
+        """The method's `final_answer` tool, in tool mode."""
+        self.answering: AnswerChunks | None = None
+        """In tool mode, the response under way as read (whether it called the answer tool)."""
 
     # --- budget --------------------------------------------------------------------------------
 

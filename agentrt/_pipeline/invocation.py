@@ -42,8 +42,10 @@ from .._events import (
     ToolExecuted,
     Usage,
 )
+from .._spec import OutputKind
 from ..guardrails._results import NO_VALUE
 from ..models._protocol import ResponseAccumulator, aclose_iterator
+from ..output._modes import AnswerChunks
 from ..tools._run import arguments_hash
 from . import _finish, _loop, _meter, _release, _stages
 from ._runtime import notify
@@ -67,6 +69,7 @@ _T = TypeVar("_T")
 _FORWARD: Final = frozenset({TextDelta, ThinkingDelta, RefusalDelta, Usage})
 # Chunks other than text deltas that spend an output-token allowance (see _meter).
 _METERED: Final = frozenset({ThinkingDelta, ToolCallDelta, Usage})
+_STREAMS: Final = frozenset({OutputKind.STREAM, OutputKind.PARTIAL})
 
 
 class _Ready:
@@ -199,7 +202,7 @@ class Invocation:
                         held.append(verdict)
                 turn.verdicts.clear()
             chain = runtime.output_guardrails.get(turn.spec.name) if runtime.output_guardrails else None
-            streams = turn.spec.output_kind == "stream"
+            streams = turn.spec.output_kind in _STREAMS
             policy = chain.release if chain is not None and streams else None
             # How this attempt's text reaches a stream's reader: held until the chain passed the
             # answer (`buffer`, and every re-ask of a `chunked` stream: stream-to-sync), released
@@ -247,6 +250,8 @@ class Invocation:
                     add = accumulator.add
                     append = accumulator.text_sink()  # what `add` does for a TextDelta, without the call
                     chunks = model.stream(request)
+                    if turn.answer is not None:  # tool mode: the answer tool's arguments are the text
+                        chunks = turn.answering = AnswerChunks(chunks)
                     if guard is not None and not runtime.handles_deadline:
                         chunks = _Deadline(chunks, guard)
                     # A token limit: the allowance in characters, spent chunk by chunk (see _meter); the
@@ -480,15 +485,24 @@ class Invocation:
                         repairs += 1
                 if again is not None:
                     assert message is not None
+                    repairing = isinstance(again, OutputParsingError)
+                    why = ResetReason.UNPARSED if repairing else ResetReason.REJECTED
                     if pending and not cut:
                         pending.pop()  # the rejected answer's ResponseReceived
+                    reset = None
                     if released is not None:
                         shown_all = message if optimistic else None
-                        reset = released.withdraw(self.id, ResetReason.REJECTED, attempt, shown_all)
-                        if reset is not None:
-                            if listeners:
-                                notify(listeners, reset)
-                            yield reset
+                        reset = released.withdraw(self.id, why, attempt, shown_all)
+                    elif streams and not hold:
+                        # A stream without output guardrails showed the answer as it came: withdrawn,
+                        # and the next one replayed stream-to-sync, its events held with it.
+                        reset = Reset(self.id, why, attempt)
+                        hold = True
+                        pending = []
+                    if reset is not None:
+                        if listeners:
+                            notify(listeners, reset)
+                        yield reset
                     if chunking:  # asked again, the answer is replayed stream-to-sync: held until it passed
                         chunking = False
                         hold = True

@@ -77,6 +77,9 @@ class Capabilities:
     """`response_format` with a JSON schema (structured output)."""
     json_object: bool = False
     """A JSON mode without (or with a server-specific) schema."""
+    tool_output: bool = False
+    """Structured answers are best asked for through a forced `final_answer` tool whose parameters
+    are the schema (`output_mode="auto"` picks it where the model has no `json_schema`)."""
     image_input: bool = False
     audio_input: bool = False
     video_input: bool = False

@@ -30,7 +30,7 @@ from ..models._protocol import JsonObjectFormat, JsonSchemaFormat
 from ._extract import candidates, strip_thinking
 
 if TYPE_CHECKING:
-    from ..models._protocol import Capabilities, ResponseFormat
+    from ..models._protocol import ResponseFormat
 
 __all__ = [
     "NoneParser",
@@ -56,9 +56,13 @@ class OutputParser(Protocol):
         """The declared type, as users wrote it (for error messages)."""
         ...
 
-    def response_format(self, capabilities: Capabilities) -> ResponseFormat | None: ...
+    def response_format(self, mode: str) -> ResponseFormat | None:
+        """The response format a request asks for in output `mode` (see `agentrt.output._modes`)."""
+        ...
 
-    def instructions(self, capabilities: Capabilities) -> str | None: ...
+    def instructions(self, mode: str) -> str | None:
+        """The format instructions for the user message in output `mode`."""
+        ...
 
     def parse(self, text: str) -> Any: ...
 
@@ -72,10 +76,10 @@ class TextParser:
 
     target = "str"
 
-    def response_format(self, capabilities: Capabilities) -> ResponseFormat | None:
+    def response_format(self, mode: str) -> ResponseFormat | None:
         return None
 
-    def instructions(self, capabilities: Capabilities) -> str | None:
+    def instructions(self, mode: str) -> str | None:
         return None
 
     def parse(self, text: str) -> str:
@@ -90,10 +94,10 @@ class NoneParser:
 
     target = "None"
 
-    def response_format(self, capabilities: Capabilities) -> ResponseFormat | None:
+    def response_format(self, mode: str) -> ResponseFormat | None:
         return None
 
-    def instructions(self, capabilities: Capabilities) -> str | None:
+    def instructions(self, mode: str) -> str | None:
         return None
 
     def parse(self, text: str) -> None:
@@ -235,22 +239,32 @@ class TypeParser:
             self._wrapped = wrapped
 
     @property
+    def is_object(self) -> bool:
+        """Whether the type's schema is an object (asked for as it is, not wrapped)."""
+        return self._object
+
+    @property
+    def is_scalar(self) -> bool:
+        """Whether the type is a scalar or a union of scalars (may be answered bare)."""
+        return self._scalar
+
+    @property
     def schema(self) -> dict[str, Any]:
         """The type's JSON schema (as asked for: wrapped in an object when it is not one)."""
         return self._wrapped
 
-    def response_format(self, capabilities: Capabilities) -> ResponseFormat | None:
-        if capabilities.json_schema:
+    def response_format(self, mode: str) -> ResponseFormat | None:
+        if mode == "schema":
             name = _NAME.sub("_", self.target).strip("_")[:64] or "answer"
             return JsonSchemaFormat(name=name, schema=self._wrapped)
-        if capabilities.json_object:
+        if mode == "json":
             return JsonObjectFormat(schema=self._wrapped)
-        return None
+        return None  # instructions, or the answer tool's parameters
 
-    def instructions(self, capabilities: Capabilities) -> str | None:
-        if capabilities.json_schema:
+    def instructions(self, mode: str) -> str | None:
+        if mode in ("schema", "tool"):
             return None
-        if capabilities.json_object and not self._object:
+        if mode == "json" and not self._object:
             # JSON mode answers an object: the wrapped schema, said plainly.
             text = orjson.dumps(self._wrapped).decode()
             return (
