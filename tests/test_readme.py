@@ -18,6 +18,7 @@ import pytest
 from pydantic import BaseModel
 
 import agentrt
+from agentrt.models import ToolCallDelta
 from agentrt.testing import ScriptedModel
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -64,11 +65,20 @@ async def test_every_readme_block_runs_as_written(
     remembering = ScriptedModel("Hello Ada.", "Your name is Ada.")
     guarded = ScriptedModel("It is on its way.", "Please wait, it is on its way.")
     redacting = ScriptedModel(["Write to ann@", "example.com.", " Or call us."])
+    trips = [
+        '{"value": [{"origin": "Bern", "destination": "Basel"}, ',
+        '{"origin": "Basel", "destination": "Chur"}]}',
+    ]
+    typed = ScriptedModel(
+        "POSITIVE",
+        [ToolCallDelta(0, "call_1", "final_answer", trips[0]), ToolCallDelta(0, None, None, trips[1])],
+    )
     namespace: dict[str, Any] = {"__name__": "readme"}
     monkeypatch.chdir(tmp_path)  # the memory block writes chat.db
 
-    # The quickstart, the tools block (which only builds), the budgets, memory and guardrail blocks.
-    models = [model, ScriptedModel(), budgeted, remembering, guarded, redacting]
+    # The quickstart, return types, the tools block (which only builds), the budgets, memory and
+    # guardrail blocks.
+    models = [model, typed, ScriptedModel(), budgeted, remembering, guarded, redacting]
     ran = await run_readme(namespace, local=False, models=models)
 
     assert len(ran) == len(python_blocks()) - 1  # all but the local-server block
@@ -81,6 +91,9 @@ async def test_every_readme_block_runs_as_written(
     assert isinstance(namespace["stream"], agentrt.TokenStream)
     await namespace["stream"].aclose()
     output = capsys.readouterr().out
+    assert namespace["mood"] is namespace["Sentiment"].POSITIVE
+    assert "1 trip(s) so far\n2 trip(s) so far\n" in output
+    assert typed.requests[1].tool_choice == "final_answer"
     assert "It ships today." in output
     assert "Your name is Ada." in output
     assert "Please wait, it is on its way." in output
