@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from agentrt import OutputParsingError
+from agentrt._pipeline._finish import OFF_LOOP
 from agentrt.output import parser_for
 
 
@@ -66,6 +67,10 @@ def main() -> None:
     for name, parser, make in rows:
         small, large = timed(parser, make(1_000_000)), timed(parser, make(10_000_000))
         print(f"  {name:34} {small:7.3f} s {large:7.3f} s {10 / large:8.1f} MB/s   x{large / small:5.1f}")
+    # Answers up to OFF_LOOP characters are parsed on the event loop: the longest such parse.
+    print(f"on the event loop (answers up to {OFF_LOOP} characters; longer ones go to a worker thread):")
+    for name, parser, make in rows:
+        print(f"  {name:34} {timed(parser, make(OFF_LOOP)[:OFF_LOOP]) * 1000:7.2f} ms")
 
 
 if __name__ == "__main__":

@@ -274,7 +274,7 @@ class Numbers:
 
 async def test_a_long_answer_is_parsed_off_the_event_loop() -> None:
     THREADS.clear()
-    long = "[" + ", ".join(["7"] * 100_000) + "]"  # 300 kB: past the off-loop size
+    long = "[" + ", ".join(["7"] * 100_000) + "]"  # 300 kB: past the off-loop size (16 KiB)
     short = "[1, 2]"
     svc = agentrt.build(Numbers, model=ScriptedModel(short, long))
     loop_thread = threading.get_ident()

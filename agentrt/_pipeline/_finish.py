@@ -240,8 +240,11 @@ def parse(turn: Turn, text: str, rewritten: bool = False) -> Any:
     return parser.parse(text)
 
 
-OFF_LOOP: Final = 1 << 18
-"""Answers longer than this (in characters) are parsed in a worker thread, not on the event loop."""
+OFF_LOOP: Final = 1 << 14
+"""Answers longer than this (in characters) are parsed in a worker thread, not on the event loop.
+The slowest answer shape to search (alternating stray brackets) takes about 0.2 µs a character, so
+an answer parsed on the loop holds it for a few ms at most (`benchmarks/bench_extract.py`); the
+thread hop, about 70 µs, is small next to what a model takes to write 16 kB."""
 
 
 async def parse_off_loop(turn: Turn, text: str, rewritten: bool) -> Any:
