@@ -507,6 +507,7 @@ def _output_kind(qualname: str, hints: Mapping[str, Any]) -> tuple[str, OutputPa
         item = args[0]
         if item is str or _unwrap(item)[0] is str:
             raise ConfigurationError(f"{qualname}: a stream of str is a TokenStream (or AsyncIterator[str])")
+        _check_value_type(qualname, item)
         parser = parser_for(item)
         if not isinstance(parser, TypeParser):
             raise ConfigurationError(f"{qualname}: a stream of {type_name(item)} has no values to stream")
@@ -522,9 +523,32 @@ def _output_kind(qualname: str, hints: Mapping[str, Any]) -> tuple[str, OutputPa
                 f"{qualname}: return type Result[{type_name(inner)}] is not supported: "
                 "a stream's Result is `await stream.result()`"
             )
+        _check_value_type(qualname, inner)
         return OutputKind.RESULT, parser_for(inner)
     # The declared type as it is: `Annotated` metadata (a discriminator, constraints) is validation.
+    _check_value_type(qualname, annotation)
     return OutputKind.VALUE, parser_for(annotation if annotation is str else hints["return"])
+
+
+def _check_value_type(qualname: str, annotation: Any) -> None:
+    """A value the model answers cannot hold a `Result`, a stream or a type variable (which would be
+    asked for as agentrt's own classes, or as anything)."""
+    if isinstance(annotation, typing.TypeVar):
+        raise ConfigurationError(
+            f"{qualname}: return type {annotation} is a type variable; declare the type it stands for"
+        )
+    if annotation is Result or annotation is TokenStream or annotation is PartialStream:
+        raise ConfigurationError(
+            f"{qualname}: a {annotation.__name__} cannot be part of the value a model answers"
+        )
+    origin = get_origin(annotation)
+    if origin in (Result, PartialStream, collections.abc.AsyncIterator, collections.abc.AsyncIterable):
+        raise ConfigurationError(
+            f"{qualname}: a {type_name(annotation)} cannot be part of the value a model answers"
+        )
+    for arg in get_args(annotation):
+        if isinstance(arg, type) or get_origin(arg) is not None or isinstance(arg, typing.TypeVar):
+            _check_value_type(qualname, arg)
 
 
 def _method_spec(cls: type[Any], function: Callable[..., Any]) -> MethodSpec:

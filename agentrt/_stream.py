@@ -24,7 +24,7 @@ import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Final, Generic, Self, TypeVar
 
-from ._events import Completed, Event, Reset, Result, TextDelta, ThinkingDelta
+from ._events import Completed, Event, Reset, Result, TextDelta, ThinkingDelta, ToolCallRequested
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -257,7 +257,8 @@ class PartialStream(_View[T], AsyncIterator[T]):
     whole items; a model appears once its required fields are in): later ones supersede earlier ones.
     Equal snapshots are not repeated, and the last item is always the final value, the same as
     `(await stream.result()).value`. After a `Reset` (an answer that did not parse is asked for again,
-    and replayed whole), the snapshots start over from the new answer. `events()`, `result()`,
+    and replayed whole) and after a response that called tools, the snapshots start over from the
+    next answer. `events()`, `result()`,
     `aclose()` and `async with` are as on `TokenStream`.
     """
 
@@ -286,5 +287,5 @@ class PartialStream(_View[T], AsyncIterator[T]):
                 self._result = result
                 if snapshots.final(result.value):
                     return result.value
-            elif kind is Reset:
-                snapshots.reset()
+            elif kind is Reset or kind is ToolCallRequested:
+                snapshots.reset()  # what came before is withdrawn, or was no answer (it called tools)

@@ -38,7 +38,7 @@ from agentrt.guardrails import OutputGuardrailRequest, success
 from agentrt.models import Capabilities
 from agentrt.output import parser_for
 from agentrt.output._partial import Snapshots
-from agentrt.testing import Hang, ScriptedModel
+from agentrt.testing import CallTool, Hang, ScriptedModel
 
 
 class Ticket(BaseModel):
@@ -309,3 +309,71 @@ def test_a_long_answer_is_read_a_bounded_number_of_times() -> None:
     assert taken < 16 * 16
     snapshots.feed("0]")
     assert snapshots.value[:100] == list(range(100))
+
+
+# --- found by an outside review ------------------------------------------------------------------------
+
+
+class Lookup:
+    @agentrt.tool("Numbers for a key.")
+    def nums(self, key: str) -> str:
+        return "3,4"
+
+
+class Counted:
+    async def numbers(self, text: str) -> PartialStream[list[int]]: ...
+
+    async def levels(self, text: str) -> PartialStream[list[Level]]: ...
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        ["Let me look that up. "],  # prose: the answer after the tool round still gets snapshots
+        ["[1, 2, "],  # JSON that turned out to be no answer: its snapshots are not the answer's
+    ],
+)
+async def test_snapshots_start_over_after_a_response_that_called_tools(before: list[Any]) -> None:
+    model = ScriptedModel([*before, CallTool("nums", {"key": "x"}, id="c1")], ["[3, ", "4, ", "5]"])
+    stream = await agentrt.build(Counted, model=model, tools=[Lookup()]).numbers("q")
+    snapshots = [snapshot async for snapshot in stream]
+    final = [3, 4, 5]
+    assert snapshots[-1] == final
+    after = snapshots[snapshots.index([3]) :]  # the answer's own snapshots, each a prefix of it
+    assert after == [[3], [3, 4], final]
+
+
+async def test_enum_names_give_snapshots_too() -> None:
+    model = ScriptedModel(['["LOW", ', '"High"', "]"])
+    snapshots = [s async for s in await agentrt.build(Counted, model=model).levels("q")]
+    # Partial validation drops an unfinished last item that does not validate, so a last item given
+    # by name shows once an item follows it (or the answer ends).
+    assert snapshots == [[], [Level.LOW], [Level.LOW, Level.HIGH]]
+
+
+LEAD = "<think>Maybe {a} or [b], then ``` and </thin>k. Fine.</think>\n  ```json\n"
+BODY = "[10, 20, 30, 40]"
+
+
+@settings(max_examples=300, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=1, max_value=len(LEAD + BODY) - 1), unique=True))
+def test_the_json_is_found_after_think_and_fence_however_the_text_is_cut(cuts: list[int]) -> None:
+    text = LEAD + BODY
+    snapshots = Snapshots(parser_for(list[int]))  # type: ignore[arg-type]
+    bounds = [0, *sorted(cuts), len(text)]
+    seen = []
+    for start, end in itertools.pairwise(bounds):
+        if snapshots.feed(text[start:end]):
+            seen.append(snapshots.value)
+    assert seen  # found, whatever the cuts
+    assert seen[-1] == [10, 20, 30, 40]
+    assert all(is_prefix(snapshot, [10, 20, 30, 40]) for snapshot in seen)
+
+
+@pytest.mark.parametrize(
+    "lead",
+    ["Sure! [1]", "<thinking>[1]", "``` [1]", "<think>x</think> Here: [1]"],
+)
+def test_an_answer_that_starts_with_prose_gives_no_snapshots(lead: str) -> None:
+    snapshots = Snapshots(parser_for(list[int]))  # type: ignore[arg-type]
+    assert not any(snapshots.feed(char) for char in lead)

@@ -14,7 +14,7 @@ import datetime
 import decimal
 import enum
 import uuid
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, TypeVar, Union
 
 import orjson
 import pytest
@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 from typing_extensions import TypedDict
 
 import agentrt
-from agentrt import OutputParsingError, Result
+from agentrt import OutputParsingError, PartialStream, Result, TokenStream
 from agentrt.models import Capabilities, JsonObjectFormat, JsonSchemaFormat, ToolCallDelta
 from agentrt.output import ANSWER_TOOL, extract_json, parser_for
 from agentrt.testing import ScriptedModel
@@ -289,3 +289,85 @@ def test_a_type_without_a_schema_is_a_configuration_error_naming_the_method(
 ) -> None:
     with pytest.raises(agentrt.ConfigurationError, match=rf"Service\.ask: return type .*{reason}"):
         agentrt.build(service_for(annotation), model=ScriptedModel())
+
+
+# --- found by an outside review ------------------------------------------------------------------------
+
+
+class Prefs(BaseModel):
+    theme: str = "light"
+    size: int = 10
+
+
+class Color(enum.Enum):
+    RED = "r"
+    GREEN = "g"
+
+
+class Paint(BaseModel):
+    color: Color
+    extra: list[Color] = []
+
+
+@pytest.mark.parametrize(
+    ("annotation", "text", "value"),
+    [
+        # A type that would also accept the wrapper itself: the wrapped value is the answer.
+        (Optional[Prefs], '{"value": {"theme": "dark", "size": 3}}', Prefs(theme="dark", size=3)),  # noqa: UP045
+        (Any, '{"value": 5}', 5),
+        (Optional[dict[str, Any]], '{"value": {"a": 1}}', {"a": 1}),  # noqa: UP045
+        # An object type is not unwrapped: {"value": 5} is a dict with a key "value".
+        (dict[str, int], '{"value": 5}', {"value": 5}),
+    ],
+)
+async def test_a_wrapped_answer_is_read_unwrapped_first(annotation: Any, text: str, value: Any) -> None:
+    model = ScriptedModel(text)
+    assert await agentrt.build(service_for(annotation), model=model).ask("q") == value
+
+
+@pytest.mark.parametrize(
+    ("annotation", "text", "value"),
+    [
+        (Optional[Color], "RED", Color.RED),  # noqa: UP045
+        (Optional[Color], '{"value": "GREEN"}', Color.GREEN),  # noqa: UP045
+        (list[Color], '["RED", "g", "green"]', [Color.RED, Color.GREEN, Color.GREEN]),
+        (Paint, '{"color": "Green", "extra": ["RED"]}', Paint(color=Color.GREEN, extra=[Color.RED])),
+        (Union[int, Color], '"red"', Color.RED),  # noqa: UP007
+        (dict[str, Color], '{"a": "RED"}', {"a": Color.RED}),
+    ],
+)
+async def test_enums_are_read_by_name_wherever_they_are_in_the_type(
+    annotation: Any, text: str, value: Any
+) -> None:
+    model = ScriptedModel(text)
+    assert await agentrt.build(service_for(annotation), model=model).ask("q") == value
+    assert len(model.requests) == 1  # no repair was needed
+
+
+async def test_a_word_that_names_no_member_still_fails_with_what_was_wrong() -> None:
+    model = ScriptedModel('["RED", "blue"]', '["RED", "blue"]')
+    with pytest.raises(OutputParsingError, match=r"1: Input should be 'r' or 'g'"):
+        await agentrt.build(service_for(list[Color]), model=model).ask("q")
+
+
+T = TypeVar("T")
+
+
+@pytest.mark.parametrize(
+    ("annotation", "message"),
+    [
+        (PartialStream[Result[int]], r"a Result\[int\] cannot be part of the value a model answers"),
+        (Result[Result[int]], r"a Result\[int\] cannot be part of the value a model answers"),
+        (list[TokenStream], r"a TokenStream cannot be part of the value a model answers"),
+        (PartialStream[T], r"return type ~T is a type variable"),  # type: ignore[valid-type]
+        (list[T], r"return type ~T is a type variable"),  # type: ignore[valid-type]
+    ],
+)
+def test_values_that_hold_results_streams_or_type_variables_are_refused_at_build(
+    annotation: Any, message: str
+) -> None:
+    async def ask(self: object, question: str) -> Any: ...
+
+    ask.__annotations__["return"] = annotation
+    with pytest.raises(agentrt.ConfigurationError, match=rf"Service\.ask: {message}"):
+        agentrt.build(type("Service", (), {"ask": ask}), model=ScriptedModel())

@@ -170,6 +170,10 @@ async def test_at_a_loop_limit_the_last_request_offers_the_answer_tool_alone() -
     assert await svc.ticket("m", "q") == Ticket(title="t", priority=1)
     last = model.requests[-1]
     assert [spec.name for spec in last.tools] == [ANSWER_TOOL] and last.tool_choice == ANSWER_TOOL
+    assert last.messages[-1] == UserMessage.of(
+        "The tool budget for this request is used up. Call no other tool: give your answer now with "
+        "final_answer, as well as you can, with the information you already have."
+    )
 
 
 async def test_at_a_loop_limit_that_raises_the_answer_tool_does_not_count_as_a_round() -> None:
@@ -375,3 +379,38 @@ async def test_through_the_openai_adapter_the_server_is_asked_for_the_tool_and_i
     assert offered["function"]["parameters"] == Ticket.model_json_schema()
     assert "response_format" not in request
     assert request["messages"][-1] == {"role": "user", "content": "The printer is on fire"}
+
+
+# --- found by an outside review ------------------------------------------------------------------------
+
+
+async def test_the_answer_is_the_first_answer_call_alone() -> None:
+    model = ScriptedModel(
+        [
+            "Sure! Here it is: ",  # a preamble: not the answer
+            answer({"value": [3, 4]}),
+            answer({"value": [5]}, call_id="call_b"),  # a second answer: the first one stands
+            " Hope this helps.",  # after the answer: not the answer
+        ]
+    )
+
+    class Numbers:
+        async def numbers(self, conversation: Annotated[str, MemoryId], text: str) -> Result[list[int]]: ...
+
+    numbers = agentrt.build(Numbers, model=model, output_mode="tool", memory=agentrt.memory.window())
+    result = await numbers.numbers("m", "q")
+    assert result.value == [3, 4] and result.text == '{"value":[3,4]}'
+    stored = await agentrt.memory.access(numbers).read("m")
+    assert stored == [UserMessage.of("q"), AssistantMessage(text='{"value":[3,4]}')]
+
+
+async def test_an_answer_in_text_in_tool_mode_is_released_whole_at_the_end() -> None:
+    model = ScriptedModel(["[1, ", "2]"])
+
+    class Numbers:
+        async def numbers(self, text: str) -> PartialStream[list[int]]: ...
+
+    stream = await agentrt.build(Numbers, model=model, output_mode="tool").numbers("q")
+    deltas = [event.text async for event in stream.events() if isinstance(event, agentrt.TextDelta)]
+    assert deltas == ["[1, 2]"]  # held while it could have been a preamble
+    assert (await stream.result()).value == [1, 2]

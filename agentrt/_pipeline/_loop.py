@@ -19,6 +19,7 @@ import anyio
 from .._errors import ToolLoopLimitError
 from .._messages import UserMessage
 from ..models._protocol import request_text_chars
+from ..output._modes import FINAL_ANSWER_TOOL_PROMPT
 from ..tools._run import FINAL_ANSWER_PROMPT
 
 if TYPE_CHECKING:
@@ -161,9 +162,10 @@ def _stop_at(turn: Turn, limit: LoopLimit) -> None:
     # The unanswered tool calls of the last response are not sent: an assistant message with tool
     # calls must be followed by their results, and those calls never ran.
     answer = turn.answer
+    prompt = FINAL_ANSWER_PROMPT if answer is None else FINAL_ANSWER_TOOL_PROMPT
     turn.request = replace(
         request,
-        messages=(*request.messages, UserMessage.of(FINAL_ANSWER_PROMPT)),
+        messages=(*request.messages, UserMessage.of(prompt)),
         tools=(answer.spec,) if answer is not None else (),  # in tool mode, the answer tool alone
         tool_choice=answer.alone if answer is not None else None,
     )

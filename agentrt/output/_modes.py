@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal, get_args
 
-from .._events import TextDelta, ToolCallDelta
+from .._events import Finish, TextDelta, ToolCallDelta
 from ..models._protocol import ToolChoice, ToolSpec, aclose_iterator
 
 if TYPE_CHECKING:
@@ -41,6 +41,12 @@ MODES: Final[tuple[str, ...]] = get_args(OutputMode)
 
 ANSWER_TOOL: Final = "final_answer"
 """The name of the tool that carries the answer in tool mode."""
+
+FINAL_ANSWER_TOOL_PROMPT: Final = (
+    f"The tool budget for this request is used up. Call no other tool: give your answer now with "
+    f"{ANSWER_TOOL}, as well as you can, with the information you already have."
+)
+"""What the last request after a tool loop limit says in tool mode (`ToolSettings.on_limit`)."""
 
 
 def resolve_mode(requested: str, capabilities: Capabilities) -> str:
@@ -111,33 +117,69 @@ def answer_tool(parser: TypeParser, capabilities: Capabilities) -> AnswerTool:
 
 
 class AnswerChunks:
-    """A model stream in tool mode: the `final_answer` call's argument fragments become text deltas;
-    every other chunk passes as it is. `answered` says whether the model called the tool."""
+    """A model stream in tool mode, read so that the answer is the `final_answer` call's arguments.
 
-    __slots__ = ("_chunks", "_indexes", "answered")
+    The first `final_answer` call's argument fragments become text deltas. Text the model writes is
+    held until it is known not to be a preamble: dropped once the call starts (and text after it, and
+    a second `final_answer` call, are dropped too), released before the response's end when the model
+    answered in text instead. Other chunks pass as they are; `answered` says whether the tool was
+    called."""
+
+    __slots__ = ("_chunks", "_dropped", "_held", "_index", "_next", "answered")
 
     def __init__(self, chunks: AsyncIterator[ModelChunk]) -> None:
         self._chunks = chunks
-        self._indexes: set[int] = set()
+        self._held: list[str] = []  # text not yet known to be the answer
+        self._index: int | None = None  # the answer call's index
+        self._dropped: set[int] = set()  # indexes of further answer calls
+        self._next: ModelChunk | None = None  # a chunk to give after the held text
         self.answered = False
 
     def __aiter__(self) -> AnswerChunks:
         return self
 
     async def __anext__(self) -> ModelChunk:
+        waiting = self._next
+        if waiting is not None:
+            self._next = None
+            return waiting
         following = self._chunks.__anext__
         while True:
-            chunk = await following()
-            if chunk.__class__ is not ToolCallDelta:
+            try:
+                chunk = await following()
+            except StopAsyncIteration:
+                if self._held:  # the model answered in text
+                    return TextDelta(self._flush())
+                raise
+            kind = chunk.__class__
+            if kind is TextDelta:
+                if not self.answered:
+                    self._held.append(chunk.text)  # type: ignore[union-attr]
+                continue  # beside the answer call: not the answer
+            if kind is ToolCallDelta:
+                assert isinstance(chunk, ToolCallDelta)
+                if chunk.name == ANSWER_TOOL and not self.answered:
+                    self._index = chunk.index
+                    self.answered = True
+                    self._held.clear()  # a preamble
+                if chunk.index == self._index:
+                    if chunk.arguments:
+                        return TextDelta(chunk.arguments)
+                    continue
+                if chunk.name == ANSWER_TOOL:
+                    self._dropped.add(chunk.index)  # a second answer: the first one stands
+                if chunk.index in self._dropped:
+                    continue
                 return chunk
-            assert isinstance(chunk, ToolCallDelta)
-            if chunk.name == ANSWER_TOOL:
-                self._indexes.add(chunk.index)
-                self.answered = True
-            elif chunk.index not in self._indexes:
-                return chunk
-            if chunk.arguments:
-                return TextDelta(chunk.arguments)
+            if kind is Finish and self._held:
+                self._next = chunk
+                return TextDelta(self._flush())
+            return chunk
+
+    def _flush(self) -> str:
+        text = "".join(self._held)
+        self._held.clear()
+        return text
 
     async def aclose(self) -> None:
         await aclose_iterator(self._chunks)

@@ -14,16 +14,18 @@ require one at the top).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import decimal
 import enum
 import re
 import types
+import typing
 import uuid
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, Protocol, Union, get_args, get_origin
 
 import orjson
-from pydantic import PydanticUserError, TypeAdapter, ValidationError
+from pydantic import BaseModel, PydanticUserError, TypeAdapter, ValidationError
 
 from .._errors import OutputParsingError
 from ..models._protocol import JsonObjectFormat, JsonSchemaFormat
@@ -42,6 +44,9 @@ __all__ = [
     "parser_for",
 ]
 
+NOTHING: Final = object()
+"""What `TypeParser.by_name` returns when it changed nothing."""
+_NOTHING: Final = NOTHING
 WRAPPER: Final = "value"
 """The property a schema that is not an object is wrapped in."""
 _BARE_MAX: Final = 200  # a longer answer is not a bare scalar
@@ -197,7 +202,7 @@ class TypeParser:
 
     __slots__ = (
         "_defs",
-        "_enum",
+        "_enums",
         "_object",
         "_scalar",
         "_schema",
@@ -221,9 +226,7 @@ class TypeParser:
         self._defs = defs
         self._object = schema.get("type") == "object"
         self._scalar = _is_scalar(schema, defs)
-        self._enum = (
-            annotation if isinstance(annotation, type) and issubclass(annotation, enum.Enum) else None
-        )
+        self._enums = tuple(_enums_in(annotation, set()))
         if self._object:
             self._wrapped = schema
         else:
@@ -298,45 +301,139 @@ class TypeParser:
         raise _parse_error(text, self.target, error)
 
     def _from_python(self, value: str) -> Any:
-        """A bare scalar, as written (lax: "42" is an int, "yes" a bool); an Enum also by name."""
+        """A bare scalar, as written (lax: "42" is an int, "yes" a bool; an Enum also by name)."""
         try:
             return self.adapter.validate_python(value)
-        except ValidationError:
-            member = self._member(value)
-            if member is None:
+        except ValidationError as exc:
+            fixed = self.by_name(value, exc)
+            if fixed is _NOTHING:
                 raise
-            return member
+            try:
+                return self.adapter.validate_python(fixed)
+            except ValidationError:
+                raise exc from None
 
     def _from_json(self, candidate: str) -> Any:
-        try:
-            return self.adapter.validate_json(candidate)
-        except ValidationError:
-            if self._object and self._enum is None:
-                raise
+        wrapped = None  # what was wrong with a wrapped answer's value
+        if not self._object and candidate[:1] == "{":
+            # A wrapped answer ({"value": ...}, as a schema that is not an object is asked for) is
+            # read unwrapped first: a type that also accepts the wrapper itself (a model whose fields
+            # all have defaults, a dict, `Any`) would otherwise take it as the answer.
             data = _loads(candidate)
             if isinstance(data, dict) and len(data) == 1 and WRAPPER in data:
-                data = data[WRAPPER]  # a wrapped answer
-                if isinstance(data, str) and self._scalar:
-                    return self._from_python(data)
-                return self.adapter.validate_json(orjson.dumps(data))
-            if isinstance(data, str) and self._enum is not None:
-                member = self._member(data)
-                if member is not None:
-                    return member
-            raise
+                inner = data[WRAPPER]
+                try:
+                    if isinstance(inner, str) and self._scalar:
+                        return self._from_python(inner)
+                    return self._from_data(inner)
+                except ValidationError as exc:
+                    wrapped = exc  # then the object as it is
+        try:
+            return self.adapter.validate_json(candidate)
+        except ValidationError as exc:
+            if wrapped is not None:
+                raise wrapped from None  # it says more than that the object is no int
+            if not self._enums:
+                raise
+            data = _loads(candidate)
+            fixed = _NOTHING if data is _NOTHING else self.by_name(data, exc)
+            if fixed is _NOTHING:
+                raise
+            try:
+                return self.adapter.validate_json(orjson.dumps(fixed))
+            except ValidationError:
+                raise exc from None
 
-    def _member(self, word: str) -> enum.Enum | None:
-        """An Enum member by its value, then its name, case-insensitively."""
-        if self._enum is None:
-            return None
-        folded = word.strip().casefold()
-        for member in self._enum:
+    def _from_data(self, data: Any) -> Any:
+        """A value read from JSON, validated as JSON (Enums also by name)."""
+        try:
+            return self.adapter.validate_json(orjson.dumps(data))
+        except ValidationError as exc:
+            fixed = self.by_name(data, exc) if self._enums else _NOTHING
+            if fixed is _NOTHING:
+                raise
+            try:
+                return self.adapter.validate_json(orjson.dumps(fixed))
+            except ValidationError:
+                raise exc from None
+
+    def by_name(self, data: Any, error: ValidationError) -> Any:
+        """`data` (read from JSON, changed in place) with each string that failed as an Enum
+        replaced by the member it names: by value, then by name, case-insensitively, wherever the
+        Enum is in the type (in a list, an `Optional`, a model's field, ...). `_NOTHING` when no
+        string named a member."""
+        changed = False
+        for problem in error.errors(include_url=False):
+            if problem["type"] != "enum" or not isinstance(problem["input"], str):
+                continue
+            member = _member(self._enums, problem["input"], str(problem.get("ctx", {}).get("expected", "")))
+            if member is not None:
+                data, put = _put(data, problem["loc"], problem["input"], member.value)
+                changed = changed or put
+        return data if changed else _NOTHING
+
+
+def _enums_in(annotation: Any, seen: set[Any]) -> list[type[enum.Enum]]:
+    """The Enums a type can hold: itself, in its arguments, in the fields of its models, dataclasses
+    and TypedDicts (each class visited once)."""
+    if isinstance(annotation, type):
+        if issubclass(annotation, enum.Enum):
+            return [annotation]
+        if annotation in seen:
+            return []
+        seen.add(annotation)
+        hints: list[Any] = []
+        if issubclass(annotation, BaseModel):
+            hints = [field.annotation for field in annotation.model_fields.values()]
+        elif dataclasses.is_dataclass(annotation) or hasattr(annotation, "__required_keys__"):
+            try:
+                hints = list(typing.get_type_hints(annotation).values())
+            except Exception:  # unresolvable forward references: pydantic resolved what it needed
+                hints = []
+        found: list[type[enum.Enum]] = []
+        for hint in hints:
+            found.extend(e for e in _enums_in(hint, seen) if e not in found)
+        return found
+    found = []
+    for arg in get_args(annotation):
+        found.extend(e for e in _enums_in(arg, seen) if e not in found)
+    return found
+
+
+def _member(enums: tuple[type[enum.Enum], ...], word: str, expected: str) -> enum.Enum | None:
+    """The member `word` names, by value, then by name, case-insensitively; among the Enums whose
+    values pydantic listed as `expected` first."""
+    listed = [e for e in enums if all(repr(member.value) in expected for member in e)]
+    folded = word.strip().casefold()
+    for choices in (listed, enums):
+        for member in (m for e in choices for m in e):
             if str(member.value).casefold() == folded:
                 return member
-        for member in self._enum:
+        for member in (m for e in choices for m in e):
             if member.name.casefold() == folded:
                 return member
-        return None
+    return None
+
+
+def _put(data: Any, loc: tuple[int | str, ...], word: str, value: Any) -> tuple[Any, bool]:
+    """`data` with the `word` at `loc` (a validation error's location) replaced by `value`. Parts of
+    `loc` that are not keys or indexes of `data` name union members and are skipped."""
+    path: list[tuple[Any, int | str]] = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and isinstance(part, str) and part in node:
+            path.append((node, part))
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            path.append((node, part))
+            node = node[part]
+    if node != word:
+        return data, False
+    if not path:
+        return value, True
+    container, key = path[-1]
+    container[key] = value
+    return data, True
 
 
 def _bare(text: str) -> str | None:
@@ -353,10 +450,11 @@ def _bare(text: str) -> str | None:
 
 
 def _loads(candidate: str) -> Any:
+    """The candidate's JSON value; `_NOTHING` when it is not JSON."""
     try:
         return orjson.loads(candidate)
     except orjson.JSONDecodeError:
-        return None
+        return _NOTHING
 
 
 def _parse_error(text: str, target: str, error: ValidationError | None) -> OutputParsingError:

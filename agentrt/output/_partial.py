@@ -14,12 +14,14 @@ linear in the answer's length.
 
 from __future__ import annotations
 
+import copy
+import re
 from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import ValidationError
 from pydantic_core import from_json
 
-from ._parsers import WRAPPER
+from ._parsers import NOTHING, WRAPPER
 
 if TYPE_CHECKING:
     from pydantic import TypeAdapter
@@ -28,9 +30,15 @@ if TYPE_CHECKING:
 
 __all__ = ["Snapshots"]
 
-_NOTHING: Final = object()
+_NOTHING: Final = NOTHING
 _UNKNOWN: Final = -1  # where the JSON starts is not known yet
 _OFF: Final = -2  # no snapshots from this answer (it is not JSON first, or its JSON has ended)
+# What `_locate` reads before the JSON: the start, a think block, after it, a fence line, after it.
+_LEAD, _THINK, _AFTER_THINK, _FENCE, _AFTER_FENCE = range(5)
+_THINK_OPEN: Final = "<think>"
+_THINK_CLOSE: Final = "</think>"
+_FENCE_OPEN: Final = "```"
+_SPACE: Final = re.compile(r"\s*")
 
 
 class Snapshots:
@@ -39,8 +47,11 @@ class Snapshots:
     __slots__ = (
         "_adapter",
         "_boundary",
+        "_carry",
         "_enabled",
+        "_lead",
         "_parsed_at",
+        "_parser",
         "_parts",
         "_raw",
         "_size",
@@ -50,6 +61,7 @@ class Snapshots:
     )
 
     def __init__(self, parser: TypeParser) -> None:
+        self._parser = parser
         self._adapter: TypeAdapter[Any] = parser.adapter
         self._unwrap = not parser.is_object  # asked for as {"value": ...} on JSON-mode paths
         self._enabled = not parser.is_scalar  # a scalar is complete only at the end
@@ -62,6 +74,8 @@ class Snapshots:
         self._boundary = -1  # where, in the answer, a value may have ended last
         self._parsed_at = 0
         self._start = _UNKNOWN if self._enabled else _OFF
+        self._lead = _LEAD  # what is being read before the JSON (see `_locate`)
+        self._carry = ""  # the end of the text so far that may begin a marker
         self._raw: Any = _NOTHING
         self.value: Any = _NOTHING
 
@@ -72,18 +86,17 @@ class Snapshots:
             return False
         size = self._size
         self._size = size + len(text)
-        parts = self._parts
-        parts.append(text)
+        self._parts.append(text)
+        if start == _UNKNOWN:
+            start = self._start = self._locate(text)
+            if start < 0:
+                return False
         at = max(text.rfind('"'), text.rfind(","), text.rfind("}"), text.rfind("]"))
         if at < 0:
             return False
         boundary = self._boundary = size + at
-        if start == _UNKNOWN:
-            whole = "".join(parts)
-            self._parts = [whole]
-            start = self._start = _json_start(whole)
-            if start < 0:
-                return False
+        if boundary < start:
+            return False
         if boundary - self._parsed_at < (boundary - start) >> 4:
             return False  # a long answer is read again once it grew by a sixteenth
         self._parsed_at = boundary
@@ -104,8 +117,14 @@ class Snapshots:
         self._raw = raw
         try:
             value = self._adapter.validate_python(raw, experimental_allow_partial=True)
-        except ValidationError:
-            return False
+        except ValidationError as exc:
+            fixed = self._parser.by_name(copy.deepcopy(raw), exc)  # Enums named, not valued
+            if fixed is _NOTHING:
+                return False
+            try:
+                value = self._adapter.validate_python(fixed, experimental_allow_partial=True)
+            except ValidationError:
+                return False
         if self.value is not _NOTHING and value == self.value:
             return False
         self.value = value
@@ -116,23 +135,46 @@ class Snapshots:
         last = self.value
         return last is _NOTHING or bool(last != value)
 
-
-def _json_start(text: str) -> int:
-    """Where the answer's JSON starts: after a `<think>` block and a fence line, if any;
-    `_UNKNOWN` while that cannot be told yet, `_OFF` when the answer starts with prose."""
-    at = len(text) - len(text.lstrip())
-    if text.startswith("<think>", at):
-        end = text.find("</think>", at)
-        if end < 0:
-            return _UNKNOWN
-        at = end + len("</think>")
-        at += len(text[at:]) - len(text[at:].lstrip())
-    if text.startswith("```", at):
-        end = text.find("\n", at)
-        if end < 0:
-            return _UNKNOWN
-        at = end + 1
-        at += len(text[at:]) - len(text[at:].lstrip())
-    if at >= len(text):
-        return _UNKNOWN
-    return at if text[at] in "{[" else _OFF
+    def _locate(self, text: str) -> int:
+        """Read the delta `text` on from where the search for the JSON's start stopped: leading
+        white space, a `<think>...</think>` block, a fence line (three backticks, a language tag, a
+        line end), white space again. Where the JSON starts (`{` or `[`), `_UNKNOWN` while that
+        cannot be told yet, `_OFF` when the answer starts with prose. Each character is read once
+        (what may begin a marker is carried to the next delta), so this is linear."""
+        buffer = self._carry + text
+        base = self._size - len(buffer)  # where `buffer` starts in the answer
+        self._carry = ""
+        at = 0
+        size = len(buffer)
+        while True:
+            lead = self._lead
+            if lead == _THINK or lead == _FENCE:
+                marker = _THINK_CLOSE if lead == _THINK else "\n"
+                end = buffer.find(marker, at)
+                if end < 0:
+                    self._carry = buffer[max(at, size - len(marker) + 1) :]
+                    return _UNKNOWN
+                at = end + len(marker)
+                self._lead = _AFTER_THINK if lead == _THINK else _AFTER_FENCE
+                continue
+            at = _SPACE.match(buffer, at).end()  # type: ignore[union-attr]
+            if at == size:
+                return _UNKNOWN
+            rest = buffer[at:]
+            if lead == _LEAD:
+                if rest.startswith(_THINK_OPEN):
+                    self._lead = _THINK
+                    at += len(_THINK_OPEN)
+                    continue
+                if len(rest) < len(_THINK_OPEN) and _THINK_OPEN.startswith(rest):
+                    self._carry = rest
+                    return _UNKNOWN
+            if lead != _AFTER_FENCE:
+                if rest.startswith(_FENCE_OPEN):
+                    self._lead = _FENCE
+                    at += len(_FENCE_OPEN)
+                    continue
+                if len(rest) < len(_FENCE_OPEN) and _FENCE_OPEN.startswith(rest):
+                    self._carry = rest
+                    return _UNKNOWN
+            return base + at if buffer[at] in "{[" else _OFF
