@@ -503,3 +503,10 @@ async def test_a_rewritten_answer_is_what_the_result_s_transcript_and_a_held_res
     responses = [e for e in events if type(e) is agentrt.ResponseReceived]
     assert [r.response.message.text for r in responses] == ["Mail [email] now."]
     assert "x@y.com" not in repr(events)
+
+
+@pytest.mark.parametrize("returned", [True, None, "success"])
+async def test_an_output_guardrail_must_return_a_guardrail_result(returned: object) -> None:
+    svc = agentrt.build(Chat, model=ScriptedModel("fine"), output_guardrails=[lambda request: returned])
+    with pytest.raises(TypeError, match="must return a GuardrailResult"):
+        await svc.chat("c", "q")

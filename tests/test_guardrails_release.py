@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import agentrt
@@ -33,6 +34,7 @@ from agentrt import (
 from agentrt.guardrails import (
     GuardrailResult,
     OutputGuardrailRequest,
+    Verdict,
     failure,
     output_guardrails,
     partial_text,
@@ -572,3 +574,35 @@ async def test_a_bound_validate_of_an_object_that_judges_partial_text_may_run_ch
     tokens = await read(stream)
     assert tokens == ["これは文です。", "次の文。"]  # CJK full stops end chunks too
     await assert_consistent(svc, tokens, await stream.result())
+
+
+class Subclassed(GuardrailResult):
+    """A result of a subclass of `GuardrailResult`."""
+
+
+async def later(result: GuardrailResult) -> GuardrailResult:
+    await anyio.lowlevel.checkpoint()
+    return result
+
+
+@pytest.mark.parametrize(
+    "returns",
+    [
+        pytest.param(lambda request: Subclassed(Verdict.SUCCESS), id="a result of a subclass"),
+        pytest.param(lambda request: later(success()), id="an awaitable of a result"),
+    ],
+)
+@pytest.mark.parametrize("release", ["buffer", "chunked", "optimistic"])
+async def test_a_guardrail_may_return_a_result_of_a_subclass_or_an_awaitable_of_one(
+    returns: Any, release: str
+) -> None:
+    guardrail = Seen(returns)
+    model = ScriptedModel(["One. ", "Two."])
+    svc = service(model, guardrail, release)
+    stream = await svc.stream("c", "q")
+    tokens = await read(stream)
+    result = await stream.result()
+    assert result.text == "One. Two."
+    await assert_consistent(svc, tokens, result)
+    partial = [check for check in guardrail.checks if check[1]]
+    assert (len(partial) > 0) is (release == "chunked")

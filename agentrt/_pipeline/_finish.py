@@ -48,6 +48,16 @@ def answer_text(turn: Turn) -> str:
     return response.message.text or ""
 
 
+# Checked at every chunk of a `chunked` stream, where an enum member's lookup on its class costs
+# about as much as a pass-through guardrail.
+_SUCCESS: Final = Verdict.SUCCESS
+_SUCCESS_WITH: Final = Verdict.SUCCESS_WITH
+_FAILURE: Final = Verdict.FAILURE
+_FATAL: Final = Verdict.FATAL
+_RETRY: Final = Verdict.RETRY
+_REPROMPT: Final = Verdict.REPROMPT
+
+
 @dataclass(slots=True)
 class Outcome:
     """What an output chain decided about one answer."""
@@ -92,24 +102,29 @@ async def output_guardrails(
         released=released or 0,
     )
     outcome = Outcome(text)
+    clock = time.perf_counter
     for guardrail in chain.guardrails:
-        started = time.perf_counter()
-        result = await guardrail.check(request)
+        started = clock()
+        result = guardrail.call(request)  # a sync guardrail's result, without a coroutine around it
+        if result.__class__ is not GuardrailResult:
+            result = await guardrail.settle(result)
         verdict = result.verdict
         event = GuardrailVerdict(
             turn.id,
             guardrail.name,
             "output",
-            verdict.value,
+            verdict._value_,  # `.value`, without the enum's property
             result.message,
-            time.perf_counter() - started,
+            clock() - started,
             attempt,
             partial,
         )
         turn.verdicts.append(event)
         if listeners:
             notify(listeners, event)
-        if verdict is Verdict.SUCCESS_WITH:
+        if verdict is _SUCCESS:
+            continue
+        if verdict is _SUCCESS_WITH:
             assert result.text is not None
             outcome.text = result.text
             if result.value is not NO_VALUE:
@@ -120,12 +135,12 @@ async def output_guardrails(
                     )
                 outcome.value = result.value
             request = replace(request, text=result.text)
-        elif verdict is Verdict.FAILURE:
+        elif verdict is _FAILURE:
             outcome.failures.append(event)
-        elif verdict is Verdict.FATAL:
+        elif verdict is _FATAL:
             outcome.failures.append(event)
             break
-        elif verdict is Verdict.RETRY or verdict is Verdict.REPROMPT:
+        elif verdict is _RETRY or verdict is _REPROMPT:
             outcome.failures.append(event)
             outcome.reask = result
             break

@@ -94,7 +94,7 @@ class Guardrail:
     """One declared guardrail: its name (an object's `name` attribute, else its class's or the
     function's qualified name; events and errors report it) and how to call it."""
 
-    __slots__ = ("_call", "name", "partial")
+    __slots__ = ("call", "name", "partial")
 
     def __init__(self, target: object, where: str) -> None:
         validate = getattr(target, "validate", None)
@@ -115,7 +115,8 @@ class Guardrail:
                 f"{where}: guardrail {target!r} is {kind}: give a function of the request, or an object "
                 "with a validate(request) method, returning a GuardrailResult"
             )
-        self._call = call
+        self.call = call
+        """The guardrail itself: what it returns for a request (see `check`)."""
         self.name = name
         # a bound method (`obj.validate`) of an object that declares it declares it too
         owner = getattr(target, "__self__", None)
@@ -125,7 +126,16 @@ class Guardrail:
         return f"<Guardrail {self.name}>"
 
     async def check(self, request: Any) -> GuardrailResult:
-        result = self._call(request)
+        """Run the guardrail on `request`: its result (awaited, for an async one)."""
+        result = self.call(request)
+        if result.__class__ is GuardrailResult:
+            return result
+        return await self.settle(result)
+
+    async def settle(self, result: object) -> GuardrailResult:
+        """What `check` does with anything `call` returned other than a `GuardrailResult`: await it
+        (an async guardrail), then make sure of its type. A caller on a per-chunk path calls `call`
+        and settles only what is not a result already, so a sync guardrail costs one call."""
         if inspect.isawaitable(result):
             result = await result
         if not isinstance(result, GuardrailResult):

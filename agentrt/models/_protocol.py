@@ -308,7 +308,10 @@ class ResponseAccumulator:
     def thinking_from(self, start: int) -> tuple[str, int]:
         """The thinking from its `start`-th delta on, and the number of deltas so far."""
         pieces = self._thinking
-        return "".join(pieces[start:]), len(pieces)
+        count = len(pieces)
+        if start >= count:  # none since (checked at every chunk of a `chunked` stream; most think none)
+            return "", count
+        return "".join(pieces[start:]), count
 
     def text_sink(self) -> Callable[[str], None]:
         """What `add` does with a `TextDelta`'s text, for a reader's per-token loop that dispatches
