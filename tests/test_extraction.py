@@ -84,3 +84,29 @@ def test_random_text_parses_or_fails_only_with_an_output_parsing_error(annotatio
     except OutputParsingError as error:
         failed = error
     assert failed is None or failed.text == text
+
+
+def test_reasoning_before_a_close_tag_that_nothing_opened_is_dropped() -> None:
+    # Servers whose chat template opens the think block in the prompt send only its end.
+    assert strip_thinking('ok so maybe {"a": 9}\n</think>\n{"a": 1}') == '\n{"a": 1}'
+    assert strip_thinking("x</think>y<think>z</think>w") == "yw"
+    assert parser_for(int).parse("it is 3 or 4\n</think>\n4") == 4
+
+
+@pytest.mark.parametrize(
+    ("annotation", "text", "value"),
+    [
+        (int, "42.", 42),  # a full stop after a number
+        (float, "2.5.", 2.5),
+        (int | None, "None", None),
+        (int | None, "null", None),
+        (Ticket | None, "None", None),
+    ],
+)
+def test_bare_answers_a_model_writes(annotation: object, text: str, value: object) -> None:
+    assert parser_for(annotation).parse(text) == value
+
+
+def test_none_is_no_answer_where_the_type_has_no_none() -> None:
+    with pytest.raises(OutputParsingError):
+        parser_for(int).parse("None")

@@ -35,7 +35,12 @@ _MAX_DEPTH: Final = 256  # deeper than any JSON parser here accepts
 
 
 def strip_thinking(text: str) -> str:
-    """`text` without its `<think>...</think>` blocks (an unclosed one runs to the end)."""
+    """`text` without its `<think>...</think>` blocks (an unclosed one runs to the end), and
+    without the reasoning before a `</think>` that no `<think>` opened (servers whose chat template
+    opens the block in the prompt send only its end)."""
+    close = text.find(_THINK_CLOSE)
+    if close >= 0 and text.rfind(_THINK_OPEN, 0, close) < 0:
+        text = text[close + len(_THINK_CLOSE) :]
     if _THINK_OPEN not in text:
         return text
     kept: list[str] = []

@@ -50,6 +50,7 @@ _NOTHING: Final = NOTHING
 WRAPPER: Final = "value"
 """The property a schema that is not an object is wrapped in."""
 _BARE_MAX: Final = 200  # a longer answer is not a bare scalar
+_NONE_WORDS: Final = frozenset({"none", "null", "nil"})
 _NAME: Final = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -291,22 +292,32 @@ class TypeParser:
             except ValidationError as exc:
                 if error is None and candidate[:1] in ("{", "[", '"'):
                     error = exc
-        if self._scalar:
-            bare = _bare(strip_thinking(text))  # "yes", "POSITIVE", 2026-12-01: not JSON, but clear
-            if bare is not None:
-                try:
-                    return self._from_python(bare)
-                except ValidationError as exc:
-                    error = error or exc
+        bare = _bare(strip_thinking(text))  # "yes", "POSITIVE", 2026-12-01: not JSON, but clear
+        if bare is not None and self._scalar:
+            try:
+                return self._from_python(bare)
+            except ValidationError as exc:
+                error = error or exc
+        elif bare is not None and bare.casefold() in _NONE_WORDS:
+            try:
+                return self.adapter.validate_python(None)  # "None" for an `Optional[Model]`
+            except ValidationError:
+                pass
         raise _parse_error(text, self.target, error)
 
     def _from_python(self, value: str) -> Any:
-        """A bare scalar, as written (lax: "42" is an int, "yes" a bool; an Enum also by name)."""
+        """A bare scalar, as written (lax: "42" is an int, "yes" a bool; an Enum also by name;
+        "None" is `None` where the type allows it)."""
         try:
             return self.adapter.validate_python(value)
         except ValidationError as exc:
             fixed = self.by_name(value, exc)
             if fixed is _NOTHING:
+                if value.casefold() in _NONE_WORDS:
+                    try:
+                        return self.adapter.validate_python(None)
+                    except ValidationError:
+                        pass
                 raise
             try:
                 return self.adapter.validate_python(fixed)
@@ -444,7 +455,7 @@ def _bare(text: str) -> str | None:
     answer = answer.strip("`").strip()
     if len(answer) >= 2 and answer[0] == answer[-1] and answer[0] in "\"'":
         answer = answer[1:-1]
-    if answer.endswith(".") and not answer[:-1].replace(".", "").isdigit():
+    if answer.endswith(".") and not answer.endswith(".."):  # "42." is 42; an ellipsis stays
         answer = answer[:-1]
     return answer.strip() or None
 
