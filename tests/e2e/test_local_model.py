@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, StringConstraints
 import agentrt
 from agentrt import (
     P,
+    PartialStream,
     Result,
     ServerError,
     TextDelta,
@@ -162,6 +163,40 @@ async def test_a_tool_round_trip_as_the_server_received_it(local_server: LocalSe
     }
     assert isinstance(result.value, str)
     assert result.usage.input_tokens > 0
+
+
+class Trips:
+    @user_message("Extract the train ticket from: {{it}}")
+    async def ticket(self, text: str) -> Result[Ticket]: ...
+
+    @user_message("Extract the train ticket from: {{it}}")
+    async def partial(self, text: str) -> PartialStream[Ticket]: ...
+
+
+async def test_tool_mode_gets_a_valid_instance_from_a_forced_final_answer_call(
+    local_server: LocalServer,
+) -> None:
+    transport = RecordingTransport()
+    async with httpx.AsyncClient(transport=transport, timeout=60) as client:
+        model = local_chat_model(
+            local_server.base_url, client=client, settings=ModelSettings(max_tokens=120, temperature=0)
+        )
+        trips = agentrt.build(Trips, model=model, output_mode="tool")
+        result = await trips.ticket("Two people from Bern to Basel.")
+        stream = await trips.partial("Two people from Bern to Basel.")
+        snapshots = [snapshot async for snapshot in stream]
+
+    assert isinstance(result.value, Ticket)
+    assert result.value == Ticket.model_validate_json(result.text)  # the call's arguments, as text
+    first = transport.bodies[0]
+    assert first["tool_choice"] == {"type": "function", "function": {"name": "final_answer"}}
+    assert [tool["function"]["name"] for tool in first["tools"]] == ["final_answer"]
+    assert first["tools"][0]["function"]["parameters"] == Ticket.model_json_schema()
+    assert "response_format" not in first
+    assert first["messages"][-1]["content"] == "Extract the train ticket from: Two people from Bern to Basel."
+    # Streamed, the arguments arrive as partial values; the last is the final, validated one.
+    assert snapshots and isinstance(snapshots[-1], Ticket)
+    assert snapshots[-1] == (await stream.result()).value
 
 
 async def test_cancelling_a_long_generation_closes_the_connection_and_stops_the_server(
