@@ -344,29 +344,25 @@ class TypeParser:
         except ValidationError as exc:
             if wrapped is not None:
                 raise wrapped from None  # it says more than that the object is no int
-            if not self._enums:
-                raise
-            data = _loads(candidate)
-            fixed = _NOTHING if data is _NOTHING else self.by_name(data, exc)
-            if fixed is _NOTHING:
-                raise
-            try:
-                return self.adapter.validate_json(orjson.dumps(fixed))
-            except ValidationError:
-                raise exc from None
+            return self._named(_loads(candidate) if self._enums else _NOTHING, exc)
 
     def _from_data(self, data: Any) -> Any:
         """A value read from JSON, validated as JSON (Enums also by name)."""
         try:
             return self.adapter.validate_json(orjson.dumps(data))
         except ValidationError as exc:
-            fixed = self.by_name(data, exc) if self._enums else _NOTHING
-            if fixed is _NOTHING:
-                raise
-            try:
-                return self.adapter.validate_json(orjson.dumps(fixed))
-            except ValidationError:
-                raise exc from None
+            return self._named(data, exc)
+
+    def _named(self, data: Any, error: ValidationError) -> Any:
+        """What `data` (read from JSON) validates to once the Enum members it names are read; raises
+        `error` (what was wrong with it as it is) when it names none, or still does not validate."""
+        fixed = self.by_name(data, error) if self._enums and data is not _NOTHING else _NOTHING
+        if fixed is _NOTHING:
+            raise error
+        try:
+            return self.adapter.validate_json(orjson.dumps(fixed))
+        except ValidationError:
+            raise error from None
 
     def by_name(self, data: Any, error: ValidationError) -> Any:
         """`data` (read from JSON, changed in place) with each string that failed as an Enum
