@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from test_readme import python_blocks, run_readme
 
-from agentrt.testing import ScriptedModel
+from agentrt.testing import CallTool, ScriptedModel
 
 pytestmark = pytest.mark.e2e
 
@@ -20,6 +20,9 @@ async def test_the_local_server_block_of_the_readme_runs_as_written(
     monkeypatch.chdir(tmp_path)  # the memory block writes chat.db
     models = [
         ScriptedModel("a", '{"origin": "a", "destination": "b"}', "c", "d"),
+        ScriptedModel(
+            "POSITIVE", [CallTool("final_answer", {"value": [{"origin": "a", "destination": "b"}]})]
+        ),
         ScriptedModel(),
         ScriptedModel("e", "f"),
         ScriptedModel("g", "h"),
