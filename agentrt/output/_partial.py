@@ -5,11 +5,13 @@ allow_partial=True)`, which drops an unfinished string, number or literal at the
 with pydantic's partial validation (`experimental_allow_partial`, which drops an unfinished last item);
 no partial JSON parser of our own. The text is read only up to the last character after which a value
 may have ended (`"`, `,`, `]`, `}`): a number is taken once it is followed by one, never while it may
-still grow. So a snapshot only holds values that are final, and each one extends the one before.
+still grow. So a snapshot only holds values that are final, and each one extends the one before (a
+model's fields not yet received show their defaults).
 
-Reading costs one pass over the answer so far: it is done only when a chunk may have ended a value,
-and, for a long answer, only once it has grown by a sixteenth since the last read, so the total stays
-linear in the answer's length.
+Where the JSON starts (after white space, a `<think>` block, a fence line) is found by reading each
+delta once. Reading the JSON costs one pass over the answer so far: it is done only when a chunk may
+have ended a value, and, for a long answer, only once it has grown by a sixteenth since the last
+read, so the total stays linear in the answer's length.
 """
 
 from __future__ import annotations
