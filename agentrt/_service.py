@@ -106,6 +106,7 @@ def _implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
     method.__dict__.pop("__agentrt_user_message__", None)
     method.__dict__.pop("__agentrt_system_message__", None)
     vars(method)["__signature__"] = inspect.signature(spec.function)
+    vars(method)["__agentrt_spec__"] = spec  # for agentrt.sse.endpoint(service.method)
     return method
 
 

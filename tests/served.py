@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def serve(script: Path) -> Iterator[str]:
-    """Run `script <fd>` (it serves an ASGI app with uvicorn on the inherited socket) and yield the
+def serve(script: Path, *args: str) -> Iterator[str]:
+    """Run `script <fd> [args]` (it serves an ASGI app with uvicorn on the inherited socket) and yield the
     base URL. The socket listens before the process starts, so there is nothing to wait for:
     connections queue until uvicorn accepts them. The process is stopped when the generator ends."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -18,7 +18,7 @@ def serve(script: Path) -> Iterator[str]:
     listener.listen(64)
     port = listener.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, str(script), str(listener.fileno())],
+        [sys.executable, str(script), str(listener.fileno()), *args],
         pass_fds=(listener.fileno(),),
         stdin=subprocess.DEVNULL,
     )

@@ -12,6 +12,7 @@ import pytest
 import agentrt
 import agentrt.models
 import agentrt.output
+import agentrt.sse
 import agentrt.testing
 import agentrt.tools
 
@@ -29,6 +30,7 @@ def _isort_order(name: str) -> tuple[int, str]:
         (agentrt.output, "agentrt"),
         (agentrt.testing, "agentrt.testing"),
         (agentrt.tools, "agentrt"),
+        (agentrt.sse, "agentrt.sse"),
     ],
 )
 async def test_all_is_sorted_and_lists_every_public_name(module: types.ModuleType, owner: str) -> None:
@@ -37,9 +39,12 @@ async def test_all_is_sorted_and_lists_every_public_name(module: types.ModuleTyp
         if name.startswith("_") or name == "annotations":
             continue
         if isinstance(value, types.ModuleType):
-            # `agentrt.local` becomes an attribute of the package once anything imports it; it is
-            # importable on its own, not part of the API.
-            if value.__name__.startswith("agentrt.") and value.__name__ != "agentrt.local":
+            # `agentrt.local` and `agentrt.sse` become attributes of the package once anything
+            # imports them; they are imported on their own (`import agentrt.sse`).
+            if value.__name__.startswith("agentrt.") and value.__name__ not in (
+                "agentrt.local",
+                "agentrt.sse",
+            ):
                 public.add(name)
             continue
         if isinstance(value, types.UnionType) or typing.get_origin(value) is not None:

@@ -1,0 +1,57 @@
+"""An agentrt SSE endpoint served by uvicorn, for the tests over real HTTP (tests/test_sse_server.py).
+
+`POST /ask` streams `Desk.ask` over SSE; its model is the OpenAI-compatible test server at the URL
+given as the second argument (tests/servers/openai_app.py), asked with the header `x-test-stream:
+<id>` taken from the request's own `x-test-stream` header, so that a test can ask that server when
+the upstream response ended.
+
+Run as `python sse_app.py <fd> <upstream base URL>` to serve on an already listening socket inherited
+as `<fd>`.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+import agentrt
+import agentrt.sse
+from agentrt import TokenStream
+from agentrt.models import OpenAIChatModel, RetryPolicy
+
+
+class Desk:
+    async def ask(self, question: str) -> TokenStream: ...
+
+
+def app(upstream: str) -> Starlette:
+    services: dict[str, Desk] = {}
+
+    def service(stream_id: str) -> Desk:
+        # One model per watched stream id: the id goes upstream as a header.
+        if stream_id not in services:
+            model = OpenAIChatModel(
+                "echo",
+                base_url=upstream,
+                api_key="test-key",
+                retry=RetryPolicy(max_attempts=1),
+                headers={"x-test-stream": stream_id},
+            )
+            services[stream_id] = agentrt.build(Desk, model=model)
+        return services[stream_id]
+
+    async def ask(request):  # type: ignore[no-untyped-def]
+        handler = agentrt.sse.endpoint(service(request.headers.get("x-test-stream", "-")).ask, ping=1)
+        return await handler(request)
+
+    return Starlette(routes=[Route("/ask", ask, methods=["POST"])])
+
+
+if __name__ == "__main__":
+    listener = socket.socket(fileno=int(sys.argv[1]))
+    config = uvicorn.Config(app(sys.argv[2]), log_level="warning", lifespan="off")
+    uvicorn.Server(config).run(sockets=[listener])

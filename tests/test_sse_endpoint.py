@@ -1,0 +1,230 @@
+"""`agentrt.sse`: a streaming method mounted as a Server-Sent-Events endpoint (Starlette).
+
+These run the endpoint in a Starlette app through httpx's ASGI transport: the body validation, the
+events and their ids, the `done` payload, the HTTP errors before a stream, the memory id from the
+resolver, what is (not) said of tools and errors. The model double records the requests it got.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Route
+
+import agentrt
+import agentrt.sse
+from agentrt import (
+    AssistantMessage,
+    Budget,
+    ConfigurationError,
+    MemoryId,
+    RateLimitError,
+    TokenStream,
+    UserMessage,
+    tool,
+    user_message,
+)
+from agentrt.guardrails import fatal, input_guardrails
+from agentrt.testing import CallTool, Raise, ScriptedModel
+
+
+class Chat:
+    async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+    @user_message("{{question}} (tone: {{tone}})")
+    async def ask(self, question: str, tone: str = "plain") -> TokenStream: ...
+
+    async def awaited(self, question: str) -> str: ...
+
+    @input_guardrails(lambda request: fatal("no secrets") if "secret" in request.user_message.text else None)
+    async def guarded(self, question: str) -> TokenStream: ...
+
+
+def parse_sse(text: str) -> list[dict[str, Any]]:
+    """The events of an SSE body: each with its `event`, `id` and JSON `data` (comments skipped)."""
+    events = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        fields: dict[str, Any] = {}
+        for line in block.split("\n"):
+            if not line or line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            fields[name] = value[1:] if value.startswith(" ") else value
+        if "data" in fields:
+            fields["data"] = json.loads(fields["data"])
+            events.append(fields)
+    return events
+
+
+def app_for(*routes: tuple[str, Any]) -> httpx.AsyncClient:
+    app = Starlette(routes=[Route(path, handler, methods=["POST"]) for path, handler in routes])
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+def user_of(request: Request) -> str:
+    return request.headers["x-user"]
+
+
+async def test_tokens_then_done_each_with_an_id() -> None:
+    model = ScriptedModel(["Hello", " world"])
+    svc = agentrt.build(Chat, model=model)
+    async with app_for(("/ask", agentrt.sse.endpoint(svc.ask))) as client:
+        response = await client.post("/ask", json={"question": "Hi", "tone": "warm"})
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = parse_sse(response.text)
+    assert [(e["event"], e["id"]) for e in events] == [("token", "1"), ("token", "2"), ("done", "3")]
+    assert [e["data"]["text"] for e in events[:2]] == ["Hello", " world"]
+    done = events[-1]["data"]
+    assert done["text"] == "Hello world" and done["value"] == "Hello world"
+    assert done["finish_reason"] == "stop" and done["attempts"] == 1 and done["tool_executions"] == []
+    assert set(done["usage"]) == {"input_tokens", "output_tokens", "total_tokens", "estimated"}
+    assert model.requests[0].messages[-1] == UserMessage.of("Hi (tone: warm)")
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        (b"{not json", None),
+        (b'{"question": 3}', ["question"]),
+        (b"{}", ["question"]),
+        (b'{"question": "q", "conversation": "someone-else"}', ["conversation"]),  # not a field
+    ],
+)
+async def test_a_bad_body_is_422_before_any_model_request(body: bytes, where: list[str] | None) -> None:
+    model = ScriptedModel("never")
+    svc = agentrt.build(Chat, model=model)
+    async with app_for(("/ask", agentrt.sse.endpoint(svc.ask))) as client:
+        response = await client.post("/ask", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    payload = response.json()
+    assert payload["error"]["type"] == "RequestValidationError"
+    if where is not None:
+        assert [error["loc"] for error in payload["detail"]] == [where]
+    assert model.requests == []
+
+
+async def test_the_memory_id_comes_from_the_resolver_only() -> None:
+    model = ScriptedModel("Hello Ada.", "Still you, Ada.")
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of)
+    async with app_for(("/chat", handler)) as client:
+        first = await client.post("/chat", json={"question": "I am Ada"}, headers={"x-user": "ada"})
+        naming = await client.post(
+            "/chat", json={"question": "q", "conversation": "ada"}, headers={"x-user": "bob"}
+        )
+        second = await client.post("/chat", json={"question": "Who am I?"}, headers={"x-user": "ada"})
+    assert first.status_code == 200 and second.status_code == 200
+    assert naming.status_code == 422  # the body cannot choose a conversation
+    conversations = agentrt.memory.access(svc)
+    assert await conversations.read("ada") == [  # the resolver's conversation, and only it
+        UserMessage.of("I am Ada"),
+        AssistantMessage(text="Hello Ada."),
+        UserMessage.of("Who am I?"),
+        AssistantMessage(text="Still you, Ada."),
+    ]
+    assert await conversations.read("bob") == []
+
+
+async def test_an_async_resolver_is_awaited() -> None:
+    async def user(request: Request) -> str:
+        return "carol"
+
+    model = ScriptedModel("hi")
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    async with app_for(("/chat", agentrt.sse.endpoint(svc.chat, memory_id=user))) as client:
+        assert (await client.post("/chat", json={"question": "q"})).status_code == 200
+    assert await agentrt.memory.access(svc).read("carol") == [
+        UserMessage.of("q"),
+        AssistantMessage(text="hi"),
+    ]
+
+
+async def test_errors_before_the_stream_are_http_errors() -> None:
+    limited = RateLimitError("slow down, key sk-secret", retry_after=2.2, status=429)
+    model = ScriptedModel([Raise(limited)])
+    svc = agentrt.build(Chat, model=model)
+    async with app_for(
+        ("/ask", agentrt.sse.endpoint(svc.ask)), ("/guarded", agentrt.sse.endpoint(svc.guarded))
+    ) as client:
+        rate = await client.post("/ask", json={"question": "q"})
+        refused = await client.post("/guarded", json={"question": "a secret"})
+    assert rate.status_code == 429 and rate.headers["retry-after"] == "3"
+    assert rate.json() == {
+        "error": {"type": "RateLimitError", "message": "the model is rate limited; try again later"}
+    }
+    assert "sk-secret" not in rate.text
+    assert refused.status_code == 400
+    assert refused.json()["error"]["type"] == "InputGuardrailError"
+
+
+async def test_an_error_mid_stream_is_an_error_event_with_a_safe_message() -> None:
+    model = ScriptedModel(["Hel", Raise(RuntimeError("database password is hunter2"))])
+    svc = agentrt.build(Chat, model=model)
+    async with app_for(("/ask", agentrt.sse.endpoint(svc.ask))) as client:
+        response = await client.post("/ask", json={"question": "q"})
+    events = parse_sse(response.text)
+    assert [e["event"] for e in events] == ["token", "error"]
+    assert events[-1]["id"] == "2"
+    assert events[-1]["data"] == {"type": "RuntimeError", "message": "internal error"}
+    assert "hunter2" not in response.text
+    assert model.streams[0].closed or model.streams[0].ended
+
+
+class Lookup:
+    @tool("Look up an order.")
+    def order(self, order_id: str) -> str:
+        return f"{order_id}: shipped to 4 Elm Street"
+
+
+@pytest.mark.parametrize("details", [False, True])
+async def test_tool_events_name_the_call_and_its_outcome(details: bool) -> None:
+    model = ScriptedModel([CallTool("order", {"order_id": "SO-1"}, id="call_1")], "It shipped.")
+    svc = agentrt.build(Chat, model=model, tools=[Lookup()])
+    handler = agentrt.sse.endpoint(svc.ask, tool_details=details)
+    async with app_for(("/ask", handler)) as client:
+        response = await client.post("/ask", json={"question": "Where is SO-1?"})
+    events = parse_sse(response.text)
+    assert [e["event"] for e in events] == ["tool_call", "tool_result", "token", "done"]
+    call, result = events[0]["data"], events[1]["data"]
+    assert (call["id"], call["name"]) == ("call_1", "order")
+    assert (result["id"], result["name"], result["outcome"]) == ("call_1", "order", "success")
+    assert ("arguments" in call) is details and ("result" in result) is details
+    assert ("4 Elm Street" in response.text) is details
+    if details:
+        assert json.loads(call["arguments"]) == {"order_id": "SO-1"}
+    assert events[-1]["data"]["tool_executions"] == [{"id": "call_1", "name": "order", "outcome": "success"}]
+
+
+async def test_the_endpoint_s_budget_bounds_each_request() -> None:
+    model = ScriptedModel([CallTool("order", {"order_id": "SO-1"}, id="call_1")], "never asked")
+    svc = agentrt.build(Chat, model=model, tools=[Lookup()])
+    handler = agentrt.sse.endpoint(svc.ask, budget=Budget(model_requests=1))
+    async with app_for(("/ask", handler)) as client:
+        response = await client.post("/ask", json={"question": "q"})
+    events = parse_sse(response.text)
+    assert events[-1]["event"] == "error"
+    assert events[-1]["data"] == {
+        "type": "BudgetExceededError",
+        "message": "the request's budget was exhausted",
+    }
+    assert len(model.requests) == 1
+
+
+def test_mistakes_are_configuration_errors() -> None:
+    svc = agentrt.build(Chat, model=ScriptedModel())
+    with pytest.raises(ConfigurationError, match=r"takes a method of a built service"):
+        agentrt.sse.endpoint(Chat.ask)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"Chat\.awaited: an SSE endpoint streams"):
+        agentrt.sse.endpoint(svc.awaited)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"Chat\.chat: the method has a memory id"):
+        agentrt.sse.endpoint(svc.chat)
+    with pytest.raises(ConfigurationError, match=r"Chat\.ask: ping must be"):
+        agentrt.sse.endpoint(svc.ask, ping=0)
+    with pytest.raises(ConfigurationError, match=r"Chat\.ask: budget must be"):
+        agentrt.sse.endpoint(svc.ask, budget={"seconds": 1})  # type: ignore[arg-type]

@@ -1,0 +1,68 @@
+"""`agentrt.sse` over real HTTP: an endpoint served by uvicorn in a child process
+(tests/servers/sse_app.py), whose model is the OpenAI-compatible test server in another
+(tests/servers/openai_app.py). A client that goes away mid-stream must make the endpoint close its
+upstream model connection; the upstream server says when its response ended (a long poll, no
+polling loop)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from served import serve
+
+SERVERS = Path(__file__).parent / "servers"
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[str]:
+    yield from serve(SERVERS / "openai_app.py")
+
+
+@pytest.fixture(scope="module")
+def endpoint(upstream: str) -> Iterator[str]:
+    for base in serve(SERVERS / "sse_app.py", upstream):
+        yield base.removesuffix("/v1")
+
+
+async def test_a_stream_over_real_http(endpoint: str) -> None:
+    async with httpx.AsyncClient(timeout=20) as client:
+        response = await client.post(f"{endpoint}/ask", json={"question": "hello there"})
+    assert response.status_code == 200
+    events = [line for line in response.text.splitlines() if line.startswith("event: ")]
+    assert events[-1] == "event: done" and set(events[:-1]) == {"event: token"}
+    data = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+    assert "".join(d["text"] for d in data[:-1]) == "You said: hello there" == data[-1]["text"]
+
+
+async def test_a_client_that_goes_away_closes_the_upstream_model_stream(upstream: str, endpoint: str) -> None:
+    # A raw HTTP/1.1 client on a socket: it reads up to the first token event and hangs up (httpx's
+    # own streams, left mid-way, leave generators that trio cannot finalize).
+    stream_id = f"sse-{uuid.uuid4().hex}"
+    url = httpx.URL(endpoint)
+    body = json.dumps({"question": "hang"}).encode()
+    request = (
+        f"POST /ask HTTP/1.1\r\nhost: {url.host}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nx-test-stream: {stream_id}\r\n\r\n"
+    ).encode() + body
+    received = b""
+    async with httpx.AsyncClient(timeout=20) as client:
+        async with await anyio.connect_tcp(url.host, url.port or 80) as connection:
+            await connection.send(request)
+            while b"event: token" not in received:
+                received += await connection.receive()
+        gone = time.monotonic()  # the connection is closed: the client went away
+        closed = await client.get(f"{upstream}/streams/{stream_id}/closed")
+        waited = time.monotonic() - gone
+    assert received.startswith(b"HTTP/1.1 200")
+    assert closed.json() == {"closed": True}
+    # The issue asks for under 100 ms (3-5 ms here, printed with -s); the bound asserted is loose so
+    # that a loaded machine cannot fail it.
+    print(f"disconnect to upstream close: {waited * 1000:.1f} ms")
+    assert waited < 5
