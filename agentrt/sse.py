@@ -16,7 +16,8 @@ the invocation's events go out as SSE events through sse-starlette's `EventSourc
 | `done` | the `Result`: text, value (as JSON), usage, finish reason, tool executions, attempts |
 | `error` | `{"type", "message"}`: the error's type and a fixed, safe message (the error itself is logged) |
 
-Every event has an `id` (1, 2, ...). Errors before the model accepted the request (a bad body, an input
+Every event has an `id` (1, 2, ...). `EVENTS` maps each event's name to the shape of its data (a
+`TypedDict`), and `event_schema()` gives their JSON schemas. Errors before the model accepted the request (a bad body, an input
 guardrail, a rate limit, an exceeded context, a busy conversation) are HTTP error responses with a
 JSON body `{"error": {"type", "message"}}` (and `Retry-After` for 429), not a 200 stream. A client that
 disconnects cancels the invocation: sse-starlette cancels the task that reads it, which closes the
@@ -32,14 +33,15 @@ import inspect
 import logging
 import math
 import typing
-from typing import Any, Final
+from typing import Any, Final, NotRequired
 
 import anyio
 import orjson
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
 from pydantic_core import to_jsonable_python
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.responses import JSONResponse
+from typing_extensions import TypedDict
 
 from ._budget import Budget
 from ._errors import (
@@ -74,7 +76,7 @@ if typing.TYPE_CHECKING:
     from ._spec import MethodSpec
     from ._stream import PartialStream, TokenStream
 
-__all__ = ["endpoint", "result_json", "stream_response"]
+__all__ = ["EVENTS", "endpoint", "event_schema", "result_json", "stream_response"]
 
 logger = logging.getLogger("agentrt")
 
@@ -91,6 +93,86 @@ _SAFE: Final[tuple[tuple[type[BaseException], int, str], ...]] = (
     (BudgetExceededError, 429, "the request's budget was exhausted"),
     (AgentError, 502, "the model or the service failed"),
 )
+
+
+# --- the events' data, as a client receives it ------------------------------------------------------
+
+
+class _Text(TypedDict):
+    text: str
+
+
+class _ToolCall(TypedDict):
+    id: str
+    name: str
+    arguments: NotRequired[str]
+    """With `tool_details=True`: the arguments as the model wrote them (JSON text)."""
+
+
+class _ToolResult(TypedDict):
+    id: str
+    name: str
+    outcome: str
+    result: NotRequired[str]
+    """With `tool_details=True`: what the model was told of the call."""
+
+
+class _Reset(TypedDict):
+    reason: str
+    attempt: int
+
+
+class _Guardrail(TypedDict):
+    guardrail: str
+    kind: str
+    verdict: str
+    attempt: int
+
+
+class _Usage(TypedDict):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    estimated: bool
+
+
+class _Execution(TypedDict):
+    id: str
+    name: str
+    outcome: str
+
+
+class _Done(TypedDict):
+    text: str
+    value: Any
+    usage: _Usage
+    finish_reason: str | None
+    tool_executions: list[_Execution]
+    attempts: int
+    invocation_id: str
+
+
+class _Error(TypedDict):
+    type: str
+    message: str
+
+
+EVENTS: Final[dict[str, type]] = {
+    "token": _Text,
+    "thinking": _Text,
+    "tool_call": _ToolCall,
+    "tool_result": _ToolResult,
+    "reset": _Reset,
+    "guardrail": _Guardrail,
+    "done": _Done,
+    "error": _Error,
+}
+"""Each SSE event's name and the shape of its data (JSON)."""
+
+
+def event_schema() -> dict[str, Any]:
+    """The JSON schema of the events' data, by event name (for clients and their code generators)."""
+    return {name: TypeAdapter(shape).json_schema() for name, shape in EVENTS.items()}
 
 
 def _classify(error: BaseException) -> tuple[int, str]:

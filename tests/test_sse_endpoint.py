@@ -228,3 +228,36 @@ def test_mistakes_are_configuration_errors() -> None:
         agentrt.sse.endpoint(svc.ask, ping=0)
     with pytest.raises(ConfigurationError, match=r"Chat\.ask: budget must be"):
         agentrt.sse.endpoint(svc.ask, budget={"seconds": 1})  # type: ignore[arg-type]
+
+
+async def test_every_event_sent_has_the_shape_its_schema_says() -> None:
+    from pydantic import TypeAdapter
+
+    from agentrt.guardrails import output_guardrails, reprompt, success
+
+    def polite(request: Any) -> Any:
+        return success() if "please" in request.text else reprompt("impolite", "Say please.")
+
+    class Guarded:
+        @output_guardrails(polite, release="optimistic")
+        async def ask(self, question: str) -> TokenStream: ...
+
+    model = ScriptedModel(
+        [CallTool("order", {"order_id": "SO-1"}, id="call_1")],
+        ["It ", "shipped."],
+        ["It shipped, ", "please."],
+    )
+    svc = agentrt.build(Guarded, model=model, tools=[Lookup()])
+    handler = agentrt.sse.endpoint(svc.ask, tool_details=True)
+    async with app_for(("/ask", handler)) as client:
+        response = await client.post("/ask", json={"question": "q"})
+    events = parse_sse(response.text)
+    names = [e["event"] for e in events]
+    assert {"tool_call", "tool_result", "token", "reset", "guardrail", "done"} <= set(names)
+    assert [e["id"] for e in events] == [str(n) for n in range(1, len(events) + 1)]
+    for event in events:
+        TypeAdapter(agentrt.sse.EVENTS[event["event"]]).validate_python(event["data"], strict=True)
+    schema = agentrt.sse.event_schema()
+    assert set(schema) == set(agentrt.sse.EVENTS)
+    assert schema["done"]["properties"]["usage"] == {"$ref": "#/$defs/_Usage"}
+    assert schema["tool_call"]["required"] == ["id", "name"]
