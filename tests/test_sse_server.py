@@ -66,3 +66,23 @@ async def test_a_client_that_goes_away_closes_the_upstream_model_stream(upstream
     # that a loaded machine cannot fail it.
     print(f"disconnect to upstream close: {waited * 1000:.1f} ms")
     assert waited < 5
+
+
+async def test_a_thousand_token_stream_to_a_hundred_clients_at_once(endpoint: str) -> None:
+    bodies: list[str] = []
+
+    async def client_reads(client: httpx.AsyncClient) -> None:
+        response = await client.post(f"{endpoint}/tokens", json={"question": "1000"})
+        assert response.status_code == 200
+        bodies.append(response.text)
+
+    limits = httpx.Limits(max_connections=100)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client, anyio.create_task_group() as group:
+        for _ in range(100):
+            group.start_soon(client_reads, client)
+    assert len(bodies) == 100
+    for body in bodies:
+        events = [line[7:] for line in body.splitlines() if line.startswith("event: ")]
+        assert events == ["token"] * 1000 + ["done"]
+        ids = [line[4:] for line in body.splitlines() if line.startswith("id: ")]
+        assert ids == [str(n) for n in range(1, 1002)]

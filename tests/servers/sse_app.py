@@ -1,6 +1,7 @@
 """An agentrt SSE endpoint served by uvicorn, for the tests over real HTTP (tests/test_sse_server.py).
 
-`POST /ask` streams `Desk.ask` over SSE; its model is the OpenAI-compatible test server at the URL
+`POST /tokens` streams as many tokens as its question says, from a model in memory. `POST /ask`
+streams `Desk.ask` over SSE; its model is the OpenAI-compatible test server at the URL
 given as the second argument (tests/servers/openai_app.py), asked with the header `x-test-stream:
 <id>` taken from the request's own `x-test-stream` header, so that a test can ask that server when
 the upstream response ended.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import socket
 import sys
+from collections.abc import AsyncIterator
 
 import uvicorn
 from starlette.applications import Starlette
@@ -21,11 +23,33 @@ from starlette.routing import Route
 import agentrt
 import agentrt.sse
 from agentrt import TokenStream
-from agentrt.models import OpenAIChatModel, RetryPolicy
+from agentrt.models import (
+    Capabilities,
+    Finish,
+    FinishReason,
+    ModelChunk,
+    ModelRequest,
+    OpenAIChatModel,
+    RetryPolicy,
+    TextDelta,
+)
 
 
 class Desk:
     async def ask(self, question: str) -> TokenStream: ...
+
+
+class Counting:
+    """Streams as many tokens as the user message says, from memory."""
+
+    name = "counting"
+    capabilities = Capabilities()
+    handles_deadline = True
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        for index in range(int(request.messages[-1].text or "0")):
+            yield TextDelta(f"t{index} ")
+        yield Finish(FinishReason.STOP)
 
 
 def app(upstream: str) -> Starlette:
@@ -48,7 +72,10 @@ def app(upstream: str) -> Starlette:
         handler = agentrt.sse.endpoint(service(request.headers.get("x-test-stream", "-")).ask, ping=1)
         return await handler(request)
 
-    return Starlette(routes=[Route("/ask", ask, methods=["POST"])])
+    tokens = agentrt.sse.endpoint(agentrt.build(Desk, model=Counting()).ask)
+    return Starlette(
+        routes=[Route("/ask", ask, methods=["POST"]), Route("/tokens", tokens, methods=["POST"])]
+    )
 
 
 if __name__ == "__main__":
