@@ -17,9 +17,11 @@ the invocation's events go out as SSE events through sse-starlette's `EventSourc
 | `error` | `{"type", "message"}`: the error's type and a fixed, safe message (the error itself is logged) |
 
 Every event has an `id` (1, 2, ...). `EVENTS` maps each event's name to the shape of its data (a
-`TypedDict`), and `event_schema()` gives their JSON schemas. Errors before the model accepted the request (a bad body, an input
-guardrail, a rate limit, an exceeded context, a busy conversation) are HTTP error responses with a
-JSON body `{"error": {"type", "message"}}` (and `Retry-After` for 429), not a 200 stream. A client that
+`TypedDict`), and `event_schema()` gives their JSON schemas.
+
+Errors before the model accepted the request (a bad body, an input guardrail, a rate limit, an
+exceeded context, a busy conversation) are HTTP error responses with a JSON body
+`{"error": {"type", "message"}}` (and `Retry-After` for 429), not a 200 stream. A client that
 disconnects cancels the invocation: sse-starlette cancels the task that reads it, which closes the
 model stream and stores nothing.
 
