@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed-dev
 LOCAL  := $(VENV)/.installed-local
 NPROC  := $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: install install-local demo test test-all test-e2e check lint format typecheck bench \
+.PHONY: install install-local demo demo-web test test-all test-e2e check lint format typecheck bench \
         local-model-start local-model-stop clean
 
 install: $(STAMP)
@@ -43,6 +43,11 @@ $(LOCAL): $(STAMP)
 demo: $(STAMP)
 	@if [ -z "$$OPENAI_BASE_URL" ]; then $(MAKE) --no-print-directory install-local; fi
 	$(BIN)/python -m examples.demo
+
+# The web chat (examples/web): on OPENAI_BASE_URL, or on the local model it starts; PORT=8000.
+demo-web: $(STAMP)
+	@if [ -z "$$OPENAI_BASE_URL" ]; then $(MAKE) --no-print-directory install-local; fi
+	$(BIN)/python -m examples.web.app
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -76,6 +81,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_decode.py
 	$(BIN)/python benchmarks/bench_http.py
 	$(BIN)/python benchmarks/bench_memory.py
+	$(BIN)/python benchmarks/bench_extract.py
+	$(BIN)/python benchmarks/bench_sse.py
 
 # A background local model server on a free port; its URL is in .local-model/url.
 local-model-start: $(LOCAL)
