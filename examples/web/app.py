@@ -48,7 +48,8 @@ def create_app(model: ChatModel, *, listeners: tuple[agentrt.Listener, ...] = ()
     service = agentrt.build(
         WebChat,
         model=model,
-        tools=[OrderTools()],
+        # A model that cannot choose tools itself (the local one) chats without them.
+        tools=[OrderTools()] if model.capabilities.tool_choice_auto else [],
         memory=agentrt.memory.window(max_messages=20),
         budget=agentrt.Budget(seconds=120, total_tokens=20_000),
         listeners=listeners,
