@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import BaseModel
 
@@ -78,7 +79,8 @@ async def test_every_readme_block_runs_as_written(
 
     # The quickstart, return types, the tools block (which only builds), the budgets, memory and
     # guardrail blocks.
-    models = [model, typed, ScriptedModel(), budgeted, remembering, guarded, redacting]
+    tooled = ScriptedModel(["Over ", "SSE."])  # the tools block's: its service is served over SSE below
+    models = [model, typed, tooled, budgeted, remembering, guarded, redacting]
     ran = await run_readme(namespace, local=False, models=models)
 
     assert len(ran) == len(python_blocks()) - 1  # all but the local-server block
@@ -91,6 +93,16 @@ async def test_every_readme_block_runs_as_written(
     assert isinstance(namespace["stream"], agentrt.TokenStream)
     await namespace["stream"].aclose()
     output = capsys.readouterr().out
+    # The FastAPI app of "Serving over SSE" serves the quickstart's stream as written.
+    transport = httpx.ASGITransport(app=namespace["app"])
+    async with httpx.AsyncClient(transport=transport, base_url="http://readme") as client:
+        served = await client.post("/chat", json={"question": "Hi"}, headers={"x-user": "user-7"})
+    assert served.status_code == 200
+    assert [line for line in served.text.splitlines() if line.startswith("data: ")][:2] == [
+        'data: {"text":"Over "}',
+        'data: {"text":"SSE."}',
+    ]
+    assert tooled.requests[-1].messages[-1] == agentrt.UserMessage.of("Hi")
     assert namespace["mood"] is namespace["Sentiment"].POSITIVE
     assert "1 trip(s) so far\n2 trip(s) so far\n" in output
     assert typed.requests[1].tool_choice == "final_answer"

@@ -60,7 +60,9 @@ def create_app(model: ChatModel, *, listeners: tuple[agentrt.Listener, ...] = ()
         return HTMLResponse(page)
 
     chat = agentrt.sse.endpoint(service.chat, memory_id=session_of, ping=10)
-    return Starlette(routes=[Route("/", index), Route("/chat", chat, methods=["POST"])])
+    app = Starlette(routes=[Route("/", index), Route("/chat", chat, methods=["POST"])])
+    app.state.service = service  # for tests and admin routes (agentrt.memory.access(service))
+    return app
 
 
 def main() -> None:

@@ -87,5 +87,5 @@ def test_tokens_stream_into_the_page_and_stop_cancels_the_server_side_invocation
     assert "(stopped)" in driver.find_element(By.ID, "log").text  # type: ignore[attr-defined]
     # The server's side: the invocation was cancelled, and the model's stream closed before its end.
     state = httpx.get(f"{site}/test/cancelled", timeout=30).json()
-    assert state == {"cancelled": True, "closed": True, "completed": False}
+    assert state == {"cancelled": True, "closed": True, "completed": False, "stored": 0}
     assert (tmp_path / "web-chat.png").stat().st_size > 0

@@ -27,9 +27,12 @@ from examples.web.app import create_app
 
 model = ScriptedModel([step for index in range(200) for step in (Delay(0.05), f"word{index} ")])
 cancelled = anyio.Event()
+conversations: list[object] = []  # the memory id of each invocation
 
 
 def listen(event: agentrt.LifecycleEvent) -> None:
+    if isinstance(event, agentrt.Started):
+        conversations.append(event.memory_id)
     if isinstance(event, agentrt.CancelledEvent):
         cancelled.set()
 
@@ -38,7 +41,10 @@ async def was_cancelled(request: Request) -> JSONResponse:
     with anyio.move_on_after(20):
         await cancelled.wait()
         stream = model.streams[-1]
-        return JSONResponse({"cancelled": True, "closed": stream.closed, "completed": stream.completed})
+        stored = await agentrt.memory.access(app.state.service).read(conversations[-1])
+        return JSONResponse(
+            {"cancelled": True, "closed": stream.closed, "completed": stream.completed, "stored": len(stored)}
+        )
     return JSONResponse({"cancelled": False}, status_code=504)
 
 
