@@ -31,6 +31,7 @@ model stream and stores nothing.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
@@ -39,10 +40,18 @@ from typing import Any, Final, NotRequired
 
 import anyio
 import orjson
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PydanticUserError,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+)
 from pydantic_core import to_jsonable_python
 from sse_starlette import EventSourceResponse, ServerSentEvent
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from typing_extensions import TypedDict
 
 from ._budget import Budget
@@ -72,7 +81,6 @@ if typing.TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
 
     from starlette.requests import Request
-    from starlette.responses import Response
 
     from ._events import Event
     from ._spec import MethodSpec
@@ -256,6 +264,7 @@ def stream_response(
     tool_details: bool = False,
     ping: float | None = None,
     headers: dict[str, str] | None = None,
+    send_timeout: float | None = None,
 ) -> EventSourceResponse:
     """The SSE response for a stream the caller already has (see the module docstring for the
     events). The stream is closed however the response ends: done, failed, or the client gone."""
@@ -277,7 +286,7 @@ def stream_response(
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
 
-    return EventSourceResponse(events(), ping=ping, headers=headers)
+    return EventSourceResponse(events(), ping=ping, headers=headers, send_timeout=send_timeout)
 
 
 def endpoint(
@@ -288,6 +297,7 @@ def endpoint(
     thinking: bool = False,
     tool_details: bool = False,
     ping: float | None = 15,
+    send_timeout: float | None = 30,
 ) -> Callable[[Request], Awaitable[Response]]:
     """A Starlette endpoint that runs `method` (a streaming method of a built service, bound:
     `service.chat`) for each request and streams its events over SSE.
@@ -298,6 +308,8 @@ def endpoint(
       endpoint cannot be made to spend without bound.
     - `thinking`, `tool_details`: also send thinking deltas, and tool arguments and results.
     - `ping`: seconds between keep-alive comments (`None`: sse-starlette's default).
+    - `send_timeout`: seconds a client may leave an event unread before the stream is given up (a
+      client that stops reading would otherwise hold the invocation and its conversation).
 
     Raises `ConfigurationError` for a method that is not a built service's streaming method, or a
     method with a memory id and no `memory_id` resolver.
@@ -319,39 +331,86 @@ def endpoint(
         )
     if budget is not None and not isinstance(budget, Budget):
         raise ConfigurationError(f"{spec.qualname}: budget must be an agentrt.Budget, got {budget!r}")
-    if ping is not None and (isinstance(ping, bool) or not ping > 0 or not math.isfinite(ping)):
+    if ping is not None and (
+        isinstance(ping, bool) or not isinstance(ping, int | float) or not ping > 0 or not math.isfinite(ping)
+    ):
         raise ConfigurationError(f"{spec.qualname}: ping must be a positive number of seconds or None")
-    body_model = _body_model(spec)
+    if memory_id is not None and spec.memory_param is None:
+        raise ConfigurationError(
+            f"{spec.qualname}: memory_id is given, but the method has no memory id parameter "
+            "(Annotated[str, MemoryId]): its calls would not be kept per conversation"
+        )
+    if send_timeout is not None and (
+        isinstance(send_timeout, bool) or not isinstance(send_timeout, int | float) or not send_timeout > 0
+    ):
+        raise ConfigurationError(
+            f"{spec.qualname}: send_timeout must be a positive number of seconds or None"
+        )
+    body, names, positional_names = _body_model(spec)
 
     async def handle(request: Request) -> Response:
+        kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if kind != "application/json" and not kind.endswith("+json"):
+            # Only JSON: a form or text/plain POST needs no CORS preflight, so any site could make a
+            # signed-in user's browser send one (and write into the user's conversation).
+            return _refusal(415, "UnsupportedMediaType", "the request body must be application/json")
         try:
-            raw = await request.body()
-            arguments = body_model.model_validate_json(raw or b"{}").model_dump()
+            validated = body.model_validate_json(await request.body() or b"{}")
         except ValidationError as error:
             return JSONResponse(
                 {
                     "error": {"type": "RequestValidationError", "message": "the request body is invalid"},
-                    "detail": error.errors(include_url=False, include_context=False, include_input=False),
+                    "detail": [
+                        {**problem, "loc": [names.get(str(part), part) for part in problem["loc"]]}
+                        for problem in error.errors(
+                            include_url=False, include_context=False, include_input=False
+                        )
+                    ],
                 },
                 status_code=422,
             )
-        try:
-            if spec.memory_param is not None:
-                assert memory_id is not None
-                conversation = memory_id(request)
-                if inspect.isawaitable(conversation):
-                    conversation = await conversation
-                arguments[spec.memory_param] = conversation
-            if budget is not None:
-                with call_options(budget=budget):
-                    stream = await method(**arguments)
-            else:
-                stream = await method(**arguments)
-        except Exception as error:
-            return _error_response(spec, error)
-        return stream_response(stream, thinking=thinking, tool_details=tool_details, ping=ping)
+        # The validated values as they are (a model stays a model), by parameter name.
+        values = {name: getattr(validated, field) for field, name in names.items()}
+        if spec.memory_param is not None:
+            assert memory_id is not None
+            conversation = memory_id(request)  # an HTTPException it raises is the response
+            if inspect.isawaitable(conversation):
+                conversation = await conversation
+            values[spec.memory_param] = conversation
+        positional = [values.pop(name) for name in positional_names]
+        stream = failure = None
+        async with anyio.create_task_group() as group:
+            # The model may take long to accept the request (a busy conversation, a slow first
+            # token): a client that leaves meanwhile cancels it.
+            group.start_soon(_cancel_on_disconnect, request, group.cancel_scope)
+            try:
+                with call_options(budget=budget) if budget is not None else contextlib.nullcontext():
+                    stream = await method(*positional, **values)
+            except Exception as error:  # raised here, not from the task group (no exception group)
+                failure = error
+            group.cancel_scope.cancel()
+        if failure is not None:
+            return _error_response(spec, failure)
+        if stream is None:  # the client went away before the model answered
+            return Response(status_code=499)
+        return stream_response(
+            stream, thinking=thinking, tool_details=tool_details, ping=ping, send_timeout=send_timeout
+        )
 
     return handle
+
+
+async def _cancel_on_disconnect(request: Request, scope: anyio.CancelScope) -> None:
+    """Cancel `scope` when the client disconnects (the body was read: the next message says so)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+def _refusal(status: int, kind: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status)
 
 
 def _error_response(spec: MethodSpec, error: Exception) -> JSONResponse:
@@ -365,19 +424,37 @@ def _error_response(spec: MethodSpec, error: Exception) -> JSONResponse:
     return JSONResponse({"error": _error_json(error)}, status_code=status, headers=headers)
 
 
-def _body_model(spec: MethodSpec) -> type[BaseModel]:
+def _body_model(spec: MethodSpec) -> tuple[type[BaseModel], dict[str, str], list[str]]:
     """The request body: the method's parameters but the memory id and the option parameters, with
-    their annotations and defaults; unknown fields are refused."""
+    their annotations and defaults; unknown fields are refused. Fields have neutral names (`p0`,
+    ...) and the parameters' names as aliases, so that no parameter name can clash with pydantic's
+    own (`model_config`, `json`, `_private`). Also: field name -> parameter name, and the
+    positional-only parameters, in order."""
     skipped = {spec.memory_param, *(name for name, _ in spec.option_params)}
     hints = typing.get_type_hints(spec.function, include_extras=True)  # resolved at build already
     fields: dict[str, Any] = {}
-    for name, parameter in spec.signature.parameters.items():  # without `self`
+    names: dict[str, str] = {}
+    positional: list[str] = []
+    for index, (name, parameter) in enumerate(spec.signature.parameters.items()):  # without `self`
+        if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
+            positional.append(name)
         if name in skipped:
             continue
-        annotation = hints.get(name, Any)
         default = parameter.default if parameter.default is not inspect.Parameter.empty else ...
-        fields[name] = (annotation, default)
-    return create_model(f"{spec.name}_body", __config__=ConfigDict(extra="forbid"), **fields)
+        field = f"p{index}"
+        fields[field] = (hints.get(name, Any), Field(default, alias=name))
+        names[field] = name
+    try:
+        model = create_model(
+            f"{spec.name}_body",
+            __config__=ConfigDict(extra="forbid", populate_by_name=False, arbitrary_types_allowed=False),
+            **fields,
+        )
+    except PydanticUserError as exc:  # a parameter type pydantic cannot read from JSON
+        raise ConfigurationError(
+            f"{spec.qualname}: its parameters cannot be read from a JSON body: {str(exc).splitlines()[0]}"
+        ) from exc
+    return model, names, positional
 
 
 def _dumps(data: dict[str, Any]) -> str:

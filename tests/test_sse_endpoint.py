@@ -7,12 +7,17 @@ resolver, what is (not) said of tools and errors. The model double records the r
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Annotated, Any
 
+import anyio
+import anyio.lowlevel
 import httpx
 import pytest
+from pydantic import BaseModel
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.routing import Route
 
@@ -22,6 +27,7 @@ from agentrt import (
     AssistantMessage,
     Budget,
     ConfigurationError,
+    ImageContent,
     MemoryId,
     RateLimitError,
     TokenStream,
@@ -30,7 +36,7 @@ from agentrt import (
     user_message,
 )
 from agentrt.guardrails import fatal, input_guardrails
-from agentrt.testing import CallTool, Raise, ScriptedModel
+from agentrt.testing import CallTool, Hang, Raise, ScriptedModel
 
 
 class Chat:
@@ -261,3 +267,167 @@ async def test_every_event_sent_has_the_shape_its_schema_says() -> None:
     assert set(schema) == set(agentrt.sse.EVENTS)
     assert schema["done"]["properties"]["usage"] == {"$ref": "#/$defs/_Usage"}
     assert schema["tool_call"]["required"] == ["id", "name"]
+
+
+# --- found by an outside review ------------------------------------------------------------------------
+
+
+class Order(BaseModel):
+    id: str
+    qty: int
+
+
+class Kinds:
+    @user_message("order {{order}}")
+    async def order(self, order: Order) -> TokenStream: ...
+
+    async def look(self, image: ImageContent) -> TokenStream: ...
+
+    async def positional(self, question: str, /) -> TokenStream: ...
+
+    @user_message("{{model_config}} {{json}}")
+    async def odd_names(self, model_config: str, json: str) -> TokenStream: ...
+
+    async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+
+async def test_parameters_reach_the_method_as_a_direct_call_gets_them() -> None:
+    model = ScriptedModel("a", "b", "c", "d", "e")
+    svc = agentrt.build(Kinds, model=model)
+    image = {"url": "https://example.test/cat.png"}
+    routes = [
+        (f"/{name}", agentrt.sse.endpoint(getattr(svc, name)))
+        for name in ("order", "look", "positional", "odd_names")
+    ]
+    async with app_for(*routes) as client:
+        bodies = {
+            "/order": {"order": {"id": "A", "qty": 2}},
+            "/look": {"image": image},
+            "/positional": {"question": "q"},
+            "/odd_names": {"model_config": "x", "json": "y"},
+        }
+        for path, body in bodies.items():
+            assert (await client.post(path, json=body)).status_code == 200, path
+    async for _ in await svc.order(Order(id="A", qty=2)):
+        pass
+    sent = [request.messages[-1] for request in model.requests]
+    assert sent[0] == sent[4]  # the body's model, as the method's own call renders it
+    assert sent[1].contents[-1] == ImageContent(url=image["url"])
+    assert sent[2] == UserMessage.of("q")
+    assert sent[3] == UserMessage.of("x y")
+
+
+@pytest.mark.parametrize("kind", ["text/plain", "application/x-www-form-urlencoded", None])
+async def test_only_json_bodies_are_read(kind: str | None) -> None:
+    model = ScriptedModel("never")
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    headers = {"x-user": "ada"} | ({"content-type": kind} if kind else {})
+    async with app_for(("/chat", agentrt.sse.endpoint(svc.chat, memory_id=user_of))) as client:
+        response = await client.post("/chat", content=b'{"question": "forged"}', headers=headers)
+    assert response.status_code == 415
+    assert model.requests == []
+    assert await agentrt.memory.access(svc).read("ada") == []
+
+
+async def test_a_resolver_s_http_exception_is_the_response() -> None:
+    def refuse(request: Request) -> str:
+        raise HTTPException(401, headers={"WWW-Authenticate": "Bearer"})
+
+    model = ScriptedModel("never")
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    async with app_for(("/chat", agentrt.sse.endpoint(svc.chat, memory_id=refuse))) as client:
+        response = await client.post("/chat", json={"question": "q"})
+    assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+    assert model.requests == []
+
+
+def asgi_request(body: bytes) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/chat",
+        "raw_path": b"/chat",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"x-user", b"ada")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+
+
+async def test_a_client_that_leaves_before_the_first_token_cancels_the_invocation() -> None:
+    model = ScriptedModel([Hang()])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    app = Starlette(
+        routes=[Route("/chat", agentrt.sse.endpoint(svc.chat, memory_id=user_of), methods=["POST"])]
+    )
+    sent: list[dict[str, Any]] = []
+    messages = [{"type": "http.request", "body": b'{"question": "q"}', "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        while not model.streams:  # the model was asked; then the client goes away
+            await anyio.lowlevel.checkpoint()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    with anyio.fail_after(10):
+        await app(asgi_request(b""), receive, send)
+    assert sent[0]["status"] == 499
+    assert model.streams[0].closed and not model.streams[0].completed
+    assert await agentrt.memory.access(svc).read("ada") == []
+
+
+async def test_a_client_that_stops_reading_is_given_up_after_send_timeout() -> None:
+    model = ScriptedModel(["a", Hang()])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, send_timeout=0.2)
+    app = Starlette(routes=[Route("/chat", handler, methods=["POST"])])
+    messages = [{"type": "http.request", "body": b'{"question": "q"}', "more_body": False}]
+    stalled = anyio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        await anyio.sleep_forever()  # the client is connected; it just does not read
+        raise AssertionError
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            stalled.set()
+            await anyio.sleep_forever()  # the client's window is full: this send never completes
+
+    with anyio.fail_after(10), contextlib.suppress(Exception):
+        await app(asgi_request(b""), receive, send)
+    assert stalled.is_set()
+    assert model.streams[0].closed and not model.streams[0].completed
+    assert await agentrt.memory.access(svc).read("ada") == []
+
+
+class Opaque:
+    """A class pydantic cannot read from JSON."""
+
+
+def test_more_mistakes_are_configuration_errors() -> None:
+    async def takes(self: object, thing: Opaque) -> TokenStream: ...
+
+    odd = agentrt.build(type("Odd", (), {"takes": takes}), model=ScriptedModel())
+    svc = agentrt.build(Chat, model=ScriptedModel())
+    with pytest.raises(
+        ConfigurationError, match=r"Odd\.takes: its parameters cannot be read from a JSON body"
+    ):
+        agentrt.sse.endpoint(odd.takes)
+    with pytest.raises(ConfigurationError, match=r"Chat\.ask: ping must be"):
+        agentrt.sse.endpoint(svc.ask, ping="5")  # type: ignore[arg-type]
+    with pytest.raises(
+        ConfigurationError, match=r"Chat\.ask: memory_id is given, but the method has no memory id"
+    ):
+        agentrt.sse.endpoint(svc.ask, memory_id=user_of)
+    with pytest.raises(ConfigurationError, match=r"Chat\.ask: send_timeout must be"):
+        agentrt.sse.endpoint(svc.ask, send_timeout=0)
