@@ -82,6 +82,19 @@ class Budget:
         }
         return dataclasses.replace(self, **changes) if changes else self
 
+    def tighter(self, other: Budget | None) -> Budget:
+        """The stricter of the two budgets, limit by limit (a limit either sets applies)."""
+        if other is None or other is self:
+            return self
+        changes = {}
+        for f in fields(other):
+            theirs = getattr(other, f.name)
+            if theirs is not None:
+                mine = getattr(self, f.name)
+                if mine is None or theirs < mine:
+                    changes[f.name] = theirs
+        return dataclasses.replace(self, **changes) if changes else self
+
 
 @dataclass(slots=True)
 class Spent:

@@ -51,14 +51,24 @@ class CallOptions:
     max_repairs: int | None = None
     output_mode: str | None = None
     """How a structured answer is asked for (`agentrt.output.OutputMode`); per method only."""
+    budget_cap: Budget | None = None
+    """Limits the call's budget cannot pass, whatever the levels above set (`call_options` only)."""
 
     def over(self, below: CallOptions) -> CallOptions:
-        """These options laid over `below`, field by field."""
+        """These options laid over `below`, field by field (caps: the stricter limit)."""
         budget = below.budget.merge(self.budget) if below.budget is not None else self.budget
         settings = below.settings.merge(self.settings) if below.settings is not None else self.settings
         repairs = self.max_repairs if self.max_repairs is not None else below.max_repairs
         mode = self.output_mode if self.output_mode is not None else below.output_mode
-        return CallOptions(budget, settings, repairs, mode)
+        cap = below.budget_cap.tighter(self.budget_cap) if below.budget_cap is not None else self.budget_cap
+        return CallOptions(budget, settings, repairs, mode, cap)
+
+    def final_budget(self) -> Budget | None:
+        """The budget a call runs with: its own, held within the cap."""
+        cap = self.budget_cap
+        if cap is None:
+            return self.budget
+        return cap.tighter(self.budget) if self.budget is not None else cap
 
 
 CURRENT_OPTIONS: ContextVar[CallOptions | None] = ContextVar("agentrt_call_options", default=None)
@@ -113,14 +123,29 @@ def method_options(
 
 @contextlib.contextmanager
 def call_options(
-    *, budget: Budget | None = None, settings: ModelSettings | None = None, max_repairs: int | None = None
+    *,
+    budget: Budget | None = None,
+    settings: ModelSettings | None = None,
+    max_repairs: int | None = None,
+    budget_cap: Budget | None = None,
 ) -> Iterator[None]:
     """Options for the service calls made inside the block (nested blocks lay theirs over the outer).
+
+    `budget` replaces the method's limits, field by field (looser or stricter); `budget_cap` is a
+    ceiling: no call inside the block runs with a limit looser than it, whatever its build, method,
+    block or own `Budget` parameter say (nested caps: the stricter of each limit). A server that runs
+    calls for clients caps them so.
 
     A call takes the options in force when it is made: for a stream, when `await service.stream(...)`
     is evaluated, not while it is read.
     """
     options = _checked("call_options", budget, settings, max_repairs)
+    if budget_cap is not None:
+        if not isinstance(budget_cap, Budget):
+            raise ConfigurationError(
+                f"call_options: budget_cap must be an agentrt.Budget, got {budget_cap!r}"
+            )
+        options = dataclasses.replace(options, budget_cap=budget_cap)
     outer = CURRENT_OPTIONS.get()
     token = CURRENT_OPTIONS.set(options.over(outer) if outer is not None else options)
     try:

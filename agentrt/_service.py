@@ -71,7 +71,7 @@ def _implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
             spec,
             arguments,
             settings=options.settings,
-            budget=options.budget,
+            budget=options.final_budget(),
             max_repairs=options.max_repairs,
         )
 

@@ -268,6 +268,11 @@ class PartialStream(_View[T], AsyncIterator[T]):
         super().__init__(events)
         self._snapshots = snapshots
 
+    @property
+    def snapshots(self) -> Snapshots:
+        """The partial values of the text read so far (for a reader of `events()`, e.g. `agentrt.sse`)."""
+        return self._snapshots
+
     async def __anext__(self) -> T:
         events = self._events
         snapshots = self._snapshots

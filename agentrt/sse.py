@@ -36,7 +36,7 @@ import inspect
 import logging
 import math
 import typing
-from typing import Any, Final, NotRequired
+from typing import Annotated, Any, Final, NotRequired
 
 import anyio
 import orjson
@@ -45,6 +45,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PydanticUserError,
+    StrictInt,
     TypeAdapter,
     ValidationError,
     create_model,
@@ -58,11 +59,22 @@ from ._budget import Budget
 from ._errors import (
     AgentError,
     BudgetExceededError,
+    ChatMemoryError,
     ConfigurationError,
+    ContentRefusedError,
     ContextLengthExceededError,
     ConversationBusyError,
     InputGuardrailError,
+    ModelConnectionError,
+    ModelError,
+    ModelTimeoutError,
+    OutputGuardrailError,
+    OutputParsingError,
+    OverloadedError,
     RateLimitError,
+    ServerError,
+    ToolError,
+    ToolLoopLimitError,
 )
 from ._events import (
     Completed,
@@ -76,6 +88,7 @@ from ._events import (
 )
 from ._options import call_options
 from ._spec import OutputKind
+from ._stream import PartialStream
 
 if typing.TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -84,25 +97,46 @@ if typing.TYPE_CHECKING:
 
     from ._events import Event
     from ._spec import MethodSpec
-    from ._stream import PartialStream, TokenStream
+    from ._stream import TokenStream
 
-__all__ = ["EVENTS", "endpoint", "event_schema", "result_json", "stream_response"]
+__all__ = ["ERROR_TYPES", "EVENTS", "endpoint", "event_schema", "result_json", "stream_response"]
 
 logger = logging.getLogger("agentrt")
 
 _SPEC_ATTR: Final = "__agentrt_spec__"
 """Where a built method keeps its `MethodSpec` (set by `build`)."""
 
-# What a client is told of an error: a fixed message per kind, never the exception's own text (which
-# may carry a tool's data, a provider's body or a key fragment). The error itself goes to the log.
-_SAFE: Final[tuple[tuple[type[BaseException], int, str], ...]] = (
-    (InputGuardrailError, 400, "the request was refused by an input guardrail"),
-    (ContextLengthExceededError, 400, "the conversation is too long for the model"),
-    (RateLimitError, 429, "the model is rate limited; try again later"),
-    (ConversationBusyError, 409, "the conversation is busy with another request"),
-    (BudgetExceededError, 429, "the request's budget was exhausted"),
-    (AgentError, 502, "the model or the service failed"),
+# What a client is told of an error: a stable code, an HTTP status (for an error before the stream)
+# and a fixed message per kind, never the exception's own text (which may carry a tool's data, a
+# provider's body or a key fragment) nor its class name. The error itself goes to the log. First match.
+_SAFE: Final[tuple[tuple[type[BaseException], str, int, str], ...]] = (
+    (InputGuardrailError, "input_refused", 400, "the request was refused by an input guardrail"),
+    (OutputGuardrailError, "output_refused", 502, "the answer was refused by an output guardrail"),
+    (ContextLengthExceededError, "context_length_exceeded", 400, "the conversation is too long"),
+    (RateLimitError, "rate_limited", 429, "the model is rate limited; try again later"),
+    (ConversationBusyError, "conversation_busy", 409, "the conversation is busy with another request"),
+    (BudgetExceededError, "budget_exceeded", 400, "the request's budget was exhausted"),
+    (ContentRefusedError, "content_refused", 502, "the model refused to answer"),
+    (OverloadedError, "model_unavailable", 503, "the model is overloaded; try again later"),
+    (ModelConnectionError, "model_unavailable", 502, "the model could not be reached"),
+    (ModelTimeoutError, "model_unavailable", 502, "the model could not be reached"),
+    (ServerError, "model_unavailable", 502, "the model could not be reached"),
+    (ModelError, "model_error", 502, "the model failed the request"),
+    (OutputParsingError, "output_invalid", 502, "the model's answer could not be read"),
+    (ToolError, "tool_failed", 502, "a tool failed"),
+    (ToolLoopLimitError, "tool_loop_limit", 502, "the model called tools past the limit"),
+    (ChatMemoryError, "memory_unavailable", 503, "the conversation could not be loaded or stored"),
+    (AgentError, "agent_error", 500, "the service failed"),
 )
+ERROR_TYPES: Final[tuple[str, ...]] = (
+    *dict.fromkeys(code for _, code, _, _ in _SAFE),
+    "internal_error",
+    "invalid_request",
+    "unsupported_media_type",
+    "body_too_large",
+    "not_resumable",
+)
+"""Every `type` an error (an `error` event, or the body of an HTTP error) can have."""
 
 
 # --- the events' data, as a client receives it ------------------------------------------------------
@@ -164,11 +198,20 @@ class _Done(TypedDict):
 
 class _Error(TypedDict):
     type: str
+    """One of `ERROR_TYPES`."""
     message: str
+    limit: NotRequired[str]
+    """For `budget_exceeded`: the `Budget` field that was reached."""
+
+
+class _Partial(TypedDict):
+    value: Any
+    """The value so far (JSON), each snapshot whole: it supersedes the one before."""
 
 
 EVENTS: Final[dict[str, type]] = {
     "token": _Text,
+    "partial": _Partial,
     "thinking": _Text,
     "tool_call": _ToolCall,
     "tool_result": _ToolResult,
@@ -185,15 +228,25 @@ def event_schema() -> dict[str, Any]:
     return {name: TypeAdapter(shape).json_schema() for name, shape in EVENTS.items()}
 
 
-def _classify(error: BaseException) -> tuple[int, str]:
-    for kind, status, message in _SAFE:
+def _classify(error: BaseException) -> tuple[str, int, str]:
+    """The code, HTTP status and safe message of an error."""
+    if isinstance(error, BudgetExceededError):
+        if isinstance(error.__cause__, ConversationBusyError):  # the time ran out waiting for it
+            error = error.__cause__
+        elif error.limit == "seconds":
+            return "budget_exceeded", 504, "the request's time budget ran out"
+    for kind, code, status, message in _SAFE:
         if isinstance(error, kind):
-            return status, message
-    return 500, "internal error"
+            return code, status, message
+    return "internal_error", 500, "internal error"
 
 
 def _error_json(error: BaseException) -> dict[str, Any]:
-    return {"type": type(error).__name__, "message": _classify(error)[1]}
+    code, _, message = _classify(error)
+    data = {"type": code, "message": message}
+    if code == "budget_exceeded" and isinstance(error, BudgetExceededError):
+        data["limit"] = error.limit
+    return data
 
 
 def result_json(result: Result[Any]) -> dict[str, Any]:
@@ -267,12 +320,26 @@ def stream_response(
     send_timeout: float | None = None,
 ) -> EventSourceResponse:
     """The SSE response for a stream the caller already has (see the module docstring for the
-    events). The stream is closed however the response ends: done, failed, or the client gone."""
+    events; a `PartialStream` sends `partial` events, its values so far, where a `TokenStream` sends
+    `token` events). The stream is closed however the response ends: done, failed, or the client
+    gone."""
+    snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
 
     async def events() -> AsyncIterator[ServerSentEvent]:
         number = 0
         try:
             async for event in stream.events():
+                if snapshots is not None:
+                    kind = type(event)
+                    if kind is TextDelta:
+                        if snapshots.feed(event.text):  # type: ignore[union-attr]
+                            number += 1
+                            value = to_jsonable_python(snapshots.value, fallback=str)
+                            data = _dumps({"value": value})
+                            yield ServerSentEvent(data=data, event="partial", id=str(number))
+                        continue
+                    if kind is Reset or kind is ToolCallRequested:
+                        snapshots.reset()  # the value starts over from the next answer
                 encoded = _encode(event, thinking, tool_details)
                 if encoded is None:
                     continue
@@ -289,27 +356,53 @@ def stream_response(
     return EventSourceResponse(events(), ping=ping, headers=headers, send_timeout=send_timeout)
 
 
+class _RequestBudget(BaseModel):
+    """A budget a request asks for (`request_budget=True`): it can only tighten the endpoint's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    input_tokens: Annotated[StrictInt, Field(gt=0)] | None = None
+    output_tokens: Annotated[StrictInt, Field(gt=0)] | None = None
+    total_tokens: Annotated[StrictInt, Field(gt=0)] | None = None
+    model_requests: Annotated[StrictInt, Field(gt=0)] | None = None
+    tool_calls: Annotated[StrictInt, Field(gt=0)] | None = None
+
+
+_BUDGET_FIELD: Final = "agentrt_budget"
+"""The body model's field for a request's budget (its JSON name is `budget`)."""
+
+
 def endpoint(
     method: Callable[..., Awaitable[TokenStream | PartialStream[Any]]],
     *,
     memory_id: Callable[[Request], Any] | None = None,
     budget: Budget | None = None,
+    request_budget: bool = False,
     thinking: bool = False,
     tool_details: bool = False,
     ping: float | None = 15,
     send_timeout: float | None = 30,
+    max_body: int = 1_048_576,
 ) -> Callable[[Request], Awaitable[Response]]:
     """A Starlette endpoint that runs `method` (a streaming method of a built service, bound:
     `service.chat`) for each request and streams its events over SSE.
 
     - `memory_id`: the conversation of a request, from the request (e.g. its authenticated user);
       sync or async. Required when the method has a memory id: the body never supplies it.
-    - `budget`: what one request may spend (over the service's own, field by field), so that a public
-      endpoint cannot be made to spend without bound.
+    - `budget`: the most one request may spend, a cap on every limit of the method's own budget
+      (the stricter limit applies), so that a public endpoint cannot be made to spend without bound.
+    - `request_budget`: let the body carry a `"budget"` object (`Budget`'s fields) to spend less:
+      it tightens the limits, never loosens them.
     - `thinking`, `tool_details`: also send thinking deltas, and tool arguments and results.
     - `ping`: seconds between keep-alive comments (`None`: sse-starlette's default).
     - `send_timeout`: seconds a client may leave an event unread before the stream is given up (a
       client that stops reading would otherwise hold the invocation and its conversation).
+    - `max_body`: the largest request body read, in bytes (413 past it).
+
+    A request that carries `Last-Event-ID` (a client reconnecting after a lost stream) is refused
+    with 409 `not_resumable`: the lost invocation was cancelled, and a second one would repeat the
+    turn in its conversation.
 
     Raises `ConfigurationError` for a method that is not a built service's streaming method, or a
     method with a memory id and no `memory_id` resolver.
@@ -346,22 +439,30 @@ def endpoint(
         raise ConfigurationError(
             f"{spec.qualname}: send_timeout must be a positive number of seconds or None"
         )
-    body, names, positional_names = _body_model(spec)
+    if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
+        raise ConfigurationError(f"{spec.qualname}: max_body must be a positive number of bytes")
+    body, names, positional_names = _body_model(spec, request_budget)
+    locations = {**names, _BUDGET_FIELD: "budget"}
 
     async def handle(request: Request) -> Response:
         kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if kind != "application/json" and not kind.endswith("+json"):
             # Only JSON: a form or text/plain POST needs no CORS preflight, so any site could make a
             # signed-in user's browser send one (and write into the user's conversation).
-            return _refusal(415, "UnsupportedMediaType", "the request body must be application/json")
+            return _refusal(415, "unsupported_media_type", "the request body must be application/json")
+        if "last-event-id" in request.headers:
+            return _refusal(409, "not_resumable", "the stream cannot be resumed; send a new request")
+        raw = await _read_body(request, max_body)
+        if raw is None:
+            return _refusal(413, "body_too_large", f"the request body is larger than {max_body} bytes")
         try:
-            validated = body.model_validate_json(await request.body() or b"{}")
+            validated = body.model_validate_json(raw or b"{}")
         except ValidationError as error:
             return JSONResponse(
                 {
-                    "error": {"type": "RequestValidationError", "message": "the request body is invalid"},
+                    "error": {"type": "invalid_request", "message": "the request body is invalid"},
                     "detail": [
-                        {**problem, "loc": [names.get(str(part), part) for part in problem["loc"]]}
+                        {**problem, "loc": [locations.get(str(part), part) for part in problem["loc"]]}
                         for problem in error.errors(
                             include_url=False, include_context=False, include_input=False
                         )
@@ -371,6 +472,12 @@ def endpoint(
             )
         # The validated values as they are (a model stays a model), by parameter name.
         values = {name: getattr(validated, field) for field, name in names.items()}
+        cap = budget
+        if request_budget:
+            asked: _RequestBudget | None = getattr(validated, _BUDGET_FIELD)
+            if asked is not None:
+                own = Budget(**asked.model_dump(exclude_none=True))
+                cap = own.tighter(cap)
         if spec.memory_param is not None:
             assert memory_id is not None
             conversation = memory_id(request)  # an HTTPException it raises is the response
@@ -384,7 +491,7 @@ def endpoint(
             # token): a client that leaves meanwhile cancels it.
             group.start_soon(_cancel_on_disconnect, request, group.cancel_scope)
             try:
-                with call_options(budget=budget) if budget is not None else contextlib.nullcontext():
+                with call_options(budget_cap=cap) if cap is not None else contextlib.nullcontext():
                     stream = await method(*positional, **values)
             except Exception as error:  # raised here, not from the task group (no exception group)
                 failure = error
@@ -398,6 +505,22 @@ def endpoint(
         )
 
     return handle
+
+
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The request body, or `None` when it is longer than `limit` bytes (read no further)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async with contextlib.aclosing(request.stream()) as body:  # closed when left early, too
+        async for chunk in body:
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def _cancel_on_disconnect(request: Request, scope: anyio.CancelScope) -> None:
@@ -415,7 +538,7 @@ def _refusal(status: int, kind: str, message: str) -> JSONResponse:
 
 def _error_response(spec: MethodSpec, error: Exception) -> JSONResponse:
     """An error before the stream started, as an HTTP error (logged with its details)."""
-    status, _ = _classify(error)
+    _, status, _ = _classify(error)
     log = logger.warning if status < 500 else logger.exception
     log("agentrt.sse: %s failed before its stream: %s", spec.qualname, type(error).__name__)
     headers = {}
@@ -424,12 +547,12 @@ def _error_response(spec: MethodSpec, error: Exception) -> JSONResponse:
     return JSONResponse({"error": _error_json(error)}, status_code=status, headers=headers)
 
 
-def _body_model(spec: MethodSpec) -> tuple[type[BaseModel], dict[str, str], list[str]]:
+def _body_model(spec: MethodSpec, request_budget: bool) -> tuple[type[BaseModel], dict[str, str], list[str]]:
     """The request body: the method's parameters but the memory id and the option parameters, with
-    their annotations and defaults; unknown fields are refused. Fields have neutral names (`p0`,
-    ...) and the parameters' names as aliases, so that no parameter name can clash with pydantic's
-    own (`model_config`, `json`, `_private`). Also: field name -> parameter name, and the
-    positional-only parameters, in order."""
+    their annotations and defaults (and `budget`, with `request_budget`); unknown fields are refused.
+    Fields have neutral names (`p0`, ...) and the parameters' names as aliases, so that no parameter
+    name can clash with pydantic's own (`model_config`, `json`, `_private`). Also: field name ->
+    parameter name, and the positional-only parameters, in order."""
     skipped = {spec.memory_param, *(name for name, _ in spec.option_params)}
     hints = typing.get_type_hints(spec.function, include_extras=True)  # resolved at build already
     fields: dict[str, Any] = {}
@@ -444,6 +567,13 @@ def _body_model(spec: MethodSpec) -> tuple[type[BaseModel], dict[str, str], list
         field = f"p{index}"
         fields[field] = (hints.get(name, Any), Field(default, alias=name))
         names[field] = name
+    if request_budget:
+        if "budget" in names.values():
+            raise ConfigurationError(
+                f"{spec.qualname}: request_budget=True reserves the body's 'budget' field, but the "
+                "method has a parameter of that name"
+            )
+        fields[_BUDGET_FIELD] = (_RequestBudget | None, Field(None, alias="budget"))
     try:
         model = create_model(
             f"{spec.name}_body",

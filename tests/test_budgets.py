@@ -8,7 +8,7 @@ Time limits run on the virtual clock (tests/conftest.py): deadlines and sleeps t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import pytest
@@ -595,3 +595,65 @@ async def test_the_caller_s_own_deadline_and_the_budget_s_report_one_terminal_ev
         assert outer <= 5
         assert isinstance(terminal[0], agentrt.CancelledEvent)
     assert model.streams[0].closed
+
+
+async def test_a_budget_cap_holds_over_every_level_and_only_tightens() -> None:
+    model = FunctionModel(lambda request: "ok")
+    service = agentrt.build(Layered, model=model, budget=Budget(seconds=60, total_tokens=1000))
+
+    # The cap wins over the build, the method, an inner block and the call's own parameter where
+    # it is stricter; a limit it does not set, or sets looser, is the call's as before.
+    with call_options(budget_cap=Budget(seconds=10, model_requests=3, total_tokens=5000)):
+        with call_options(budget=Budget(seconds=100, model_requests=50)):
+            result = await service.tuned("q", budget=Budget(model_requests=2, tool_calls=7))
+    assert result.budget == Budget(seconds=10, total_tokens=1000, tool_calls=7, model_requests=2)
+
+    # Nested caps: the stricter of each limit. A cap alone is the budget of a call without one.
+    with (
+        call_options(budget_cap=Budget(seconds=10, tool_calls=4)),
+        call_options(budget_cap=Budget(seconds=30, tool_calls=2)),
+    ):
+        plain = await service.plain("q")
+    assert plain.budget == Budget(seconds=10, total_tokens=1000, tool_calls=2)
+    unbudgeted = agentrt.build(Layered, model=model)
+    with call_options(budget_cap=Budget(output_tokens=9)):
+        capped = await unbudgeted.plain("q")
+    assert capped.budget == Budget(output_tokens=9)
+
+    # Outside the block, the cap is gone.
+    assert (await service.plain("q")).budget == Budget(seconds=60, total_tokens=1000)
+    with pytest.raises(agentrt.ConfigurationError, match=r"budget_cap must be an agentrt\.Budget"):
+        with call_options(budget_cap={"seconds": 1}):  # type: ignore[arg-type]
+            pass
+
+
+class Remembering:
+    async def chat(self, conversation: Annotated[str, agentrt.MemoryId], question: str) -> TokenStream: ...
+
+    async def ask(self, conversation: Annotated[str, agentrt.MemoryId], question: str) -> str: ...
+
+
+@pytest.mark.parametrize("view", ["stream", "ask"])
+async def test_a_time_budget_spent_waiting_for_the_conversation_says_it_was_busy(view: str) -> None:
+    model = ScriptedModel(["first", Hang()], "never asked")
+    service = agentrt.build(Remembering, model=model, memory=agentrt.memory.window())
+    holding = await service.chat("ada", "q1")  # holds the conversation until closed
+    try:
+        call = service.chat("ada", "q2") if view == "stream" else service.ask("ada", "q2")
+        with call_options(budget=Budget(seconds=0.05)), pytest.raises(BudgetExceededError) as caught:
+            await call
+    finally:
+        await holding.aclose()
+    assert caught.value.limit == "seconds"
+    assert "waiting for its conversation" in str(caught.value)
+    busy = caught.value.__cause__
+    assert isinstance(busy, agentrt.ConversationBusyError) and busy.memory_id == "ada"
+    assert len(model.requests) == 1
+
+
+async def test_a_time_budget_spent_on_the_model_does_not_blame_the_conversation() -> None:
+    model = ScriptedModel([Hang()])
+    service = agentrt.build(Remembering, model=model, memory=agentrt.memory.window())
+    with call_options(budget=Budget(seconds=0.05)), pytest.raises(BudgetExceededError) as caught:
+        await service.ask("ada", "q")
+    assert caught.value.__cause__ is None and "conversation" not in str(caught.value)

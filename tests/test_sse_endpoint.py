@@ -15,7 +15,7 @@ import anyio
 import anyio.lowlevel
 import httpx
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -32,6 +32,7 @@ from agentrt import (
     RateLimitError,
     TokenStream,
     UserMessage,
+    method_options,
     tool,
     user_message,
 )
@@ -109,7 +110,7 @@ async def test_a_bad_body_is_422_before_any_model_request(body: bytes, where: li
         response = await client.post("/ask", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 422
     payload = response.json()
-    assert payload["error"]["type"] == "RequestValidationError"
+    assert payload["error"]["type"] == "invalid_request"
     if where is not None:
         assert [error["loc"] for error in payload["detail"]] == [where]
     assert model.requests == []
@@ -162,11 +163,11 @@ async def test_errors_before_the_stream_are_http_errors() -> None:
         refused = await client.post("/guarded", json={"question": "a secret"})
     assert rate.status_code == 429 and rate.headers["retry-after"] == "3"
     assert rate.json() == {
-        "error": {"type": "RateLimitError", "message": "the model is rate limited; try again later"}
+        "error": {"type": "rate_limited", "message": "the model is rate limited; try again later"}
     }
     assert "sk-secret" not in rate.text
     assert refused.status_code == 400
-    assert refused.json()["error"]["type"] == "InputGuardrailError"
+    assert refused.json()["error"]["type"] == "input_refused"
 
 
 async def test_an_error_mid_stream_is_an_error_event_with_a_safe_message() -> None:
@@ -177,7 +178,7 @@ async def test_an_error_mid_stream_is_an_error_event_with_a_safe_message() -> No
     events = parse_sse(response.text)
     assert [e["event"] for e in events] == ["token", "error"]
     assert events[-1]["id"] == "2"
-    assert events[-1]["data"] == {"type": "RuntimeError", "message": "internal error"}
+    assert events[-1]["data"] == {"type": "internal_error", "message": "internal error"}
     assert "hunter2" not in response.text
     assert model.streams[0].closed or model.streams[0].ended
 
@@ -216,8 +217,9 @@ async def test_the_endpoint_s_budget_bounds_each_request() -> None:
     events = parse_sse(response.text)
     assert events[-1]["event"] == "error"
     assert events[-1]["data"] == {
-        "type": "BudgetExceededError",
+        "type": "budget_exceeded",
         "message": "the request's budget was exhausted",
+        "limit": "model_requests",
     }
     assert len(model.requests) == 1
 
@@ -431,3 +433,242 @@ def test_more_mistakes_are_configuration_errors() -> None:
         agentrt.sse.endpoint(svc.ask, memory_id=user_of)
     with pytest.raises(ConfigurationError, match=r"Chat\.ask: send_timeout must be"):
         agentrt.sse.endpoint(svc.ask, send_timeout=0)
+
+
+# --- budgets: the endpoint's is a cap, a request's may only tighten it -------------------------------
+
+
+class Capped:
+    @method_options(budget=Budget(model_requests=1))
+    async def strict(self, question: str) -> TokenStream: ...
+
+    async def ask(self, question: str) -> TokenStream: ...
+
+    async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+
+async def test_the_endpoint_s_budget_never_loosens_the_method_s() -> None:
+    # The method allows one model request; the endpoint's looser cap of five leaves it at one.
+    model = ScriptedModel([CallTool("order", {"order_id": "SO-1"}, id="call_1")], "never asked")
+    svc = agentrt.build(Capped, model=model, tools=[Lookup()])
+    handler = agentrt.sse.endpoint(svc.strict, budget=Budget(model_requests=5, seconds=30))
+    async with app_for(("/strict", handler)) as client:
+        response = await client.post("/strict", json={"question": "q"})
+    events = parse_sse(response.text)
+    assert events[-1]["data"]["limit"] == "model_requests"
+    assert len(model.requests) == 1
+
+
+async def test_a_request_may_ask_for_a_smaller_budget_never_a_larger_one() -> None:
+    model = ScriptedModel(
+        [CallTool("order", {"order_id": "SO-1"}, id="call_1")],
+        [CallTool("order", {"order_id": "SO-2"}, id="call_2")],
+        [CallTool("order", {"order_id": "SO-3"}, id="call_3")],
+        "never asked",
+    )
+    svc = agentrt.build(Capped, model=model, tools=[Lookup()])
+    handler = agentrt.sse.endpoint(svc.ask, budget=Budget(model_requests=2), request_budget=True)
+    async with app_for(("/ask", handler)) as client:
+        smaller = await client.post("/ask", json={"question": "q", "budget": {"model_requests": 1}})
+        assert len(model.requests) == 1
+        larger = await client.post("/ask", json={"question": "q", "budget": {"model_requests": 50}})
+    assert parse_sse(smaller.text)[-1]["data"]["limit"] == "model_requests"
+    assert parse_sse(larger.text)[-1]["data"]["limit"] == "model_requests"
+    assert len(model.requests) == 3  # one, then two: the endpoint's cap, not the request's 50
+
+
+@pytest.mark.parametrize(
+    ("budget", "where"),
+    [
+        ({"model_requests": 0}, ["budget", "model_requests"]),
+        ({"model_requests": True}, ["budget", "model_requests"]),
+        ({"model_requests": 1.5}, ["budget", "model_requests"]),
+        ({"seconds": -1}, ["budget", "seconds"]),
+        ({"seconds": "soon"}, ["budget", "seconds"]),
+        ({"dollars": 5}, ["budget", "dollars"]),
+        ("lots", ["budget"]),
+    ],
+)
+async def test_a_bad_request_budget_is_422(budget: Any, where: list[str]) -> None:
+    model = ScriptedModel("never")
+    svc = agentrt.build(Capped, model=model)
+    handler = agentrt.sse.endpoint(svc.ask, request_budget=True)
+    async with app_for(("/ask", handler)) as client:
+        response = await client.post("/ask", json={"question": "q", "budget": budget})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"][: len(where)] == where
+    assert model.requests == []
+
+
+async def test_without_request_budget_the_body_cannot_carry_one() -> None:
+    model = ScriptedModel("never")
+    svc = agentrt.build(Capped, model=model)
+    async with app_for(("/ask", agentrt.sse.endpoint(svc.ask))) as client:
+        response = await client.post("/ask", json={"question": "q", "budget": {"seconds": 1}})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["budget"]
+    assert model.requests == []
+
+
+def test_request_budget_with_a_parameter_named_budget_is_a_configuration_error() -> None:
+    @user_message("{{budget}}")
+    async def plan(self: object, budget: str) -> TokenStream: ...
+
+    svc = agentrt.build(type("Planner", (), {"plan": plan}), model=ScriptedModel())
+    agentrt.sse.endpoint(svc.plan)  # without request_budget, `budget` is the parameter
+    with pytest.raises(ConfigurationError, match=r"Planner\.plan: request_budget=True reserves"):
+        agentrt.sse.endpoint(svc.plan, request_budget=True)
+
+
+async def test_a_time_budget_spent_waiting_for_a_busy_conversation_is_409() -> None:
+    model = ScriptedModel(["first", Hang()], "never asked")
+    svc = agentrt.build(Capped, model=model, memory=agentrt.memory.window())
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, budget=Budget(seconds=0.2))
+    holding = await svc.chat("ada", "q1")  # holds the conversation of "ada" until closed
+    try:
+        async with app_for(("/chat", handler)) as client:
+            response = await client.post("/chat", json={"question": "q2"}, headers={"x-user": "ada"})
+    finally:
+        await holding.aclose()
+    assert response.status_code == 409
+    assert response.json() == {
+        "error": {"type": "conversation_busy", "message": "the conversation is busy with another request"}
+    }
+    assert len(model.requests) == 1  # the second request never reached the model
+
+
+# --- the body: its size, and no resuming -----------------------------------------------------------
+
+
+async def test_a_body_past_max_body_is_413() -> None:
+    model = ScriptedModel("fits")
+    svc = agentrt.build(Capped, model=model)
+    async with app_for(("/ask", agentrt.sse.endpoint(svc.ask, max_body=1000))) as client:
+        declared = await client.post("/ask", json={"question": "x" * 2000})  # by its content-length
+        fits = await client.post("/ask", json={"question": "x" * 900})
+    assert declared.status_code == 413
+    assert declared.json()["error"]["type"] == "body_too_large"
+    assert fits.status_code == 200
+    assert len(model.requests) == 1
+
+
+async def test_a_body_without_a_length_is_read_no_further_than_max_body() -> None:
+    model = ScriptedModel("never")
+    svc = agentrt.build(Capped, model=model)
+    app = Starlette(routes=[Route("/chat", agentrt.sse.endpoint(svc.ask, max_body=1000), methods=["POST"])])
+    chunk = b"x" * 100
+    read = 0
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal read
+        read += 1
+        await anyio.lowlevel.checkpoint()  # a reader that never stops is cut by fail_after
+        return {"type": "http.request", "body": chunk, "more_body": True}  # a body without end
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    with anyio.fail_after(10):
+        await app(asgi_request(b""), receive, send)
+    assert sent[0]["status"] == 413
+    assert read == 11  # the chunk that passed the limit was the last one read
+    assert model.requests == []
+
+
+async def test_a_reconnect_with_last_event_id_starts_nothing() -> None:
+    model = ScriptedModel("never")
+    svc = agentrt.build(Capped, model=model)
+    async with app_for(("/ask", agentrt.sse.endpoint(svc.ask))) as client:
+        response = await client.post("/ask", json={"question": "q"}, headers={"last-event-id": "3"})
+    assert response.status_code == 409
+    assert response.json()["error"]["type"] == "not_resumable"
+    assert model.requests == []
+
+
+# --- error codes ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "status"),
+    [
+        (agentrt.InputGuardrailError("detail-1", failures=()), "input_refused", 400),
+        (agentrt.ContextLengthExceededError("detail-2", status=400), "context_length_exceeded", 400),
+        (RateLimitError("detail-3", status=429), "rate_limited", 429),
+        (agentrt.OverloadedError("detail-4", status=529), "model_unavailable", 503),
+        (agentrt.ServerError("detail-5", status=500), "model_unavailable", 502),
+        (agentrt.ModelConnectionError("detail-6"), "model_unavailable", 502),
+        (agentrt.AuthenticationError("detail-7 key sk-1", status=401), "model_error", 502),
+        (agentrt.ContentRefusedError("detail-8"), "content_refused", 502),
+        (agentrt.ToolExecutionError("detail-9", tool="t", call_id="c"), "tool_failed", 502),
+        (agentrt.ConversationBusyError("detail-10", memory_id="u"), "conversation_busy", 409),
+        (agentrt.ConversationLockLostError("detail-11"), "memory_unavailable", 503),
+        (ValueError("detail-12"), "internal_error", 500),
+    ],
+)
+async def test_errors_before_the_stream_have_a_stable_code_never_a_class_name(
+    error: Exception, code: str, status: int
+) -> None:
+    svc = agentrt.build(Capped, model=ScriptedModel([Raise(error)]))
+    async with app_for(("/ask", agentrt.sse.endpoint(svc.ask))) as client:
+        response = await client.post("/ask", json={"question": "q"})
+    assert response.status_code == status
+    body = response.json()["error"]
+    assert body["type"] == code and code in agentrt.sse.ERROR_TYPES
+    assert "detail-" not in response.text and type(error).__name__ not in response.text
+
+
+async def test_a_time_budget_before_the_first_token_is_504() -> None:
+    svc = agentrt.build(Capped, model=ScriptedModel([Hang()]))
+    handler = agentrt.sse.endpoint(svc.ask, budget=Budget(seconds=0.05))
+    async with app_for(("/ask", handler)) as client:
+        response = await client.post("/ask", json={"question": "q"})
+    assert response.status_code == 504
+    assert response.json()["error"] == {
+        "type": "budget_exceeded",
+        "message": "the request's time budget ran out",
+        "limit": "seconds",
+    }
+
+
+# --- partial values -----------------------------------------------------------------------------------
+
+
+class Profile(BaseModel):
+    name: str
+    tags: list[str]
+
+
+class Profiles:
+    async def profile(self, who: str) -> agentrt.PartialStream[Profile]: ...
+
+
+async def test_a_partial_stream_sends_its_values_so_far() -> None:
+    # A list grows by whole items: "engines" is in once the comma after it is.
+    model = ScriptedModel(['{"name": "Ada", ', '"tags": ["math", ', '"engines"', ', "looms"', "]}"])
+    svc = agentrt.build(Profiles, model=model, output_mode="instructions")
+    async with app_for(("/profile", agentrt.sse.endpoint(svc.profile))) as client:
+        response = await client.post("/profile", json={"who": "Ada"})
+    events = parse_sse(response.text)
+    assert [e["event"] for e in events] == ["partial", "partial", "partial", "done"]
+    assert [e["data"]["value"] for e in events] == [
+        {"name": "Ada", "tags": ["math"]},
+        {"name": "Ada", "tags": ["math", "engines"]},
+        {"name": "Ada", "tags": ["math", "engines", "looms"]},
+        {"name": "Ada", "tags": ["math", "engines", "looms"]},
+    ]
+    for event in events:
+        TypeAdapter(agentrt.sse.EVENTS[event["event"]]).validate_python(event["data"], strict=True)
+
+
+async def test_partial_values_start_over_after_a_reset() -> None:
+    # The first answer does not parse and is repaired: its values are withdrawn with a `reset`.
+    model = ScriptedModel(['{"name": "Bob", "tags": ["x"', "], oops"], ['{"name": "Ada", "tags": []}'])
+    svc = agentrt.build(Profiles, model=model, output_mode="instructions")
+    async with app_for(("/profile", agentrt.sse.endpoint(svc.profile))) as client:
+        response = await client.post("/profile", json={"who": "Ada"})
+    events = parse_sse(response.text)
+    names = [e["event"] for e in events]
+    assert names[names.index("reset") + 1 :] == ["partial", "done"]
+    assert events[names.index("reset") + 1]["data"]["value"] == {"name": "Ada", "tags": []}
+    assert events[-1]["data"]["value"] == {"name": "Ada", "tags": []}

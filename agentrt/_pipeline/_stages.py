@@ -114,7 +114,9 @@ async def load_memory(turn: Turn) -> list[ChatMessage]:
     The invocation releases the lock however it ends."""
     memory = turn.runtime.memory
     assert memory is not None
+    turn.opening = True
     turn.conversation = conversation = await memory.open(turn.memory_id, turn.spec.qualname)
+    turn.opening = False
     return conversation.history()
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from .._budget import Budget, BudgetAccount, BudgetLimit, now
-from .._errors import BudgetExceededError
+from .._errors import BudgetExceededError, ConversationBusyError
 from .._events import Result, Usage
 from ..memory._memory import DEFAULT_MEMORY_ID
 
@@ -60,6 +60,7 @@ class Turn:
         "loop",
         "max_repairs",
         "memory_id",
+        "opening",
         "outgoing",
         "request",
         "response",
@@ -103,6 +104,9 @@ class Turn:
         if self.memory_id is None:
             raise TypeError(f"{spec.qualname}(): the memory id {spec.memory_param!r} is None")
         self.conversation: Conversation | None = None
+        """The conversation, locked from the memory stage until the turn is committed or ends."""
+        self.opening = False
+        """Whether the memory stage is waiting for the conversation (its lock, its store)."""
         self.attempts = 1
         """Answers checked so far (1, then 2 after a re-ask or a repair, ...)."""
         self.max_repairs = runtime.max_repairs
@@ -111,7 +115,6 @@ class Turn:
         """The conversation's history sent with this turn (what guardrails may read)."""
         self.verdicts: list[GuardrailVerdict] = []
         """Guardrail verdicts not yet yielded as events (the stages before the loop cannot yield)."""
-        """The conversation, locked from the memory stage until the turn is committed or ends."""
         self.system: str | None = None
         self.user: UserMessage | None = None
         """The user message as the caller made it: what memory stores."""
@@ -148,12 +151,21 @@ class Turn:
         budget = account.budget
         value = getattr(budget, limit)
         partial = self.partial(streamed)
+        if self.opening and not cause:
+            cause = "waiting for its conversation, busy with another turn"
         where = f"; {cause}" if cause else ""
-        return BudgetExceededError(
+        error = BudgetExceededError(
             f"{self.spec.qualname}: the invocation reached {_LIMIT_TEXT[limit].format(value)}{where}",
             limit=limit,
             partial=partial,
         )
+        if self.opening:  # the time ran out before the conversation was free: say so
+            error.__cause__ = ConversationBusyError(
+                f"{self.spec.qualname}: conversation {self.memory_id!r} stayed busy with another turn "
+                "until the time budget ran out",
+                memory_id=self.memory_id,
+            )
+        return error
 
     # --- results -------------------------------------------------------------------------------
 
