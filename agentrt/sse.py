@@ -45,7 +45,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PydanticUserError,
-    StrictInt,
+    Strict,
     TypeAdapter,
     ValidationError,
     create_model,
@@ -362,11 +362,11 @@ class _RequestBudget(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
-    input_tokens: Annotated[StrictInt, Field(gt=0)] | None = None
-    output_tokens: Annotated[StrictInt, Field(gt=0)] | None = None
-    total_tokens: Annotated[StrictInt, Field(gt=0)] | None = None
-    model_requests: Annotated[StrictInt, Field(gt=0)] | None = None
-    tool_calls: Annotated[StrictInt, Field(gt=0)] | None = None
+    input_tokens: Annotated[int, Strict(), Field(gt=0)] | None = None
+    output_tokens: Annotated[int, Strict(), Field(gt=0)] | None = None
+    total_tokens: Annotated[int, Strict(), Field(gt=0)] | None = None
+    model_requests: Annotated[int, Strict(), Field(gt=0)] | None = None
+    tool_calls: Annotated[int, Strict(), Field(gt=0)] | None = None
 
 
 _BUDGET_FIELD: Final = "agentrt_budget"
