@@ -50,8 +50,9 @@ from pydantic import (
     ValidationError,
     create_model,
 )
-from pydantic_core import to_jsonable_python
+from pydantic_core import to_json, to_jsonable_python
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 from typing_extensions import TypedDict
 
@@ -87,6 +88,7 @@ from ._events import (
     ToolExecuted,
 )
 from ._options import call_options
+from ._service import runtime_of
 from ._spec import OutputKind
 from ._stream import PartialStream
 
@@ -333,9 +335,9 @@ def stream_response(
                     kind = type(event)
                     if kind is TextDelta:
                         if snapshots.feed(event.text):  # type: ignore[union-attr]
-                            number += 1
                             value = to_jsonable_python(snapshots.value, fallback=str)
                             data = _dumps({"value": value})
+                            number += 1
                             yield ServerSentEvent(data=data, event="partial", id=str(number))
                         continue
                     if kind is Reset or kind is ToolCallRequested:
@@ -343,8 +345,9 @@ def stream_response(
                 encoded = _encode(event, thinking, tool_details)
                 if encoded is None:
                     continue
+                data = _dumps(encoded[1])
                 number += 1
-                yield ServerSentEvent(data=_dumps(encoded[1]), event=encoded[0], id=str(number))
+                yield ServerSentEvent(data=data, event=encoded[0], id=str(number))
         except Exception as error:
             logger.exception("agentrt.sse: the stream failed")
             number += 1
@@ -353,7 +356,23 @@ def stream_response(
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
 
-    return EventSourceResponse(events(), ping=ping, headers=headers, send_timeout=send_timeout)
+    return _StreamResponse(stream, events(), ping=ping, headers=headers, send_timeout=send_timeout)
+
+
+class _StreamResponse(EventSourceResponse):
+    """An `EventSourceResponse` that closes its stream however the response ends, even when it is
+    cancelled before its body started (the events' own `finally` runs only once they were read)."""
+
+    def __init__(self, stream: TokenStream | PartialStream[Any], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._agentrt_stream = stream
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._agentrt_stream.aclose()
 
 
 class _RequestBudget(BaseModel):
@@ -417,6 +436,12 @@ def endpoint(
             f"{spec.qualname}: an SSE endpoint streams; declare the method -> TokenStream (or "
             "PartialStream[T])"
         )
+    runtime = runtime_of(method.__self__)  # type: ignore[attr-defined]
+    if spec.memory_param is None and runtime is not None and runtime.memory is not None:
+        raise ConfigurationError(
+            f"{spec.qualname}: the service has chat memory, but the method has no memory id "
+            "(Annotated[str, MemoryId]): every client of the endpoint would share one conversation"
+        )
     if spec.memory_param is not None and memory_id is None:
         raise ConfigurationError(
             f"{spec.qualname}: the method has a memory id ({spec.memory_param!r}); give endpoint(...) "
@@ -442,7 +467,6 @@ def endpoint(
     if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
         raise ConfigurationError(f"{spec.qualname}: max_body must be a positive number of bytes")
     body, names, positional_names = _body_model(spec, request_budget)
-    locations = {**names, _BUDGET_FIELD: "budget"}
 
     async def handle(request: Request) -> Response:
         kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
@@ -452,9 +476,13 @@ def endpoint(
             return _refusal(415, "unsupported_media_type", "the request body must be application/json")
         if "last-event-id" in request.headers:
             return _refusal(409, "not_resumable", "the stream cannot be resumed; send a new request")
-        raw = await _read_body(request, max_body)
+        try:
+            raw = await _read_body(request, max_body)
+        except ClientDisconnect:  # the client left while sending its body
+            return Response(status_code=499)
         if raw is None:
             return _refusal(413, "body_too_large", f"the request body is larger than {max_body} bytes")
+        request._body = raw  # what `request.body()` and `.json()` read (e.g. in a resolver)
         try:
             validated = body.model_validate_json(raw or b"{}")
         except ValidationError as error:
@@ -462,7 +490,7 @@ def endpoint(
                 {
                     "error": {"type": "invalid_request", "message": "the request body is invalid"},
                     "detail": [
-                        {**problem, "loc": [locations.get(str(part), part) for part in problem["loc"]]}
+                        problem  # located by the body's names (the fields' aliases)
                         for problem in error.errors(
                             include_url=False, include_context=False, include_input=False
                         )
@@ -484,7 +512,7 @@ def endpoint(
             if inspect.isawaitable(conversation):
                 conversation = await conversation
             values[spec.memory_param] = conversation
-        positional = [values.pop(name) for name in positional_names]
+        positional = [values.pop(name, default) for name, default in positional_names]
         stream = failure = None
         async with anyio.create_task_group() as group:
             # The model may take long to accept the request (a busy conversation, a slow first
@@ -547,20 +575,22 @@ def _error_response(spec: MethodSpec, error: Exception) -> JSONResponse:
     return JSONResponse({"error": _error_json(error)}, status_code=status, headers=headers)
 
 
-def _body_model(spec: MethodSpec, request_budget: bool) -> tuple[type[BaseModel], dict[str, str], list[str]]:
+def _body_model(
+    spec: MethodSpec, request_budget: bool
+) -> tuple[type[BaseModel], dict[str, str], list[tuple[str, Any]]]:
     """The request body: the method's parameters but the memory id and the option parameters, with
     their annotations and defaults (and `budget`, with `request_budget`); unknown fields are refused.
     Fields have neutral names (`p0`, ...) and the parameters' names as aliases, so that no parameter
     name can clash with pydantic's own (`model_config`, `json`, `_private`). Also: field name ->
-    parameter name, and the positional-only parameters, in order."""
+    parameter name, and the positional-only parameters with their defaults, in order."""
     skipped = {spec.memory_param, *(name for name, _ in spec.option_params)}
     hints = typing.get_type_hints(spec.function, include_extras=True)  # resolved at build already
     fields: dict[str, Any] = {}
     names: dict[str, str] = {}
-    positional: list[str] = []
+    positional: list[tuple[str, Any]] = []
     for index, (name, parameter) in enumerate(spec.signature.parameters.items()):  # without `self`
         if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
-            positional.append(name)
+            positional.append((name, parameter.default))  # an option parameter: its default
         if name in skipped:
             continue
         default = parameter.default if parameter.default is not inspect.Parameter.empty else ...
@@ -588,4 +618,7 @@ def _body_model(spec: MethodSpec, request_budget: bool) -> tuple[type[BaseModel]
 
 
 def _dumps(data: dict[str, Any]) -> str:
-    return orjson.dumps(data).decode()
+    try:
+        return orjson.dumps(data).decode()
+    except TypeError:  # an int past 64 bits (a valid JSON number), or a type orjson does not know
+        return to_json(data, fallback=str).decode()

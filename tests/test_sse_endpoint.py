@@ -672,3 +672,112 @@ async def test_partial_values_start_over_after_a_reset() -> None:
     assert names[names.index("reset") + 1 :] == ["partial", "done"]
     assert events[names.index("reset") + 1]["data"]["value"] == {"name": "Ada", "tags": []}
     assert events[-1]["data"]["value"] == {"name": "Ada", "tags": []}
+
+
+# --- found by a second outside review ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keep", [False, True])
+async def test_a_client_gone_before_the_body_started_still_closes_the_model_stream(keep: bool) -> None:
+    # The model accepted the request, the endpoint returned its response, and the client left before
+    # sse-starlette first read the events: their generator never started.
+    model = ScriptedModel(["a", Hang()], "second turn")
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    inner = agentrt.sse.endpoint(svc.chat, memory_id=user_of)
+    returned = anyio.Event()
+    kept = []
+
+    async def handler(request: Request) -> Any:
+        response = await inner(request)
+        if keep:
+            kept.append(response)  # as a middleware or a log hook might: no help from refcounting
+        returned.set()
+        return response
+
+    app = Starlette(routes=[Route("/chat", handler, methods=["POST"])])
+    calls = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return {"type": "http.request", "body": b'{"question": "q"}', "more_body": False}
+        await returned.wait()  # connected while the endpoint waits for the model
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    with anyio.fail_after(10):
+        await app(asgi_request(b""), receive, send)
+    assert model.streams[0].closed and not model.streams[0].completed
+    assert await agentrt.memory.access(svc).read("ada") == []
+    with anyio.fail_after(5):  # the conversation is free for the next turn at once
+        assert await (await svc.chat("ada", "next")).result() is not None
+
+
+def test_a_method_without_a_memory_id_on_a_service_with_memory_is_refused() -> None:
+    svc = agentrt.build(Chat, model=ScriptedModel(), memory=agentrt.memory.window())
+    with pytest.raises(ConfigurationError, match=r"Chat\.ask: the service has chat memory, but the method"):
+        agentrt.sse.endpoint(svc.ask)
+
+
+class Counting:
+    async def count(self, what: str) -> agentrt.PartialStream[list[int]]: ...
+
+
+async def test_integers_past_64_bits_are_sent_as_json_numbers() -> None:
+    big = 2**64
+    model = ScriptedModel([f"[{big}, ", f"{big + 1}", "]"])
+    svc = agentrt.build(Counting, model=model, output_mode="instructions")
+    async with app_for(("/count", agentrt.sse.endpoint(svc.count))) as client:
+        response = await client.post("/count", json={"what": "big"})
+    events = parse_sse(response.text)
+    assert [e["event"] for e in events][-1] == "done"
+    assert [e["id"] for e in events] == [str(n) for n in range(1, len(events) + 1)]
+    assert events[0]["data"] == {"value": [big]}
+    assert events[-1]["data"]["value"] == [big, big + 1]
+
+
+class Named:
+    @user_message("{{p1}} {{p0}} {{tags}}")
+    async def swap(self, p1: str, p0: int, tags: dict[str, int] | None = None) -> TokenStream: ...
+
+    async def only(self, question: str, budget: Budget | None = None, /) -> TokenStream: ...
+
+
+async def test_errors_are_located_by_the_body_s_own_names() -> None:
+    svc = agentrt.build(Named, model=ScriptedModel("never"))
+    async with app_for(("/swap", agentrt.sse.endpoint(svc.swap, request_budget=True))) as client:
+        swapped = await client.post("/swap", json={"p1": 5, "p0": "x", "tags": {"p0": "y"}})
+        unknown = await client.post("/swap", json={"p1": "a", "p0": 1, "agentrt_budget": {}})
+    assert sorted(tuple(problem["loc"]) for problem in swapped.json()["detail"]) == [
+        ("p0",),
+        ("p1",),
+        ("tags", "p0"),
+    ]
+    types = {tuple(problem["loc"]): problem["type"] for problem in swapped.json()["detail"]}
+    assert types[("p1",)] == "string_type" and types[("p0",)] == "int_parsing"
+    assert [problem["loc"] for problem in unknown.json()["detail"]] == [["agentrt_budget"]]
+
+
+async def test_a_positional_only_option_parameter_keeps_its_default() -> None:
+    model = ScriptedModel("hi")
+    svc = agentrt.build(Named, model=model)
+    async with app_for(("/only", agentrt.sse.endpoint(svc.only))) as client:
+        response = await client.post("/only", json={"question": "q"})
+    assert [e["event"] for e in parse_sse(response.text)] == ["token", "done"]
+    assert model.requests[0].messages[-1] == UserMessage.of("q")
+
+
+async def test_a_resolver_may_read_the_body_too() -> None:
+    model = ScriptedModel("hi")
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+
+    async def from_body(request: Request) -> str:
+        return "user-" + str(len((await request.json())["question"]))
+
+    async with app_for(("/chat", agentrt.sse.endpoint(svc.chat, memory_id=from_body))) as client:
+        response = await client.post("/chat", json={"question": "four"})
+    assert response.status_code == 200
+    assert await agentrt.memory.access(svc).read("user-4") != []
