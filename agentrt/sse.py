@@ -36,7 +36,7 @@ import inspect
 import logging
 import math
 import typing
-from typing import Annotated, Any, Final, NotRequired
+from typing import Annotated, Any, Final, Literal, NotRequired
 
 import anyio
 import orjson
@@ -56,6 +56,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 from typing_extensions import TypedDict
 
+from . import _frontends
 from ._budget import Budget
 from ._errors import (
     AgentError,
@@ -101,9 +102,21 @@ if typing.TYPE_CHECKING:
     from ._spec import MethodSpec
     from ._stream import TokenStream
 
-__all__ = ["ERROR_TYPES", "EVENTS", "endpoint", "event_schema", "result_json", "stream_response"]
+__all__ = [
+    "ERROR_TYPES",
+    "EVENTS",
+    "Endpoint",
+    "Protocol",
+    "endpoint",
+    "event_schema",
+    "result_json",
+    "stream_response",
+]
 
 logger = logging.getLogger("agentrt")
+
+Protocol = Literal["agentrt", "vercel-ui", "ag-ui"]
+"""What an endpoint speaks (see `endpoint`)."""
 
 _SPEC_ATTR: Final = "__agentrt_spec__"
 """Where a built method keeps its `MethodSpec` (set by `build`)."""
@@ -137,6 +150,7 @@ ERROR_TYPES: Final[tuple[str, ...]] = (
     "unsupported_media_type",
     "body_too_large",
     "not_resumable",
+    "run_not_found",
 )
 """Every `type` an error (an `error` event, or the body of an HTTP error) can have."""
 
@@ -395,7 +409,7 @@ _BUDGET_FIELD: Final = "agentrt_budget"
 def endpoint(
     method: Callable[..., Awaitable[TokenStream | PartialStream[Any]]],
     *,
-    memory_id: Callable[[Request], Any] | None = None,
+    memory_id: Callable[[Request], Any] | Callable[[Request, str | None], Any] | None = None,
     budget: Budget | None = None,
     request_budget: bool = False,
     thinking: bool = False,
@@ -403,7 +417,9 @@ def endpoint(
     ping: float | None = 15,
     send_timeout: float | None = 30,
     max_body: int = 1_048_576,
-) -> Callable[[Request], Awaitable[Response]]:
+    protocol: Protocol = "agentrt",
+    message: str | None = None,
+) -> Endpoint:
     """A Starlette endpoint that runs `method` (a streaming method of a built service, bound:
     `service.chat`) for each request and streams its events over SSE.
 
@@ -418,6 +434,17 @@ def endpoint(
     - `send_timeout`: seconds a client may leave an event unread before the stream is given up (a
       client that stops reading would otherwise hold the invocation and its conversation).
     - `max_body`: the largest request body read, in bytes (413 past it).
+    - `protocol`: what the endpoint speaks: `"agentrt"` (the events above), `"vercel-ui"` (the
+      Vercel AI SDK's UI message stream, for `useChat`) or `"ag-ui"` (AG-UI 1.0). A client
+      protocol's request is the client's own (`useChat`'s `{id, messages}`, AG-UI's
+      `RunAgentInput`): only its last message, the user's, is read, into the method's `message`
+      parameter (by default its one required `str` parameter); the conversation's history comes
+      from memory, never from the client. The method's other parameters are read from the body's
+      other fields (Vercel) or from `forwardedProps` (AG-UI). A `memory_id` resolver that takes two
+      arguments gets the client's conversation id too (`id`, `threadId`): combine it with the
+      authenticated user, never use it alone. The endpoint's `stop` (`endpoint.stop`, a second
+      route) cancels a run by its id (`{"runId": ...}`; the `agentrt-run-id` response header) for
+      the same user.
 
     A request that carries `Last-Event-ID` (a client reconnecting after a lost stream) is refused
     with 409 `not_resumable`: the lost invocation was cancelled, and a second one would repeat the
@@ -466,7 +493,48 @@ def endpoint(
         )
     if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
         raise ConfigurationError(f"{spec.qualname}: max_body must be a positive number of bytes")
-    body, names, positional_names = _body_model(spec, request_budget)
+    if protocol not in _frontends.PROTOCOLS:
+        raise ConfigurationError(
+            f"{spec.qualname}: protocol must be one of "
+            f"{', '.join(map(repr, _frontends.PROTOCOLS))}, got {protocol!r}"
+        )
+    chain = runtime.output_guardrails.get(spec.name) if runtime is not None else None
+    release = chain.release if chain is not None else None
+    structured = spec.output_kind is OutputKind.PARTIAL
+    if protocol == "agentrt":
+        if message is not None:
+            raise ConfigurationError(f"{spec.qualname}: message= is for a client protocol")
+        body, names, positional_names = _body_model(spec, request_budget)
+        props = None
+    else:
+        if protocol == "vercel-ui" and release == "optimistic":
+            raise ConfigurationError(
+                f"{spec.qualname}: the Vercel UI message stream cannot withdraw text, and the method's "
+                "output guardrails release it optimistically (before they passed); use "
+                "release='buffer' or 'chunked'"
+            )
+        message = _message_param(spec, message)
+        if protocol == "vercel-ui":
+            body, names, positional_names = _body_model(
+                spec, request_budget, message=message, envelope=_VERCEL_ENVELOPE, extra="ignore"
+            )
+            props = None
+        else:
+            props, names, positional_names = _body_model(
+                spec, request_budget, message=message, extra="ignore"
+            )
+            body = _AgUIInput
+    takes_thread = memory_id is not None and _positional_arity(memory_id) >= 2
+    runs: dict[tuple[Any, str], _Run] = {}
+
+    async def owner_of(request: Request, thread: str | None) -> Any:
+        if spec.memory_param is None:
+            return None
+        assert memory_id is not None
+        conversation = memory_id(request, thread) if takes_thread else memory_id(request)  # type: ignore[call-arg]
+        if inspect.isawaitable(conversation):
+            conversation = await conversation
+        return conversation
 
     async def handle(request: Request) -> Response:
         kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
@@ -483,35 +551,39 @@ def endpoint(
         if raw is None:
             return _refusal(413, "body_too_large", f"the request body is larger than {max_body} bytes")
         request._body = raw  # what `request.body()` and `.json()` read (e.g. in a resolver)
+        thread = run_id = None
+        text: str | None = None
+        envelope: Any = None
         try:
-            validated = body.model_validate_json(raw or b"{}")
+            validated = envelope = body.model_validate_json(raw or b"{}")
+            if protocol == "vercel-ui":
+                thread = envelope.v_id
+                text = _vercel_text(envelope)
+            elif protocol == "ag-ui":
+                thread, run_id = envelope.threadId, envelope.runId
+                text = _agui_text(envelope)
+                assert props is not None
+                try:
+                    validated = props.model_validate(envelope.forwardedProps)
+                except ValidationError as error:
+                    return _invalid(error, ("forwardedProps",))
         except ValidationError as error:
-            return JSONResponse(
-                {
-                    "error": {"type": "invalid_request", "message": "the request body is invalid"},
-                    "detail": [
-                        problem  # located by the body's names (the fields' aliases)
-                        for problem in error.errors(
-                            include_url=False, include_context=False, include_input=False
-                        )
-                    ],
-                },
-                status_code=422,
-            )
+            return _invalid(error)
+        except _Unreadable as error:
+            return _invalid_at(error.where, str(error))
         # The validated values as they are (a model stays a model), by parameter name.
         values = {name: getattr(validated, field) for field, name in names.items()}
+        if message is not None:
+            values[message] = text
         cap = budget
         if request_budget:
             asked: _RequestBudget | None = getattr(validated, _BUDGET_FIELD)
             if asked is not None:
                 own = Budget(**asked.model_dump(exclude_none=True))
                 cap = own.tighter(cap)
+        owner = await owner_of(request, thread)  # an HTTPException it raises is the response
         if spec.memory_param is not None:
-            assert memory_id is not None
-            conversation = memory_id(request)  # an HTTPException it raises is the response
-            if inspect.isawaitable(conversation):
-                conversation = await conversation
-            values[spec.memory_param] = conversation
+            values[spec.memory_param] = owner
         positional = [values.pop(name, default) for name, default in positional_names]
         stream = failure = None
         async with anyio.create_task_group() as group:
@@ -528,11 +600,274 @@ def endpoint(
             return _error_response(spec, failure)
         if stream is None:  # the client went away before the model answered
             return Response(status_code=499)
-        return stream_response(
-            stream, thinking=thinking, tool_details=tool_details, ping=ping, send_timeout=send_timeout
+        if protocol == "agentrt":
+            return stream_response(
+                stream, thinking=thinking, tool_details=tool_details, ping=ping, send_timeout=send_timeout
+            )
+        encoder: _frontends.Encoder
+        if protocol == "vercel-ui":
+            run_id = _frontends.new_id("msg")
+            encoder = _frontends.VercelUI(
+                run_id,
+                thinking=thinking,
+                tool_details=tool_details,
+                hold=release == "chunked",
+                structured=structured,
+            )
+        else:
+            assert thread is not None
+            assert run_id is not None
+            encoder = _frontends.AgUI(
+                thread,
+                run_id,
+                envelope.messages,
+                thinking=thinking,
+                tool_details=tool_details,
+                structured=structured,
+            )
+        run = _Run()
+        key = (owner, run_id)
+        runs[key] = run
+        return _protocol_response(
+            stream,
+            encoder,
+            run,
+            lambda: runs.pop(key, None) if runs.get(key) is run else None,
+            ping=ping,
+            send_timeout=send_timeout,
+            run_id=run_id,
         )
 
-    return handle
+    async def stop(request: Request) -> Response:
+        """Stop a run of this endpoint by its id (`{"runId": ...}`), for the user who started it."""
+        try:
+            asked = _StopRequest.model_validate_json(await request.body() or b"{}")
+        except ValidationError as error:
+            return _invalid(error)
+        owner = await owner_of(request, asked.threadId)
+        run = runs.get((owner, asked.runId))
+        if run is None:
+            return _refusal(404, "run_not_found", "no such run of this user is streaming")
+        run.stop()
+        return JSONResponse({"stopped": asked.runId}, status_code=202)
+
+    vars(handle)["stop"] = stop
+    return typing.cast("Endpoint", handle)
+
+
+class Endpoint(typing.Protocol):
+    """A Starlette endpoint (`async (request) -> response`) and its `stop` endpoint."""
+
+    def __call__(self, request: Request, /) -> Awaitable[Response]: ...
+
+    @property
+    def stop(self) -> Callable[[Request], Awaitable[Response]]: ...
+
+
+class _Run:
+    """A streaming run of a client protocol: what `stop` cancels."""
+
+    __slots__ = ("scope", "stopped")
+
+    def __init__(self) -> None:
+        self.scope: anyio.CancelScope | None = None
+        self.stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+def _protocol_response(
+    stream: TokenStream | PartialStream[Any],
+    encoder: _frontends.Encoder,
+    run: _Run,
+    forget: Callable[[], Any],
+    *,
+    ping: float | None,
+    send_timeout: float | None,
+    run_id: str,
+) -> EventSourceResponse:
+    """The response of a client protocol: its chunks as `data:` lines (LF-separated: AG-UI's reader
+    splits on `\n\n` only), each read of the stream under a scope `stop` cancels."""
+    snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
+
+    def frame(chunk: dict[str, Any]) -> ServerSentEvent:
+        return ServerSentEvent(data=_dumps(chunk), sep="\n")
+
+    async def frames() -> AsyncIterator[ServerSentEvent]:
+        events = stream.events()
+        try:
+            for chunk in encoder.opened():
+                yield frame(chunk)
+            while not run.stopped:
+                with anyio.CancelScope() as scope:
+                    run.scope = scope
+                    try:
+                        event = await events.__anext__()
+                    except StopAsyncIteration:
+                        break
+                run.scope = None
+                if scope.cancelled_caught:
+                    break
+                kind = type(event)
+                if kind is Completed:
+                    result = event.result  # type: ignore[union-attr]
+                    out = encoder.completed(result, result_json(result))
+                elif snapshots is not None and kind is TextDelta:
+                    out = encoder.event(event)
+                    if snapshots.feed(event.text):  # type: ignore[union-attr]
+                        out = [*out, *encoder.partial(to_jsonable_python(snapshots.value, fallback=str))]
+                else:
+                    if snapshots is not None and (kind is Reset or kind is ToolCallRequested):
+                        snapshots.reset()
+                    out = encoder.event(event)
+                for chunk in out:
+                    yield frame(chunk)
+            if run.stopped:
+                for chunk in encoder.stopped():
+                    yield frame(chunk)
+        except Exception as error:
+            logger.exception("agentrt.sse: the stream failed")
+            for chunk in encoder.failed(_error_json(error)):
+                yield frame(chunk)
+        finally:
+            forget()
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+        if encoder.done_marker:
+            yield ServerSentEvent(data="[DONE]", sep="\n")
+
+    headers = {**encoder.headers, "agentrt-run-id": run_id}  # type: ignore[attr-defined]
+    return _StreamResponse(stream, frames(), ping=ping, headers=headers, send_timeout=send_timeout, sep="\n")
+
+
+def _positional_arity(function: Callable[..., Any]) -> int:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return 2
+    return sum(1 for p in parameters if p.kind in kinds)
+
+
+def _message_param(spec: MethodSpec, message: str | None) -> str:
+    """The parameter a client protocol's user message fills: `message`, or the one required `str`."""
+    skipped = {spec.memory_param, *(name for name, _ in spec.option_params)}
+    hints = typing.get_type_hints(spec.function, include_extras=True)
+    if message is not None:
+        if message not in spec.signature.parameters or message in skipped:
+            raise ConfigurationError(f"{spec.qualname}: message={message!r} is not one of its parameters")
+        return message
+    candidates = [
+        name
+        for name, parameter in spec.signature.parameters.items()
+        if name not in skipped
+        and parameter.default is inspect.Parameter.empty
+        and hints.get(name, str) is str
+    ]
+    if len(candidates) != 1:
+        raise ConfigurationError(
+            f"{spec.qualname}: a client protocol fills one parameter with the user's message; the "
+            f"method has {len(candidates)} required str parameters ({', '.join(candidates) or 'none'}): "
+            "name it with message="
+        )
+    return candidates[0]
+
+
+class _Unreadable(Exception):
+    def __init__(self, where: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.where = where
+
+
+_VERCEL_ENVELOPE: Final[dict[str, Any]] = {
+    "v_id": (str, Field(alias="id")),
+    "v_messages": (list[dict[str, Any]], Field(alias="messages", min_length=1)),
+    "v_trigger": (Literal["submit-message", "regenerate-message"], Field("submit-message", alias="trigger")),
+}
+
+
+def _vercel_text(body: Any) -> str:
+    if body.v_trigger != "submit-message":
+        raise _Unreadable(("trigger",), "regenerating a message is not supported: submit a new one")
+    last = body.v_messages[-1]
+    if last.get("role") != "user":
+        raise _Unreadable(
+            ("messages", len(body.v_messages) - 1, "role"), "the last message must be the user's"
+        )
+    parts = last.get("parts")
+    texts = [
+        part["text"]
+        for part in (parts if isinstance(parts, list) else ())
+        if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+    ]
+    if not texts:
+        raise _Unreadable(
+            ("messages", len(body.v_messages) - 1, "parts"), "the user's message has no text part"
+        )
+    return "".join(texts)
+
+
+class _AgUIInput(BaseModel):
+    """AG-UI's `RunAgentInput`, what the endpoint reads of it (the rest is ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    threadId: str  # the protocol's names
+    runId: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    forwardedProps: dict[str, Any] = Field(default_factory=dict)
+
+
+def _agui_text(body: _AgUIInput) -> str:
+    last = body.messages[-1]
+    where = ("messages", len(body.messages) - 1)
+    if last.get("role") != "user":
+        raise _Unreadable((*where, "role"), "the last message must be the user's")
+    content = last.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        ]
+        if texts:
+            return "".join(texts)
+    raise _Unreadable((*where, "content"), "the user's message has no text")
+
+
+class _StopRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    runId: str
+    threadId: str | None = None
+
+
+def _invalid(error: ValidationError, prefix: tuple[str | int, ...] = ()) -> JSONResponse:
+    problems = error.errors(include_url=False, include_context=False, include_input=False)
+    return JSONResponse(
+        {
+            "error": {"type": "invalid_request", "message": "the request body is invalid"},
+            "detail": [{**problem, "loc": [*prefix, *problem["loc"]]} for problem in problems],
+        },
+        status_code=422,
+    )
+
+
+def _invalid_at(where: tuple[str | int, ...], message: str) -> JSONResponse:
+    return JSONResponse(
+        {
+            "error": {"type": "invalid_request", "message": "the request body is invalid"},
+            "detail": [{"type": "value_error", "loc": list(where), "msg": message}],
+        },
+        status_code=422,
+    )
 
 
 async def _read_body(request: Request, limit: int) -> bytes | None:
@@ -576,14 +911,23 @@ def _error_response(spec: MethodSpec, error: Exception) -> JSONResponse:
 
 
 def _body_model(
-    spec: MethodSpec, request_budget: bool
+    spec: MethodSpec,
+    request_budget: bool,
+    *,
+    message: str | None = None,
+    envelope: dict[str, Any] | None = None,
+    extra: Literal["forbid", "ignore"] = "forbid",
 ) -> tuple[type[BaseModel], dict[str, str], list[tuple[str, Any]]]:
     """The request body: the method's parameters but the memory id and the option parameters, with
     their annotations and defaults (and `budget`, with `request_budget`); unknown fields are refused.
     Fields have neutral names (`p0`, ...) and the parameters' names as aliases, so that no parameter
     name can clash with pydantic's own (`model_config`, `json`, `_private`). Also: field name ->
-    parameter name, and the positional-only parameters with their defaults, in order."""
-    skipped = {spec.memory_param, *(name for name, _ in spec.option_params)}
+    parameter name, and the positional-only parameters with their defaults, in order.
+
+    For a client protocol: `message` is the parameter the user's message fills (not a field), and
+    `envelope` the protocol's own fields (field name -> (type, FieldInfo)), whose JSON names no
+    parameter may have."""
+    skipped = {spec.memory_param, message, *(name for name, _ in spec.option_params)}
     hints = typing.get_type_hints(spec.function, include_extras=True)  # resolved at build already
     fields: dict[str, Any] = {}
     names: dict[str, str] = {}
@@ -597,6 +941,14 @@ def _body_model(
         field = f"p{index}"
         fields[field] = (hints.get(name, Any), Field(default, alias=name))
         names[field] = name
+    if envelope:
+        taken = {info.alias for _, info in envelope.values()} & set(names.values())
+        if taken:
+            raise ConfigurationError(
+                f"{spec.qualname}: the protocol's request has its own {sorted(taken)} field(s); rename "
+                "the parameter(s)"
+            )
+        fields.update(envelope)
     if request_budget:
         if "budget" in names.values():
             raise ConfigurationError(
@@ -607,7 +959,7 @@ def _body_model(
     try:
         model = create_model(
             f"{spec.name}_body",
-            __config__=ConfigDict(extra="forbid", populate_by_name=False, arbitrary_types_allowed=False),
+            __config__=ConfigDict(extra=extra, populate_by_name=False, arbitrary_types_allowed=False),
             **fields,
         )
     except PydanticUserError as exc:  # a parameter type pydantic cannot read from JSON

@@ -1,0 +1,439 @@
+"""The frontends' streaming protocols, as adapters over one invocation's events (`agentrt.sse`).
+
+- `VercelUI`: the Vercel AI SDK's UI message stream, v1 (what `useChat` reads, AI SDK 5 to 7): `start`,
+  `start-step` / `finish-step` per model request, `text-*` and `reasoning-*` parts, `tool-input-*`
+  and `tool-output-*` parts keyed by the model's tool-call ids, `finish`, `error`, `abort`, then
+  `[DONE]`. It cannot withdraw text: a method whose stream may reset (a `chunked` output guardrail,
+  a structured answer that may be repaired) has its text sent whole at the end.
+- `AgUI`: AG-UI 1.0 events: `RUN_STARTED`, `TEXT_MESSAGE_*`, `REASONING_MESSAGE_*`, `TOOL_CALL_*`,
+  `STATE_SNAPSHOT` (a structured answer's value so far), `MESSAGES_SNAPSHOT` (after a `Reset`: the
+  withdrawn message is gone by id), `RUN_FINISHED` (with its outcome) or `RUN_ERROR`.
+
+An encoder turns each event into the protocol's chunks (JSON objects); the endpoint frames them. Each
+holds the state of one response and is not shared.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Final
+
+import orjson
+from pydantic_core import to_jsonable_python
+
+from ._events import (
+    FinishReason,
+    RequestIssued,
+    Reset,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallRequested,
+    ToolExecuted,
+    ToolOutcome,
+)
+
+if TYPE_CHECKING:
+    from ._events import Event, Result
+
+__all__ = ["PROTOCOLS", "AgUI", "Encoder", "VercelUI"]
+
+PROTOCOLS: Final = ("agentrt", "vercel-ui", "ag-ui")
+
+Chunk = dict[str, Any]
+
+_FINISH: Final[dict[FinishReason | None, str]] = {
+    FinishReason.STOP: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.TOOL_CALLS: "tool-calls",
+    FinishReason.CONTENT_FILTER: "content-filter",
+    FinishReason.OTHER: "other",
+    None: "stop",
+}
+
+_TOOL_FAILED: Final = "the tool call failed"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{os.urandom(12).hex()}"
+
+
+def _arguments(text: str) -> Any:
+    """A tool call's arguments as JSON, or the text the model wrote when it is not JSON."""
+    try:
+        return orjson.loads(text) if text.strip() else {}
+    except orjson.JSONDecodeError:
+        return text
+
+
+class Encoder:
+    """One response's protocol state: what each event becomes on the wire."""
+
+    done_marker = False
+    """Whether the stream ends with `data: [DONE]`."""
+
+    def opened(self) -> list[Chunk]:
+        raise NotImplementedError
+
+    def event(self, event: Event) -> list[Chunk]:
+        raise NotImplementedError
+
+    def partial(self, value: Any) -> list[Chunk]:
+        raise NotImplementedError
+
+    def completed(self, result: Result[Any], done: Chunk) -> list[Chunk]:
+        raise NotImplementedError
+
+    def failed(self, error: Chunk) -> list[Chunk]:
+        raise NotImplementedError
+
+    def stopped(self) -> list[Chunk]:
+        raise NotImplementedError
+
+
+class VercelUI(Encoder):
+    """The Vercel AI SDK UI message stream (`x-vercel-ai-ui-message-stream: v1`)."""
+
+    done_marker = True
+    headers: Final = {"x-vercel-ai-ui-message-stream": "v1", "x-accel-buffering": "no"}
+
+    __slots__ = ("_hold", "_parts", "_reasoning", "_step", "_structured", "_text", "details", "message_id")
+
+    def __init__(
+        self, message_id: str, *, thinking: bool, tool_details: bool, hold: bool, structured: bool
+    ) -> None:
+        self.message_id = message_id
+        self.details = tool_details
+        self._hold = hold
+        self._structured = structured
+        self._reasoning: str | None = None if thinking else ""  # "": never sent
+        self._text: str | None = None
+        self._step = False
+        self._parts = 0
+
+    def opened(self) -> list[Chunk]:
+        return [{"type": "start", "messageId": self.message_id}]
+
+    def _close(self, out: list[Chunk]) -> None:
+        if self._text:
+            out.append({"type": "text-end", "id": self._text})
+            self._text = None
+        if self._reasoning:
+            out.append({"type": "reasoning-end", "id": self._reasoning})
+            self._reasoning = None
+
+    def _part(self, kind: str) -> str:
+        self._parts += 1
+        return f"{kind}_{self._parts}"
+
+    def event(self, event: Event) -> list[Chunk]:
+        kind = type(event)
+        if kind is TextDelta:
+            if self._hold or self._structured:
+                return []
+            text = self._text
+            if text is not None:
+                return [{"type": "text-delta", "id": text, "delta": event.text}]  # type: ignore[union-attr]
+            out: list[Chunk] = []
+            if self._reasoning:
+                out.append({"type": "reasoning-end", "id": self._reasoning})
+                self._reasoning = None
+            self._text = text = self._part("text")
+            out.append({"type": "text-start", "id": text})
+            out.append({"type": "text-delta", "id": text, "delta": event.text})  # type: ignore[union-attr]
+            return out
+        if kind is ThinkingDelta:
+            if self._reasoning == "" or self._hold:
+                return []
+            out = []
+            if self._reasoning is None:
+                if self._text:
+                    out.append({"type": "text-end", "id": self._text})
+                    self._text = None
+                self._reasoning = self._part("reasoning")
+                out.append({"type": "reasoning-start", "id": self._reasoning})
+            out.append({"type": "reasoning-delta", "id": self._reasoning, "delta": event.text})  # type: ignore[union-attr]
+            return out
+        if kind is RequestIssued:
+            out = []
+            self._close(out)
+            if self._step:
+                out.append({"type": "finish-step"})
+            self._step = True
+            out.append({"type": "start-step"})
+            return out
+        if kind is ToolCallRequested:
+            assert isinstance(event, ToolCallRequested)
+            out = []
+            self._close(out)
+            call = event.call
+            arguments = call.arguments if self.details else "{}"
+            out.append({"type": "tool-input-start", "toolCallId": call.id, "toolName": call.name})
+            out.append({"type": "tool-input-delta", "toolCallId": call.id, "inputTextDelta": arguments})
+            out.append(
+                {
+                    "type": "tool-input-available",
+                    "toolCallId": call.id,
+                    "toolName": call.name,
+                    "input": _arguments(arguments),
+                }
+            )
+            return out
+        if kind is ToolExecuted:
+            assert isinstance(event, ToolExecuted)
+            execution = event.execution
+            if execution.outcome is not ToolOutcome.SUCCESS:
+                return [
+                    {"type": "tool-output-error", "toolCallId": execution.call_id, "errorText": _TOOL_FAILED}
+                ]
+            output = execution.result if self.details else None
+            return [{"type": "tool-output-available", "toolCallId": execution.call_id, "output": output}]
+        if kind is Reset and not self._hold:
+            # Only a structured answer's repair resets here (text is held otherwise): its value
+            # parts are replaced by the next ones.
+            return []
+        return []
+
+    def partial(self, value: Any) -> list[Chunk]:
+        return [{"type": "data-value", "id": "value", "data": value}]
+
+    def completed(self, result: Result[Any], done: Chunk) -> list[Chunk]:
+        out: list[Chunk] = []
+        self._close(out)
+        if self._hold:  # the answer that passed, whole
+            if result.thinking and self._reasoning is None:
+                part = self._part("reasoning")
+                out.append({"type": "reasoning-start", "id": part})
+                out.append({"type": "reasoning-delta", "id": part, "delta": result.thinking})
+                out.append({"type": "reasoning-end", "id": part})
+            if result.text and not self._structured:
+                part = self._part("text")
+                out.append({"type": "text-start", "id": part})
+                out.append({"type": "text-delta", "id": part, "delta": result.text})
+                out.append({"type": "text-end", "id": part})
+        if self._structured:
+            out.append({"type": "data-value", "id": "value", "data": done["value"]})
+        if self._step:
+            out.append({"type": "finish-step"})
+            self._step = False
+        metadata = {key: done[key] for key in ("usage", "attempts", "invocation_id")}
+        out.append(
+            {"type": "finish", "finishReason": _FINISH[result.finish_reason], "messageMetadata": metadata}
+        )
+        return out
+
+    def failed(self, error: Chunk) -> list[Chunk]:
+        out: list[Chunk] = []
+        self._close(out)
+        out.append({"type": "error", "errorText": error["message"]})
+        return out
+
+    def stopped(self) -> list[Chunk]:
+        out: list[Chunk] = []
+        self._close(out)
+        out.append({"type": "abort", "reason": "stopped"})
+        return out
+
+
+class AgUI(Encoder):
+    """AG-UI 1.0 events (`RUN_STARTED` ... `RUN_FINISHED` / `RUN_ERROR`)."""
+
+    headers: Final = {"x-accel-buffering": "no"}
+
+    __slots__ = (
+        "_assistant",
+        "_count",
+        "_messages",
+        "_reasoning",
+        "_since_reset",
+        "_structured",
+        "_text",
+        "_thinking",
+        "details",
+        "input_messages",
+        "run_id",
+        "thread_id",
+    )
+
+    def __init__(
+        self,
+        thread_id: str,
+        run_id: str,
+        input_messages: list[Any],
+        *,
+        thinking: bool,
+        tool_details: bool,
+        structured: bool,
+    ) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.input_messages = input_messages
+        self.details = tool_details
+        self._thinking = thinking
+        self._structured = structured
+        self._text: str | None = None
+        """The open text message's id."""
+        self._reasoning: str | None = None
+        self._assistant: Chunk | None = None
+        """The assistant message of the response under way (as the client assembles it)."""
+        self._messages: list[Chunk] = []
+        """This run's messages so far, as the client has them (for a messages snapshot)."""
+        self._since_reset: list[Chunk] = []
+        """Text and reasoning messages released since the last reset (what a reset withdraws)."""
+        self._count = 0
+
+    def _id(self, kind: str) -> str:
+        self._count += 1
+        return f"{self.run_id}-{kind}{self._count}"
+
+    def opened(self) -> list[Chunk]:
+        return [{"type": "RUN_STARTED", "threadId": self.thread_id, "runId": self.run_id}]
+
+    def _close(self, out: list[Chunk]) -> None:
+        if self._text is not None:
+            out.append({"type": "TEXT_MESSAGE_END", "messageId": self._text})
+            self._text = None
+        if self._reasoning is not None:
+            out.append({"type": "REASONING_MESSAGE_END", "messageId": self._reasoning})
+            self._reasoning = None
+
+    def _assistant_message(self) -> Chunk:
+        message = self._assistant
+        if message is None:
+            message = self._assistant = {"id": self._id("m"), "role": "assistant", "content": ""}
+            self._messages.append(message)
+        return message
+
+    def event(self, event: Event) -> list[Chunk]:
+        kind = type(event)
+        if kind is TextDelta:
+            if self._structured:
+                return []
+            delta: str = event.text  # type: ignore[union-attr]
+            if self._text is not None:
+                assert self._assistant is not None
+                self._assistant["content"] += delta
+                return [{"type": "TEXT_MESSAGE_CONTENT", "messageId": self._text, "delta": delta}]
+            out: list[Chunk] = []
+            self._close(out)
+            message = self._assistant_message()
+            self._text = message["id"]
+            message["content"] += delta
+            self._since_reset.append(message)
+            out.append({"type": "TEXT_MESSAGE_START", "messageId": self._text, "role": "assistant"})
+            out.append({"type": "TEXT_MESSAGE_CONTENT", "messageId": self._text, "delta": delta})
+            return out
+        if kind is ThinkingDelta:
+            if not self._thinking:
+                return []
+            delta = event.text  # type: ignore[union-attr]
+            out = []
+            if self._reasoning is None:
+                if self._text is not None:
+                    out.append({"type": "TEXT_MESSAGE_END", "messageId": self._text})
+                    self._text = None
+                reasoning = {"id": self._id("r"), "role": "reasoning", "content": ""}
+                self._messages.append(reasoning)
+                self._since_reset.append(reasoning)
+                self._reasoning = reasoning["id"]
+                out.append(
+                    {"type": "REASONING_MESSAGE_START", "messageId": self._reasoning, "role": "reasoning"}
+                )
+            self._since_reset[-1]["content"] += delta
+            out.append({"type": "REASONING_MESSAGE_CONTENT", "messageId": self._reasoning, "delta": delta})
+            return out
+        if kind is RequestIssued:
+            out = []
+            self._close(out)
+            self._assistant = None  # a new response: a new assistant message
+            return out
+        if kind is ToolCallRequested:
+            assert isinstance(event, ToolCallRequested)
+            out = []
+            self._close(out)
+            call = event.call
+            message = self._assistant_message()
+            arguments = call.arguments if self.details else ""
+            message.setdefault("toolCalls", []).append(
+                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
+            )
+            start = {"type": "TOOL_CALL_START", "toolCallId": call.id, "toolCallName": call.name}
+            start["parentMessageId"] = message["id"]
+            out.append(start)
+            if arguments:
+                out.append({"type": "TOOL_CALL_ARGS", "toolCallId": call.id, "delta": arguments})
+            out.append({"type": "TOOL_CALL_END", "toolCallId": call.id})
+            return out
+        if kind is ToolExecuted:
+            assert isinstance(event, ToolExecuted)
+            execution = event.execution
+            if self.details:
+                content = execution.result
+            else:
+                content = "done" if execution.outcome is ToolOutcome.SUCCESS else _TOOL_FAILED
+            message = {
+                "id": self._id("t"),
+                "role": "tool",
+                "toolCallId": execution.call_id,
+                "content": content,
+            }
+            self._messages.append(message)
+            return [
+                {
+                    "type": "TOOL_CALL_RESULT",
+                    "messageId": message["id"],
+                    "toolCallId": execution.call_id,
+                    "content": content,
+                    "role": "tool",
+                }
+            ]
+        if kind is Reset:
+            out = []
+            self._close(out)
+            withdrawn = self._since_reset
+            self._since_reset = []
+            if self._structured or not withdrawn:
+                return out
+            for message in withdrawn:
+                if message.get("toolCalls"):
+                    message["content"] = ""  # its tool calls stand; its text is withdrawn
+                else:
+                    self._messages.remove(message)
+                    if message is self._assistant:
+                        self._assistant = None
+            out.append({"type": "MESSAGES_SNAPSHOT", "messages": [*self.input_messages, *self._messages]})
+            return out
+        return []
+
+    def partial(self, value: Any) -> list[Chunk]:
+        return [{"type": "STATE_SNAPSHOT", "snapshot": value}]
+
+    def completed(self, result: Result[Any], done: Chunk) -> list[Chunk]:
+        out: list[Chunk] = []
+        self._close(out)
+        if self._structured:
+            out.append({"type": "STATE_SNAPSHOT", "snapshot": done["value"]})
+        finished: Chunk = {"type": "RUN_FINISHED", "threadId": self.thread_id, "runId": self.run_id}
+        finished["result"] = done
+        finished["outcome"] = {"type": "success"}
+        out.append(finished)
+        return out
+
+    def failed(self, error: Chunk) -> list[Chunk]:
+        return [{"type": "RUN_ERROR", "message": error["message"], "code": error["type"]}]
+
+    def stopped(self) -> list[Chunk]:
+        out: list[Chunk] = []
+        self._close(out)
+        out.append(
+            {
+                "type": "RUN_FINISHED",
+                "threadId": self.thread_id,
+                "runId": self.run_id,
+                "outcome": {"type": "cancelled"},
+            }
+        )
+        return out
+
+
+def jsonable(value: Any) -> Any:
+    return to_jsonable_python(value, fallback=str)
