@@ -1,7 +1,7 @@
 """The frontends' streaming protocols, as adapters over one invocation's events (`agentrt.sse`).
 
 - `VercelUI`: the Vercel AI SDK's UI message stream, v1 (what `useChat` reads, AI SDK 5 to 7): `start`,
-  `start-step` / `finish-step` per model request, `text-*` and `reasoning-*` parts, `tool-input-*`
+  `text-*` and `reasoning-*` parts, `data-value` (a structured answer's value so far), `tool-input-*`
   and `tool-output-*` parts keyed by the model's tool-call ids, `finish`, `error`, `abort`, then
   `[DONE]`. It cannot withdraw text: a method whose stream may reset (a `chunked` output guardrail,
   a structured answer that may be repaired) has its text sent whole at the end.
@@ -23,7 +23,6 @@ from pydantic_core import to_jsonable_python
 
 from ._events import (
     FinishReason,
-    RequestIssued,
     Reset,
     TextDelta,
     ThinkingDelta,
@@ -96,7 +95,7 @@ class VercelUI(Encoder):
     done_marker = True
     headers: Final = {"x-vercel-ai-ui-message-stream": "v1", "x-accel-buffering": "no"}
 
-    __slots__ = ("_hold", "_parts", "_reasoning", "_step", "_structured", "_text", "details", "message_id")
+    __slots__ = ("_hold", "_parts", "_reasoning", "_structured", "_text", "details", "message_id")
 
     def __init__(
         self, message_id: str, *, thinking: bool, tool_details: bool, hold: bool, structured: bool
@@ -107,7 +106,6 @@ class VercelUI(Encoder):
         self._structured = structured
         self._reasoning: str | None = None if thinking else ""  # "": never sent
         self._text: str | None = None
-        self._step = False
         self._parts = 0
 
     def opened(self) -> list[Chunk]:
@@ -152,14 +150,6 @@ class VercelUI(Encoder):
                 self._reasoning = self._part("reasoning")
                 out.append({"type": "reasoning-start", "id": self._reasoning})
             out.append({"type": "reasoning-delta", "id": self._reasoning, "delta": event.text})  # type: ignore[union-attr]
-            return out
-        if kind is RequestIssued:
-            out = []
-            self._close(out)
-            if self._step:
-                out.append({"type": "finish-step"})
-            self._step = True
-            out.append({"type": "start-step"})
             return out
         if kind is ToolCallRequested:
             assert isinstance(event, ToolCallRequested)
@@ -212,9 +202,6 @@ class VercelUI(Encoder):
                 out.append({"type": "text-end", "id": part})
         if self._structured:
             out.append({"type": "data-value", "id": "value", "data": done["value"]})
-        if self._step:
-            out.append({"type": "finish-step"})
-            self._step = False
         metadata = {key: done[key] for key in ("usage", "attempts", "invocation_id")}
         out.append(
             {"type": "finish", "finishReason": _FINISH[result.finish_reason], "messageMetadata": metadata}
@@ -341,11 +328,6 @@ class AgUI(Encoder):
             self._since_reset[-1]["content"] += delta
             out.append({"type": "REASONING_MESSAGE_CONTENT", "messageId": self._reasoning, "delta": delta})
             return out
-        if kind is RequestIssued:
-            out = []
-            self._close(out)
-            self._assistant = None  # a new response: a new assistant message
-            return out
         if kind is ToolCallRequested:
             assert isinstance(event, ToolCallRequested)
             out = []
@@ -377,6 +359,7 @@ class AgUI(Encoder):
                 "content": content,
             }
             self._messages.append(message)
+            self._assistant = None  # what the model says next is a new assistant message
             return [
                 {
                     "type": "TOOL_CALL_RESULT",

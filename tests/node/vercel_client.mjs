@@ -1,0 +1,130 @@
+#!/usr/bin/env node
+// Vercel AI SDK (ai@7.0.173) UI-message-stream test client.
+//
+// Usage:
+//   node vercel_client.mjs <url> [body]      body: JSON string, @file.json, or omitted
+//   node vercel_client.mjs <url> --verbose   also prints every validated chunk to stderr
+//
+// It POSTs the body *verbatim* (content-type: application/json) using the SDK's
+// own DefaultChatTransport (the transport useChat uses by default). The transport
+// parses the SSE response with parseJsonEventStream + uiMessageChunkSchema and
+// throws on the first chunk that is not JSON / fails the schema. The chunk stream
+// is then assembled with readUIMessageStream({ terminateOnError: true }), which
+// runs the same processUIMessageStream state machine as useChat (it throws
+// UIMessageStreamError on e.g. text-delta without text-start, and turns an
+// {"type":"error"} chunk into an error).
+//
+// stdout: JSON array of the final assembled UIMessage(s) (one per distinct
+//         assistant message id; normally exactly one).
+//         Printed only on success; on failure the partial messages go to stderr.
+// stderr: diagnostics.
+// exit 0  = stream fully valid and ended without error
+// exit 1  = usage / HTTP error (non-2xx, empty body)
+// exit 2  = a chunk failed JSON parsing or uiMessageChunkSchema validation
+// exit 3  = a chunk violated the client state machine (UIMessageStreamError)
+// exit 4  = the server sent an {"type":"error","errorText":...} chunk
+// exit 5  = any other stream error
+
+import fs from 'node:fs';
+import {
+  DefaultChatTransport,
+  readUIMessageStream,
+  TypeValidationError,
+  JSONParseError,
+  APICallError,
+} from 'ai';
+
+const args = process.argv.slice(2);
+const verbose = args.includes('--verbose');
+const positional = args.filter(a => a !== '--verbose');
+const [url, bodyArg] = positional;
+if (!url) {
+  console.error('usage: node vercel_client.mjs <url> [body-json | @file] [--verbose]');
+  process.exit(1);
+}
+
+let body;
+if (bodyArg == null) {
+  // What useChat's DefaultChatTransport sends for sendMessage({ text: 'Hello' })
+  body = {
+    id: 'chat-1',
+    messages: [
+      { id: 'msg-user-1', role: 'user', parts: [{ type: 'text', text: 'Hello' }] },
+    ],
+    trigger: 'submit-message',
+    // messageId is undefined for a plain submit, so JSON.stringify omits it
+  };
+} else {
+  const text = bodyArg.startsWith('@') ? fs.readFileSync(bodyArg.slice(1), 'utf8') : bodyArg;
+  body = JSON.parse(text);
+}
+
+const transport = new DefaultChatTransport({
+  api: url,
+  // Send the given body verbatim instead of the default {...body, id, messages, trigger, messageId}
+  prepareSendMessagesRequest: () => ({ body }),
+});
+
+let serverErrorText;
+const messages = new Map(); // id -> last snapshot (insertion order = stream order)
+
+function classify(err) {
+  if (serverErrorText != null) return 4;
+  if (TypeValidationError.isInstance?.(err) || JSONParseError.isInstance?.(err)) return 2;
+  if (err?.name === 'AI_UIMessageStreamError') return 3;
+  if (APICallError.isInstance?.(err)) return 1;
+  if (err?.name === 'AI_EmptyResponseBodyError') return 1;
+  return 5;
+}
+
+function printMessages() {
+  process.stdout.write(JSON.stringify([...messages.values()], null, 2) + '\n');
+}
+
+try {
+  const chunkStream = await transport.sendMessages({
+    trigger: body.trigger ?? 'submit-message',
+    chatId: body.id ?? 'chat',
+    messageId: body.messageId,
+    messages: body.messages ?? [],
+    abortSignal: undefined,
+  });
+
+  let count = 0;
+  const counted = chunkStream.pipeThrough(
+    new TransformStream({
+      transform(chunk, controller) {
+        count++;
+        if (verbose) console.error('chunk', JSON.stringify(chunk));
+        if (chunk.type === 'error') serverErrorText = chunk.errorText;
+        controller.enqueue(chunk);
+      },
+    }),
+  );
+
+  for await (const message of readUIMessageStream({
+    stream: counted,
+    terminateOnError: true,
+  })) {
+    messages.set(message.id, message);
+  }
+  console.error(`ok: ${count} valid chunks, ${messages.size} message(s)`);
+  printMessages();
+  process.exit(0);
+} catch (err) {
+  const code = classify(err);
+  const kind = {
+    1: 'http',
+    2: 'chunk validation',
+    3: 'stream state',
+    4: 'server error chunk',
+    5: 'stream',
+  }[code];
+  const msg = String(err?.message ?? err);
+  // zod union errors list every alternative; keep stderr short unless --verbose
+  console.error(`FAILED (${kind}): ${err?.name}: ${verbose ? msg : msg.slice(0, 400) + (msg.length > 400 ? ' …(truncated, use --verbose)' : '')}`);
+  if (code === 4) console.error(`errorText: ${serverErrorText}`);
+  if (messages.size > 0)
+    console.error('partial messages: ' + JSON.stringify([...messages.values()]));
+  process.exit(code);
+}

@@ -1,0 +1,88 @@
+"""A test app for the frontend protocols (tests/test_frontends_node.py): one scripted conversation
+(reasoning, two tool calls in one round, a guardrail reprompt, a final answer) behind a `vercel-ui`
+and an `ag-ui` endpoint, with memory per `x-user` and conversation id. Served by uvicorn on the
+socket given as the first argument."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from typing import Annotated, Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+import agentrt
+import agentrt.sse
+from agentrt import MemoryId, ModelRequest, TokenStream, ThinkingDelta, tool
+from agentrt.guardrails import output_guardrails, partial_text, reprompt, success
+from agentrt.testing import CallTool, FunctionModel
+
+
+class Orders:
+    @tool("Look up an order.")
+    def order(self, order_id: str) -> str:
+        return f"{order_id}: shipped"
+
+
+@partial_text
+def polite(request: Any) -> Any:
+    if request.partial or "please" in request.text:
+        return success()
+    return reprompt("impolite", "Say please.")
+
+
+class Desk:
+    @output_guardrails(polite, release="chunked")
+    async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+
+def answer(request: ModelRequest) -> Any:
+    last = request.messages[-1]
+    if last.role == "tool":
+        return [ThinkingDelta("Both are known. "), "Both ", "shipped."]
+    if "Say please." in last.text:
+        return ["Both shipped, ", "please."]
+    return [
+        CallTool("order", {"order_id": "A"}, id="call_1"),
+        CallTool("order", {"order_id": "B"}, id="call_2"),
+    ]
+
+
+def user_and_thread(request: Request, thread: str | None) -> str:
+    return f"{request.headers.get('x-user', 'anonymous')}:{thread}"
+
+
+def app() -> Starlette:
+    service = agentrt.build(
+        Desk, model=FunctionModel(answer), tools=[Orders()], memory=agentrt.memory.window()
+    )
+    options: dict[str, Any] = {
+        "memory_id": user_and_thread,
+        "thinking": True,
+        "tool_details": True,
+        "ping": 1,
+    }
+    vercel = agentrt.sse.endpoint(service.chat, protocol="vercel-ui", **options)
+    agui = agentrt.sse.endpoint(service.chat, protocol="ag-ui", **options)
+
+    async def stored(request: Request) -> JSONResponse:
+        messages = await agentrt.memory.access(service).read(request.query_params["id"])
+        return JSONResponse([{"role": m.role, "text": m.text} for m in messages])
+
+    return Starlette(
+        routes=[
+            Route("/vercel", vercel, methods=["POST"]),
+            Route("/agui", agui, methods=["POST"]),
+            Route("/stored", stored),
+        ]
+    )
+
+
+if __name__ == "__main__":
+    listener = socket.socket(fileno=int(sys.argv[1]))
+    config = uvicorn.Config(app(), log_level="warning", lifespan="off")
+    uvicorn.Server(config).run(sockets=[listener])
