@@ -17,7 +17,7 @@ from starlette.routing import Route
 
 import agentrt
 import agentrt.sse
-from agentrt import MemoryId, ModelRequest, TokenStream, ThinkingDelta, tool
+from agentrt import MemoryId, ModelRequest, ThinkingDelta, TokenStream, tool
 from agentrt.guardrails import output_guardrails, partial_text, reprompt, success
 from agentrt.testing import CallTool, FunctionModel
 
