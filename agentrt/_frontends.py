@@ -19,7 +19,8 @@ import os
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
-from pydantic_core import to_jsonable_python
+from pydantic_core import to_json, to_jsonable_python
+from sse_starlette import ServerSentEvent
 
 from ._events import (
     FinishReason,
@@ -32,6 +33,8 @@ from ._events import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ._events import Event, Result
 
 __all__ = ["PROTOCOLS", "AgUI", "Encoder", "VercelUI"]
@@ -64,11 +67,28 @@ def _arguments(text: str) -> Any:
         return text
 
 
+def dumps(data: Any) -> str:
+    """JSON text of event data (pydantic-core for what orjson refuses: ints past 64 bits)."""
+    try:
+        return orjson.dumps(data).decode()
+    except TypeError:
+        return to_json(data, fallback=str).decode()
+
+
 class Encoder:
     """One response's protocol state: what each event becomes on the wire."""
 
+    __slots__ = ()
+
     done_marker = False
     """Whether the stream ends with `data: [DONE]`."""
+    headers: Mapping[str, str] = {}
+    sep = "\r\n"
+    """The line separator (sse-starlette's default; AG-UI's reader splits on `\n\n` only)."""
+
+    def frame(self, chunk: Any) -> ServerSentEvent:
+        """A chunk as an SSE event: its JSON as the data."""
+        return ServerSentEvent(data=dumps(chunk), sep=self.sep)
 
     def opened(self) -> list[Chunk]:
         raise NotImplementedError
@@ -93,7 +113,8 @@ class VercelUI(Encoder):
     """The Vercel AI SDK UI message stream (`x-vercel-ai-ui-message-stream: v1`)."""
 
     done_marker = True
-    headers: Final = {"x-vercel-ai-ui-message-stream": "v1", "x-accel-buffering": "no"}
+    headers: Mapping[str, str] = {"x-vercel-ai-ui-message-stream": "v1", "x-accel-buffering": "no"}
+    sep = "\n"
 
     __slots__ = ("_hold", "_parts", "_reasoning", "_structured", "_text", "details", "message_id")
 
@@ -224,7 +245,8 @@ class VercelUI(Encoder):
 class AgUI(Encoder):
     """AG-UI 1.0 events (`RUN_STARTED` ... `RUN_FINISHED` / `RUN_ERROR`)."""
 
-    headers: Final = {"x-accel-buffering": "no"}
+    headers: Mapping[str, str] = {"x-accel-buffering": "no"}
+    sep = "\n"
 
     __slots__ = (
         "_assistant",
@@ -416,7 +438,3 @@ class AgUI(Encoder):
             }
         )
         return out
-
-
-def jsonable(value: Any) -> Any:
-    return to_jsonable_python(value, fallback=str)

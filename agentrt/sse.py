@@ -39,7 +39,6 @@ import typing
 from typing import Annotated, Any, Final, Literal, NotRequired
 
 import anyio
-import orjson
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -50,7 +49,7 @@ from pydantic import (
     ValidationError,
     create_model,
 )
-from pydantic_core import to_json, to_jsonable_python
+from pydantic_core import to_jsonable_python
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
@@ -339,45 +338,134 @@ def stream_response(
     events; a `PartialStream` sends `partial` events, its values so far, where a `TokenStream` sends
     `token` events). The stream is closed however the response ends: done, failed, or the client
     gone."""
-    snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
+    encoder = _Native(thinking, tool_details, isinstance(stream, PartialStream))
+    return _respond(stream, encoder, None, ping=ping, headers=headers, send_timeout=send_timeout)
 
-    async def events() -> AsyncIterator[ServerSentEvent]:
-        number = 0
+
+class _Native(_frontends.Encoder):
+    """agentrt's own events: named, numbered from 1 (see the module docstring)."""
+
+    __slots__ = ("number", "structured", "thinking", "tool_details")
+
+    def __init__(self, thinking: bool, tool_details: bool, structured: bool) -> None:
+        self.thinking = thinking
+        self.tool_details = tool_details
+        self.structured = structured
+        self.number = 0
+
+    def frame(self, chunk: Any) -> ServerSentEvent:
+        name, data = chunk
+        text = _frontends.dumps(data)
+        self.number += 1  # after the data is made: a failure there leaves no gap in the ids
+        return ServerSentEvent(data=text, event=name, id=str(self.number))
+
+    def opened(self) -> list[Any]:
+        return []
+
+    def event(self, event: Event) -> list[Any]:
+        if self.structured and type(event) is TextDelta:
+            return []  # a structured answer's text: its values are sent instead
+        encoded = _encode(event, self.thinking, self.tool_details)
+        return [encoded] if encoded is not None else []
+
+    def partial(self, value: Any) -> list[Any]:
+        return [("partial", {"value": value})]
+
+    def completed(self, result: Result[Any], done: dict[str, Any]) -> list[Any]:
+        return [("done", done)]
+
+    def failed(self, error: dict[str, Any]) -> list[Any]:
+        return [("error", error)]
+
+    def stopped(self) -> list[Any]:
+        return []
+
+
+def _respond(
+    stream: TokenStream | PartialStream[Any] | None,
+    encoder: _frontends.Encoder,
+    run: _Run | None,
+    *,
+    ping: float | None,
+    headers: dict[str, str] | None,
+    send_timeout: float | None,
+    forget: Callable[[], Any] | None = None,
+) -> EventSourceResponse:
+    """The one response loop of every protocol: the stream's events through `encoder`. With a `run`
+    (a client protocol), each read of the stream is under a scope that `stop` cancels; `stream` is
+    `None` for a run stopped before the model answered. The stream is closed however it ends."""
+    snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
+    frame = encoder.frame
+
+    async def frames() -> AsyncIterator[ServerSentEvent]:
         try:
-            async for event in stream.events():
-                if snapshots is not None:
-                    kind = type(event)
-                    if kind is TextDelta:
-                        if snapshots.feed(event.text):  # type: ignore[union-attr]
-                            value = to_jsonable_python(snapshots.value, fallback=str)
-                            data = _dumps({"value": value})
-                            number += 1
-                            yield ServerSentEvent(data=data, event="partial", id=str(number))
-                        continue
-                    if kind is Reset or kind is ToolCallRequested:
-                        snapshots.reset()  # the value starts over from the next answer
-                encoded = _encode(event, thinking, tool_details)
-                if encoded is None:
-                    continue
-                data = _dumps(encoded[1])
-                number += 1
-                yield ServerSentEvent(data=data, event=encoded[0], id=str(number))
+            for chunk in encoder.opened():
+                yield frame(chunk)
+            events = stream.events() if stream is not None else None
+            while events is not None:
+                if run is None:
+                    try:
+                        event = await events.__anext__()
+                    except StopAsyncIteration:
+                        break
+                else:
+                    if run.stopped:
+                        break
+                    with anyio.CancelScope() as scope:  # no yield inside: only the read
+                        run.scope = scope
+                        try:
+                            event = await events.__anext__()
+                        except StopAsyncIteration:
+                            break
+                    run.scope = None
+                    if scope.cancelled_caught:
+                        break
+                kind = type(event)
+                if kind is Completed:
+                    result = event.result  # type: ignore[union-attr]
+                    out = encoder.completed(result, result_json(result))
+                else:
+                    out = encoder.event(event)
+                    if snapshots is not None:
+                        if kind is TextDelta:
+                            if snapshots.feed(event.text):  # type: ignore[union-attr]
+                                value = to_jsonable_python(snapshots.value, fallback=str)
+                                out = [*out, *encoder.partial(value)]
+                        elif kind is Reset or kind is ToolCallRequested:
+                            snapshots.reset()  # the value starts over from the next answer
+                for chunk in out:
+                    yield frame(chunk)
+            if run is not None and run.stopped:
+                for chunk in encoder.stopped():
+                    yield frame(chunk)
         except Exception as error:
             logger.exception("agentrt.sse: the stream failed")
-            number += 1
-            yield ServerSentEvent(data=_dumps(_error_json(error)), event="error", id=str(number))
+            for chunk in encoder.failed(_error_json(error)):
+                yield frame(chunk)
         finally:
-            with anyio.CancelScope(shield=True):
-                await stream.aclose()
+            if forget is not None:
+                forget()
+            if stream is not None:
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()
+        if encoder.done_marker:
+            yield ServerSentEvent(data="[DONE]", sep="\n")
 
-    return _StreamResponse(stream, events(), ping=ping, headers=headers, send_timeout=send_timeout)
+    return _StreamResponse(
+        stream,
+        frames(),
+        ping=ping,
+        headers={**encoder.headers, **(headers or {})},
+        send_timeout=send_timeout,
+        sep=encoder.sep,
+    )
 
 
 class _StreamResponse(EventSourceResponse):
     """An `EventSourceResponse` that closes its stream however the response ends, even when it is
     cancelled before its body started (the events' own `finally` runs only once they were read)."""
 
-    def __init__(self, stream: TokenStream | PartialStream[Any], *args: Any, **kwargs: Any) -> None:
+    def __init__(self, stream: TokenStream | PartialStream[Any] | None, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._agentrt_stream = stream
 
@@ -385,8 +473,9 @@ class _StreamResponse(EventSourceResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            with anyio.CancelScope(shield=True):
-                await self._agentrt_stream.aclose()
+            if self._agentrt_stream is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._agentrt_stream.aclose()
 
 
 class _RequestBudget(BaseModel):
@@ -585,36 +674,19 @@ def endpoint(
         if spec.memory_param is not None:
             values[spec.memory_param] = owner
         positional = [values.pop(name, default) for name, default in positional_names]
-        stream = failure = None
-        async with anyio.create_task_group() as group:
-            # The model may take long to accept the request (a busy conversation, a slow first
-            # token): a client that leaves meanwhile cancels it.
-            group.start_soon(_cancel_on_disconnect, request, group.cancel_scope)
-            try:
-                with call_options(budget_cap=cap) if cap is not None else contextlib.nullcontext():
-                    stream = await method(*positional, **values)
-            except Exception as error:  # raised here, not from the task group (no exception group)
-                failure = error
-            group.cancel_scope.cancel()
-        if failure is not None:
-            return _error_response(spec, failure)
-        if stream is None:  # the client went away before the model answered
-            return Response(status_code=499)
-        if protocol == "agentrt":
-            return stream_response(
-                stream, thinking=thinking, tool_details=tool_details, ping=ping, send_timeout=send_timeout
-            )
-        encoder: _frontends.Encoder
+        run: _Run | None = None
+        encoder: _frontends.Encoder | None = None
         if protocol == "vercel-ui":
-            run_id = _frontends.new_id("msg")
+            assert thread is not None
+            run_id = thread  # a chat streams one answer at a time: its id names the run
             encoder = _frontends.VercelUI(
-                run_id,
+                _frontends.new_id("msg"),
                 thinking=thinking,
                 tool_details=tool_details,
                 hold=release == "chunked",
                 structured=structured,
             )
-        else:
+        elif protocol == "ag-ui":
             assert thread is not None
             assert run_id is not None
             encoder = _frontends.AgUI(
@@ -625,17 +697,52 @@ def endpoint(
                 tool_details=tool_details,
                 structured=structured,
             )
-        run = _Run()
-        key = (owner, run_id)
-        runs[key] = run
-        return _protocol_response(
+        if encoder is not None:
+            assert run_id is not None
+            run = _Run()
+            key = (owner, run_id)
+            runs[key] = run  # from now on `stop` finds it, also while the model has not answered
+
+        def forget() -> None:
+            if run is not None and runs.get(key) is run:
+                del runs[key]
+
+        stream = failure = None
+        async with anyio.create_task_group() as group:
+            # The model may take long to accept the request (a busy conversation, a slow first
+            # token): a client that leaves meanwhile, or a stop, cancels it.
+            group.start_soon(_cancel_on_disconnect, request, group.cancel_scope)
+            if run is not None:
+                run.scope = group.cancel_scope
+            try:
+                with call_options(budget_cap=cap) if cap is not None else contextlib.nullcontext():
+                    stream = await method(*positional, **values)
+            except Exception as error:  # raised here, not from the task group (no exception group)
+                failure = error
+            group.cancel_scope.cancel()
+        if run is not None:
+            run.scope = None
+        if failure is not None:
+            forget()
+            return _error_response(spec, failure)
+        stopped = run is not None and run.stopped
+        if stream is None and not stopped:  # the client went away before the model answered
+            forget()
+            return Response(status_code=499)
+        if encoder is None:
+            assert stream is not None
+            return stream_response(
+                stream, thinking=thinking, tool_details=tool_details, ping=ping, send_timeout=send_timeout
+            )
+        assert run_id is not None
+        return _respond(
             stream,
             encoder,
             run,
-            lambda: runs.pop(key, None) if runs.get(key) is run else None,
             ping=ping,
+            headers={"agentrt-run-id": run_id},
             send_timeout=send_timeout,
-            run_id=run_id,
+            forget=forget,
         )
 
     async def stop(request: Request) -> Response:
@@ -677,70 +784,6 @@ class _Run:
         self.stopped = True
         if self.scope is not None:
             self.scope.cancel()
-
-
-def _protocol_response(
-    stream: TokenStream | PartialStream[Any],
-    encoder: _frontends.Encoder,
-    run: _Run,
-    forget: Callable[[], Any],
-    *,
-    ping: float | None,
-    send_timeout: float | None,
-    run_id: str,
-) -> EventSourceResponse:
-    """The response of a client protocol: its chunks as `data:` lines (LF-separated: AG-UI's reader
-    splits on `\n\n` only), each read of the stream under a scope `stop` cancels."""
-    snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
-
-    def frame(chunk: dict[str, Any]) -> ServerSentEvent:
-        return ServerSentEvent(data=_dumps(chunk), sep="\n")
-
-    async def frames() -> AsyncIterator[ServerSentEvent]:
-        events = stream.events()
-        try:
-            for chunk in encoder.opened():
-                yield frame(chunk)
-            while not run.stopped:
-                with anyio.CancelScope() as scope:
-                    run.scope = scope
-                    try:
-                        event = await events.__anext__()
-                    except StopAsyncIteration:
-                        break
-                run.scope = None
-                if scope.cancelled_caught:
-                    break
-                kind = type(event)
-                if kind is Completed:
-                    result = event.result  # type: ignore[union-attr]
-                    out = encoder.completed(result, result_json(result))
-                elif snapshots is not None and kind is TextDelta:
-                    out = encoder.event(event)
-                    if snapshots.feed(event.text):  # type: ignore[union-attr]
-                        out = [*out, *encoder.partial(to_jsonable_python(snapshots.value, fallback=str))]
-                else:
-                    if snapshots is not None and (kind is Reset or kind is ToolCallRequested):
-                        snapshots.reset()
-                    out = encoder.event(event)
-                for chunk in out:
-                    yield frame(chunk)
-            if run.stopped:
-                for chunk in encoder.stopped():
-                    yield frame(chunk)
-        except Exception as error:
-            logger.exception("agentrt.sse: the stream failed")
-            for chunk in encoder.failed(_error_json(error)):
-                yield frame(chunk)
-        finally:
-            forget()
-            with anyio.CancelScope(shield=True):
-                await stream.aclose()
-        if encoder.done_marker:
-            yield ServerSentEvent(data="[DONE]", sep="\n")
-
-    headers = {**encoder.headers, "agentrt-run-id": run_id}  # type: ignore[attr-defined]
-    return _StreamResponse(stream, frames(), ping=ping, headers=headers, send_timeout=send_timeout, sep="\n")
 
 
 def _positional_arity(function: Callable[..., Any]) -> int:
@@ -967,10 +1010,3 @@ def _body_model(
             f"{spec.qualname}: its parameters cannot be read from a JSON body: {str(exc).splitlines()[0]}"
         ) from exc
     return model, names, positional
-
-
-def _dumps(data: dict[str, Any]) -> str:
-    try:
-        return orjson.dumps(data).decode()
-    except TypeError:  # an int past 64 bits (a valid JSON number), or a type orjson does not know
-        return to_json(data, fallback=str).decode()

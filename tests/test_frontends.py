@@ -104,7 +104,9 @@ async def test_the_vercel_ui_message_stream_of_a_whole_conversation() -> None:
     assert response.headers["x-accel-buffering"] == "no"
     assert response.headers["cache-control"] in ("no-cache", "no-store")
     sent = chunks(response.text)
-    message_id = response.headers["agentrt-run-id"]
+    assert response.headers["agentrt-run-id"] == "chat-1"  # the run: the chat's answer under way
+    message_id = sent[0]["messageId"]
+    assert message_id.startswith("msg_")
     finish = sent[-2]
     assert finish["messageMetadata"]["attempts"] == 2
     finish["messageMetadata"] = "..."
@@ -236,65 +238,85 @@ async def test_an_error_mid_stream_ends_the_run_with_a_safe_message(protocol: st
         assert sent[-1] == {"type": "RUN_ERROR", "message": "internal error", "code": "internal_error"}
 
 
+def asgi_post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+
+
 @pytest.mark.parametrize("protocol", ["vercel-ui", "ag-ui"])
-async def test_stop_cancels_a_run_by_its_id_for_its_user_only(protocol: str) -> None:
-    model = ScriptedModel(["Hel", Hang()])
+@pytest.mark.parametrize("when", ["streaming", "before the first chunk"])
+async def test_stop_cancels_a_run_by_its_id_for_its_user_only(protocol: str, when: str) -> None:
+    model = ScriptedModel(["Hel", Hang()] if when == "streaming" else [Hang()])
     svc = agentrt.build(Desk, model=model, memory=agentrt.memory.window())
     handler = agentrt.sse.endpoint(svc.plain, memory_id=by_thread, protocol=protocol)  # type: ignore[arg-type]
+    app = Starlette(
+        routes=[Route("/chat", handler, methods=["POST"]), Route("/stop", handler.stop, methods=["POST"])]
+    )
     body = VERCEL_BODY if protocol == "vercel-ui" else AGUI_BODY
-    thread = "chat-1" if protocol == "vercel-ui" else "t1"
-    responses: list[httpx.Response] = []
-    async with client(handler, handler.stop) as http:
+    thread, run_id = ("chat-1", "chat-1") if protocol == "vercel-ui" else ("t1", "r1")
+    messages = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
+    sent: list[dict[str, Any]] = []
+    streaming = anyio.Event()
 
-        async def run() -> None:
-            responses.append(await http.post("/chat", json=body))
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        await anyio.sleep_forever()  # the client stays connected: only a stop ends the run
+        raise AssertionError
 
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if b"Hel" in message.get("body", b""):
+            streaming.set()
+
+    stop = {"runId": run_id, "threadId": thread}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
         with anyio.fail_after(10):
             async with anyio.create_task_group() as group:
-                group.start_soon(run)
-                while not model.streams:  # the run is streaming
-                    await anyio.lowlevel.checkpoint()
-                while not (run_id := _only_run(handler)):  # registered once the model answered
-                    await anyio.lowlevel.checkpoint()
-                assert run_id == ("r1" if protocol == "ag-ui" else run_id)
-                other = await http.post(
-                    "/stop", json={"runId": run_id, "threadId": thread}, headers={"x-user": "eve"}
-                )
+                group.start_soon(app, asgi_post("/chat", body), receive, send)
+                if when == "streaming":
+                    await streaming.wait()  # its first text went out
+                else:
+                    while not model.streams:  # the model was asked, and has not answered
+                        await anyio.lowlevel.checkpoint()
+                other = await http.post("/stop", json=stop, headers={"x-user": "eve"})
                 assert other.status_code == 404  # another user cannot stop it
-                mine = await http.post("/stop", json={"runId": run_id, "threadId": thread})
+                mine = await http.post("/stop", json=stop)
                 assert mine.status_code == 202
-    sent = chunks(responses[0].text)
+        assert (await http.post("/stop", json=stop)).status_code == 404  # it ended: forgotten
+    start = sent[0]
+    assert start["status"] == 200 and (b"agentrt-run-id", run_id.encode()) in start["headers"]
+    out = chunks(b"".join(m.get("body", b"") for m in sent[1:]).decode())
     if protocol == "vercel-ui":
-        assert sent[-2:] == [{"type": "abort", "reason": "stopped"}, "[DONE]"]
+        assert out[0]["type"] == "start"
+        assert out[-2:] == [{"type": "abort", "reason": "stopped"}, "[DONE]"]
     else:
-        assert sent[-1] == {
+        assert out[0] == {"type": "RUN_STARTED", "threadId": "t1", "runId": "r1"}
+        assert out[-1] == {
             "type": "RUN_FINISHED",
             "threadId": "t1",
             "runId": "r1",
             "outcome": {"type": "cancelled"},
         }
-    opened = {
-        c.get("id") or c.get("messageId")
-        for c in sent
-        if isinstance(c, dict) and "START" in c["type"].upper()
-    }
-    closed = {
-        c.get("id") or c.get("messageId") for c in sent if isinstance(c, dict) and "END" in c["type"].upper()
-    }
-    assert opened - {None, "r1", responses[0].headers["agentrt-run-id"]} <= closed  # parts opened are closed
+    parts = [c for c in out[1:] if isinstance(c, dict)]
+    starts = {c.get("id") or c.get("messageId") for c in parts if "START" in c["type"].upper()}
+    ends = {c.get("id") or c.get("messageId") for c in parts if "END" in c["type"].upper()}
+    assert starts <= ends and (bool(starts) is (when == "streaming"))  # what was opened is closed
     assert model.streams[0].closed and not model.streams[0].completed
     assert await agentrt.memory.access(svc).read(f"ada:{thread}") == []
-
-
-def _only_run(handler: Any) -> str | None:
-    runs = handler.__closure__ and [
-        c.cell_contents
-        for c in handler.__closure__
-        if isinstance(c.cell_contents, dict)
-        and c.cell_contents
-        and isinstance(next(iter(c.cell_contents)), tuple)
-    ]
-    return next(iter(runs[0]))[1] if runs else None
 
 
 async def test_the_clients_bodies_give_only_the_new_user_message() -> None:
