@@ -19,7 +19,7 @@ import os
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
-from pydantic_core import to_json, to_jsonable_python
+from pydantic_core import to_json
 from sse_starlette import ServerSentEvent
 
 from ._events import (
@@ -33,7 +33,7 @@ from ._events import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from ._events import Event, Result
 
@@ -93,7 +93,7 @@ class Encoder:
     def opened(self) -> list[Chunk]:
         raise NotImplementedError
 
-    def event(self, event: Event) -> list[Chunk]:
+    def event(self, event: Event) -> Sequence[Any]:
         raise NotImplementedError
 
     def partial(self, value: Any) -> list[Chunk]:

@@ -39,6 +39,7 @@ import typing
 from typing import Annotated, Any, Final, Literal, NotRequired
 
 import anyio
+import orjson
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -93,7 +94,7 @@ from ._spec import OutputKind
 from ._stream import PartialStream
 
 if typing.TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
     from starlette.requests import Request
 
@@ -355,18 +356,21 @@ class _Native(_frontends.Encoder):
 
     def frame(self, chunk: Any) -> ServerSentEvent:
         name, data = chunk
-        text = _frontends.dumps(data)
+        try:
+            text = orjson.dumps(data).decode()
+        except TypeError:
+            text = _frontends.dumps(data)
         self.number += 1  # after the data is made: a failure there leaves no gap in the ids
         return ServerSentEvent(data=text, event=name, id=str(self.number))
 
     def opened(self) -> list[Any]:
         return []
 
-    def event(self, event: Event) -> list[Any]:
+    def event(self, event: Event) -> Sequence[Any]:
         if self.structured and type(event) is TextDelta:
-            return []  # a structured answer's text: its values are sent instead
+            return ()  # a structured answer's text: its values are sent instead
         encoded = _encode(event, self.thinking, self.tool_details)
-        return [encoded] if encoded is not None else []
+        return (encoded,) if encoded is not None else ()
 
     def partial(self, value: Any) -> list[Any]:
         return [("partial", {"value": value})]
@@ -421,6 +425,7 @@ def _respond(
                     if scope.cancelled_caught:
                         break
                 kind = type(event)
+                out: Sequence[Any]
                 if kind is Completed:
                     result = event.result  # type: ignore[union-attr]
                     out = encoder.completed(result, result_json(result))
