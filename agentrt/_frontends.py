@@ -252,6 +252,7 @@ class AgUI(Encoder):
         "_assistant",
         "_count",
         "_messages",
+        "_pieces",
         "_reasoning",
         "_since_reset",
         "_structured",
@@ -286,6 +287,8 @@ class AgUI(Encoder):
         """The assistant message of the response under way (as the client assembles it)."""
         self._messages: list[Chunk] = []
         """This run's messages so far, as the client has them (for a messages snapshot)."""
+        self._pieces: dict[str, list[str]] = {}
+        """The text of each message so far, by id, in pieces (joined for a snapshot only)."""
         self._since_reset: list[Chunk] = []
         """Text and reasoning messages released since the last reset (what a reset withdraws)."""
         self._count = 0
@@ -319,14 +322,13 @@ class AgUI(Encoder):
                 return []
             delta: str = event.text  # type: ignore[union-attr]
             if self._text is not None:
-                assert self._assistant is not None
-                self._assistant["content"] += delta
+                self._pieces[self._text].append(delta)
                 return [{"type": "TEXT_MESSAGE_CONTENT", "messageId": self._text, "delta": delta}]
             out: list[Chunk] = []
             self._close(out)
             message = self._assistant_message()
             self._text = message["id"]
-            message["content"] += delta
+            self._pieces.setdefault(self._text, []).append(delta)
             self._since_reset.append(message)
             out.append({"type": "TEXT_MESSAGE_START", "messageId": self._text, "role": "assistant"})
             out.append({"type": "TEXT_MESSAGE_CONTENT", "messageId": self._text, "delta": delta})
@@ -344,10 +346,11 @@ class AgUI(Encoder):
                 self._messages.append(reasoning)
                 self._since_reset.append(reasoning)
                 self._reasoning = reasoning["id"]
+                self._pieces[self._reasoning] = []
                 out.append(
                     {"type": "REASONING_MESSAGE_START", "messageId": self._reasoning, "role": "reasoning"}
                 )
-            self._since_reset[-1]["content"] += delta
+            self._pieces[self._reasoning].append(delta)
             out.append({"type": "REASONING_MESSAGE_CONTENT", "messageId": self._reasoning, "delta": delta})
             return out
         if kind is ToolCallRequested:
@@ -400,12 +403,16 @@ class AgUI(Encoder):
                 return out
             for message in withdrawn:
                 if message.get("toolCalls"):
-                    message["content"] = ""  # its tool calls stand; its text is withdrawn
+                    self._pieces.pop(message["id"], None)  # its tool calls stand; its text is withdrawn
                 else:
                     self._messages.remove(message)
                     if message is self._assistant:
                         self._assistant = None
-            out.append({"type": "MESSAGES_SNAPSHOT", "messages": [*self.input_messages, *self._messages]})
+            pieces = self._pieces
+            messages = [
+                {**m, "content": "".join(pieces[m["id"]])} if m["id"] in pieces else m for m in self._messages
+            ]
+            out.append({"type": "MESSAGES_SNAPSHOT", "messages": [*self.input_messages, *messages]})
             return out
         return []
 

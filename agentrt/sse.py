@@ -395,9 +395,10 @@ def _respond(
     send_timeout: float | None,
     forget: Callable[[], Any] | None = None,
 ) -> EventSourceResponse:
-    """The one response loop of every protocol: the stream's events through `encoder`. With a `run`
-    (a client protocol), each read of the stream is under a scope that `stop` cancels; `stream` is
-    `None` for a run stopped before the model answered. The stream is closed however it ends."""
+    """The one response loop of every protocol: the stream's events through `encoder`. `stream` is
+    `None` for a run stopped before the model answered. The stream is closed however it ends; a
+    `run` is stopped by cancelling the whole response (see `_StreamResponse`), which costs the
+    stream's reads nothing."""
     snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
     frame = encoder.frame
 
@@ -405,44 +406,24 @@ def _respond(
         try:
             for chunk in encoder.opened():
                 yield frame(chunk)
-            events = stream.events() if stream is not None else None
-            while events is not None:
-                if run is None:
-                    try:
-                        event = await events.__anext__()
-                    except StopAsyncIteration:
-                        break
-                else:
-                    if run.stopped:
-                        break
-                    with anyio.CancelScope() as scope:  # no yield inside: only the read
-                        run.scope = scope
-                        try:
-                            event = await events.__anext__()
-                        except StopAsyncIteration:
-                            break
-                    run.scope = None
-                    if scope.cancelled_caught:
-                        break
-                kind = type(event)
-                out: Sequence[Any]
-                if kind is Completed:
-                    result = event.result  # type: ignore[union-attr]
-                    out = encoder.completed(result, result_json(result))
-                else:
-                    out = encoder.event(event)
-                    if snapshots is not None:
-                        if kind is TextDelta:
-                            if snapshots.feed(event.text):  # type: ignore[union-attr]
-                                value = to_jsonable_python(snapshots.value, fallback=str)
-                                out = [*out, *encoder.partial(value)]
-                        elif kind is Reset or kind is ToolCallRequested:
-                            snapshots.reset()  # the value starts over from the next answer
-                for chunk in out:
-                    yield frame(chunk)
-            if run is not None and run.stopped:
-                for chunk in encoder.stopped():
-                    yield frame(chunk)
+            if stream is not None:
+                async for event in stream.events():
+                    kind = type(event)
+                    out: Sequence[Any]
+                    if kind is Completed:
+                        result = event.result  # type: ignore[union-attr]
+                        out = encoder.completed(result, result_json(result))
+                    else:
+                        out = encoder.event(event)
+                        if snapshots is not None:
+                            if kind is TextDelta:
+                                if snapshots.feed(event.text):  # type: ignore[union-attr]
+                                    value = to_jsonable_python(snapshots.value, fallback=str)
+                                    out = [*out, *encoder.partial(value)]
+                            elif kind is Reset or kind is ToolCallRequested:
+                                snapshots.reset()  # the value starts over from the next answer
+                    for chunk in out:
+                        yield frame(chunk)
         except Exception as error:
             logger.exception("agentrt.sse: the stream failed")
             for chunk in encoder.failed(_error_json(error)):
@@ -458,6 +439,9 @@ def _respond(
 
     return _StreamResponse(
         stream,
+        encoder,
+        run,
+        forget,
         frames(),
         ping=ping,
         headers={**encoder.headers, **(headers or {})},
@@ -468,19 +452,69 @@ def _respond(
 
 class _StreamResponse(EventSourceResponse):
     """An `EventSourceResponse` that closes its stream however the response ends, even when it is
-    cancelled before its body started (the events' own `finally` runs only once they were read)."""
+    cancelled before its body started (the events' own `finally` runs only once they were read).
 
-    def __init__(self, stream: TokenStream | PartialStream[Any] | None, *args: Any, **kwargs: Any) -> None:
+    With a `run`, the whole response runs under a scope that `stop` cancels: the model stream is
+    closed, then the protocol's last chunks (`encoder.stopped()`) end the body."""
+
+    def __init__(
+        self,
+        stream: TokenStream | PartialStream[Any] | None,
+        encoder: _frontends.Encoder,
+        run: _Run | None,
+        forget: Callable[[], Any] | None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._agentrt_stream = stream
+        self._agentrt_encoder = encoder
+        self._agentrt_run = run
+        self._agentrt_forget = forget
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        run = self._agentrt_run
         try:
-            await super().__call__(scope, receive, send)
+            if run is None:
+                await super().__call__(scope, receive, send)
+                return
+            started = False
+
+            async def sending(message: Any) -> None:
+                nonlocal started
+                started = True  # the first message is the response's start
+                await send(message)
+
+            with anyio.CancelScope() as stopping:
+                run.scope = stopping
+                if run.stopped:  # stopped between the model's answer and here
+                    stopping.cancel()
+                await super().__call__(scope, receive, sending)
+            run.scope = None
+            if stopping.cancelled_caught:
+                await self._stopped(send, started)
         finally:
+            if self._agentrt_forget is not None:
+                self._agentrt_forget()
             if self._agentrt_stream is not None:
                 with anyio.CancelScope(shield=True):
                     await self._agentrt_stream.aclose()
+
+    async def _stopped(self, send: Any, started: bool) -> None:
+        """End a stopped run's body: the model stream closed first, then the protocol's last chunks."""
+        if self._agentrt_stream is not None:
+            with anyio.CancelScope(shield=True):
+                await self._agentrt_stream.aclose()
+        encoder = self._agentrt_encoder
+        chunks = [*([] if started else encoder.opened()), *encoder.stopped()]
+        body = b"".join(encoder.frame(chunk).encode() for chunk in chunks)
+        if encoder.done_marker:
+            body += ServerSentEvent(data="[DONE]", sep="\n").encode()
+        if not started:
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 class _RequestBudget(BaseModel):
