@@ -81,6 +81,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_decode.py
 	$(BIN)/python benchmarks/bench_http.py
 	$(BIN)/python benchmarks/bench_memory.py
+	$(BIN)/python benchmarks/bench_sse_protocols.py
 	$(BIN)/python benchmarks/bench_extract.py
 	$(BIN)/python benchmarks/bench_sse.py
 
