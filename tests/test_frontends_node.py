@@ -8,6 +8,7 @@ assembles must equal what the service stored. (No asyncio/trio split: the tests 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -25,7 +26,11 @@ SERVERS = Path(__file__).parent / "servers"
 @pytest.fixture(scope="module")
 def clients() -> Path:
     node, npm = shutil.which("node"), shutil.which("npm")
-    assert node and npm, "Node and npm are needed for these tests (.ci/run installs them)"
+    if not (node and npm):  # as for redis-server: skipped on a machine without them, never in CI
+        reason = "node and npm are not on PATH (Debian packages nodejs, npm)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason}: CI must run the frontend clients' tests", pytrace=False)
+        pytest.skip(reason)
     if not (NODE / "node_modules" / ".package-lock.json").exists():
         subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE, check=True, timeout=600)
     return NODE
