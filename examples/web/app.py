@@ -5,6 +5,8 @@ One HTML page (examples/web/index.html: no build step, no CDN) posts a question 
 they happen and errors readably; its Stop button aborts the request, which cancels the invocation on
 the server (the model's stream is closed, nothing is stored). The page's conversation is chosen by a
 random id it sends in a header: a demo's stand-in for the authenticated user a real app would use.
+A switch on the page speaks the Vercel AI SDK's UI message stream instead (`POST /api/chat`, the
+protocol `useChat` reads), parsed by the page itself.
 
 With `OPENAI_BASE_URL` set the app talks to that endpoint; otherwise it starts the local model
 (agentrt.local) for as long as it runs.
@@ -43,8 +45,14 @@ def session_of(request: Request) -> str:
     return request.headers.get("x-session", "anonymous")[:64]
 
 
+def session_and_chat(request: Request, chat: str | None) -> str:
+    """A Vercel chat's conversation: the page's id and the chat's (never the chat id alone)."""
+    return f"{session_of(request)}:{chat}"[:160]
+
+
 def create_app(model: ChatModel, *, listeners: tuple[agentrt.Listener, ...] = ()) -> Starlette:
-    """The app: the page at `/`, the SSE endpoint at `POST /chat`."""
+    """The app: the page at `/`, the SSE endpoint at `POST /chat`, and the same method for
+    Vercel's `useChat` at `POST /api/chat`."""
     service = agentrt.build(
         WebChat,
         model=model,
@@ -60,7 +68,15 @@ def create_app(model: ChatModel, *, listeners: tuple[agentrt.Listener, ...] = ()
         return HTMLResponse(page)
 
     chat = agentrt.sse.endpoint(service.chat, memory_id=session_of, ping=10)
-    app = Starlette(routes=[Route("/", index), Route("/chat", chat, methods=["POST"])])
+    # The same method for a Vercel AI SDK frontend (`useChat`): its UI message stream.
+    vercel = agentrt.sse.endpoint(service.chat, memory_id=session_and_chat, ping=10, protocol="vercel-ui")
+    app = Starlette(
+        routes=[
+            Route("/", index),
+            Route("/chat", chat, methods=["POST"]),
+            Route("/api/chat", vercel, methods=["POST"]),
+        ]
+    )
     app.state.service = service  # for tests and admin routes (agentrt.memory.access(service))
     return app
 

@@ -2,7 +2,8 @@
 Debian's chromedriver (no browser download), loads the page from uvicorn on loopback
 (tests/servers/web_app.py: the example app on a model double that streams slowly), asks a question,
 sees tokens arrive as several DOM updates, presses Stop, and the server says its invocation was
-cancelled and the model's stream closed. A screenshot goes to the test's output directory.
+cancelled and the model's stream closed; once over agentrt's own events, once over the Vercel AI
+SDK's UI message stream (the page's protocol switch). A screenshot goes to the test's output directory.
 
 The test is synchronous: the browser is the client, so there is no event loop to choose here.
 """
@@ -61,14 +62,16 @@ def browser(tmp_path: Path) -> Iterator[object]:
         driver.quit()
 
 
+@pytest.mark.parametrize("protocol", ["agentrt", "vercel-ui"])
 def test_tokens_stream_into_the_page_and_stop_cancels_the_server_side_invocation(
-    site: str, browser: object, tmp_path: Path
+    site: str, browser: object, tmp_path: Path, protocol: str
 ) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     driver: object = browser
     driver.get(f"{site}/")  # type: ignore[attr-defined]
+    Select(driver.find_element(By.ID, "protocol")).select_by_value(protocol)  # type: ignore[attr-defined]
     driver.find_element(By.ID, "question").send_keys("Tell me about my order")  # type: ignore[attr-defined]
     driver.find_element(By.ID, "send").click()  # type: ignore[attr-defined]
 
@@ -80,7 +83,7 @@ def test_tokens_stream_into_the_page_and_stop_cancels_the_server_side_invocation
 
     driver.find_element(By.ID, "stop").click()  # type: ignore[attr-defined]
     wait.until(lambda d: d.execute_script("return window.finished") == "stopped")
-    driver.save_screenshot(str(tmp_path / "web-chat.png"))  # type: ignore[attr-defined]
+    driver.save_screenshot(str(tmp_path / f"web-chat-{protocol}.png"))  # type: ignore[attr-defined]
 
     answer = driver.find_element(By.CLASS_NAME, "answer").text  # type: ignore[attr-defined]
     assert answer.startswith("word0 word1 word2")
@@ -88,4 +91,6 @@ def test_tokens_stream_into_the_page_and_stop_cancels_the_server_side_invocation
     # The server's side: the invocation was cancelled, and the model's stream closed before its end.
     state = httpx.get(f"{site}/test/cancelled", timeout=30).json()
     assert state == {"cancelled": True, "closed": True, "completed": False, "stored": 0}
-    assert (tmp_path / "web-chat.png").stat().st_size > 0
+    assert (tmp_path / f"web-chat-{protocol}.png").stat().st_size > 0
+    if protocol == "vercel-ui":  # the page's conversation and its chat, never the chat id alone
+        assert httpx.get(f"{site}/test/conversation", timeout=10).json()["memory_id"].count(":") == 1

@@ -48,8 +48,13 @@ async def was_cancelled(request: Request) -> JSONResponse:
     return JSONResponse({"cancelled": False}, status_code=504)
 
 
+async def conversation(request: Request) -> JSONResponse:
+    return JSONResponse({"memory_id": conversations[-1]})
+
+
 app = create_app(model, listeners=(listen,))
 app.router.routes.append(Route("/test/cancelled", was_cancelled))
+app.router.routes.append(Route("/test/conversation", conversation))
 
 if __name__ == "__main__":
     listener = socket.socket(fileno=int(sys.argv[1]))
