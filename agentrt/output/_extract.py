@@ -3,7 +3,9 @@
 Models without a JSON mode (and models that ignore it) wrap their JSON in prose, code fences and
 `<think>` blocks. `candidates(text)` yields the places JSON may be, best first, each at most once:
 
-1. the answer itself, after any `<think>...</think>` blocks, stripped;
+1. the answer itself, stripped; then, if it has think markers, after the `<think>...</think>`
+   blocks it starts with (the markers may be text inside the JSON, so the whole answer is tried
+   first, and searched as below after the answer without them);
 2. the contents of each fenced block (any language tag), in order;
 3. each outermost balanced `{...}` or `[...]` span, in order (braces inside JSON strings do not
    count; an opener that is never closed does not hide the spans after it).
@@ -35,27 +37,21 @@ _MAX_DEPTH: Final = 256  # deeper than any JSON parser here accepts
 
 
 def strip_thinking(text: str) -> str:
-    """`text` without its `<think>...</think>` blocks (an unclosed one runs to the end), and
-    without the reasoning before a `</think>` that no `<think>` opened (servers whose chat template
-    opens the block in the prompt send only its end)."""
+    """`text` without the `<think>...</think>` blocks it starts with (an unclosed one runs to the
+    end), and without the reasoning before a `</think>` that no `<think>` opened (servers whose
+    chat template opens the block in the prompt send only its end). Markers after the answer began
+    are its text (a JSON string may hold `"<think>"`), as in a streamed answer's partial values."""
     close = text.find(_THINK_CLOSE)
     if close >= 0 and text.rfind(_THINK_OPEN, 0, close) < 0:
         text = text[close + len(_THINK_CLOSE) :]
-    if _THINK_OPEN not in text:
-        return text
-    kept: list[str] = []
-    at = 0
     while True:
-        start = text.find(_THINK_OPEN, at)
-        if start < 0:
-            kept.append(text[at:])
-            break
-        kept.append(text[at:start])
-        end = text.find(_THINK_CLOSE, start + len(_THINK_OPEN))
+        lead = text.lstrip()
+        if not lead.startswith(_THINK_OPEN):
+            return text
+        end = lead.find(_THINK_CLOSE, len(_THINK_OPEN))
         if end < 0:
-            break
-        at = end + len(_THINK_CLOSE)
-    return "".join(kept)
+            return ""
+        text = lead[end + len(_THINK_CLOSE) :]
 
 
 def _fenced(text: str) -> Iterator[str]:
@@ -165,13 +161,21 @@ def _spans(text: str) -> Iterator[str]:
 def candidates(text: str) -> Iterator[str]:
     """Where the JSON of an answer may be, best first, each distinct candidate once."""
     answer = strip_thinking(text).strip()
-    seen = {answer}
-    yield answer
-    for block in _fenced(answer):
-        if block not in seen:
-            seen.add(block)
-            yield block
-    for span in _spans(answer):
-        if span not in seen:
-            seen.add(span)
-            yield span
+    whole = text.strip()
+    # Think markers may be text inside the JSON itself (`{"tag": "<think>"}`): then the whole
+    # answer is searched too, after the answer without them (twice the work, still linear).
+    texts = (answer,) if whole == answer else (whole, answer)
+    seen: set[str] = set()
+    for source in texts:
+        if source not in seen:
+            seen.add(source)
+            yield source
+    for source in texts[::-1]:
+        for block in _fenced(source):
+            if block not in seen:
+                seen.add(block)
+                yield block
+        for span in _spans(source):
+            if span not in seen:
+                seen.add(span)
+                yield span
