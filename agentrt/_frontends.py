@@ -87,8 +87,8 @@ class Encoder:
     """The line separator (sse-starlette's default; AG-UI's reader splits on `\n\n` only)."""
 
     def frame(self, chunk: Any) -> ServerSentEvent:
-        """A chunk as an SSE event: its JSON as the data."""
-        return ServerSentEvent(data=dumps(chunk), sep=self.sep)
+        """A chunk as an SSE event: its JSON as the data (`[DONE]` as it is)."""
+        return ServerSentEvent(data=chunk if chunk == DONE else dumps(chunk), sep=self.sep)
 
     def opened(self) -> list[Chunk]:
         raise NotImplementedError
@@ -105,8 +105,87 @@ class Encoder:
     def failed(self, error: Chunk) -> list[Chunk]:
         raise NotImplementedError
 
-    def stopped(self) -> list[Chunk]:
+    def stopped(self, sent: Sent) -> list[Chunk]:
+        """The chunks that end a stopped run, given what the client has (`sent`)."""
         raise NotImplementedError
+
+
+DONE: Final = "[DONE]"
+"""The Vercel stream's last data (a chunk of its own)."""
+
+
+class Sent:
+    """What the client was sent of a run, chunk by chunk as each send returned: the parts still
+    open (in order), whether the run's last chunk went out, and whether a send was cut short (the
+    client may or may not have that chunk). A stop's last chunks are made from this, not from the
+    encoder's state, which runs ahead of the sends."""
+
+    __slots__ = ("begun", "done", "ended", "open", "pending", "uncertain")
+
+    OPENS: Final = {
+        "TEXT_MESSAGE_START": "TEXT_MESSAGE_END",
+        "REASONING_MESSAGE_START": "REASONING_MESSAGE_END",
+        "TOOL_CALL_START": "TOOL_CALL_END",
+    }
+    CLOSES: Final = frozenset(OPENS.values())
+    ENDS: Final = frozenset({"RUN_FINISHED", "RUN_ERROR", "finish", "error"})
+
+    def __init__(self) -> None:
+        self.open: dict[str, str] = {}
+        """The id of each open part -> the type that closes it."""
+        self.begun = False
+        """Whether the run's first chunk went out (AG-UI's `RUN_STARTED`)."""
+        self.ended = False
+        self.done = False
+        """Whether `[DONE]` went out."""
+        self.uncertain = False
+        self.pending: tuple[bytes, Any] | None = None
+        """The chunk handed to the server to send, encoded, until its send returned."""
+
+    def confirm(self, chunk: Any) -> None:
+        """`chunk` reached the client."""
+        if chunk == DONE:
+            self.done = True
+            return
+        kind = chunk.get("type") if type(chunk) is dict else None
+        if kind in self.OPENS:
+            self.open[chunk.get("messageId") or chunk["toolCallId"]] = self.OPENS[kind]
+        elif kind in self.CLOSES:
+            self.open.pop(chunk.get("messageId") or chunk["toolCallId"], None)
+        elif kind in self.ENDS:
+            self.ended = True
+        elif kind == "RUN_STARTED" or kind == "start":
+            self.begun = True
+
+    def unsure(self, chunk: Any) -> None:
+        """A send of `chunk` was cut short: whether the client has it is unknown."""
+        kind = chunk.get("type") if type(chunk) is dict else None
+        if kind in self.OPENS or kind in self.CLOSES or kind in self.ENDS or kind == "RUN_STARTED":
+            self.uncertain = True
+
+
+class _ToolIds:
+    """The wire id of each tool call: the model's, made unique in the run (a provider may repeat
+    ids across rounds, and agentrt's own fallback ids restart at `call_0` in each response)."""
+
+    __slots__ = ("_by_call", "_used")
+
+    def __init__(self) -> None:
+        self._used: set[str] = set()
+        self._by_call: dict[tuple[int, str], str] = {}
+
+    def new(self, round_: int, call_id: str) -> str:
+        wire = call_id
+        suffix = 1
+        while wire in self._used:
+            suffix += 1
+            wire = f"{call_id}~{suffix}"
+        self._used.add(wire)
+        self._by_call[(round_, call_id)] = wire
+        return wire
+
+    def of(self, round_: int, call_id: str) -> str:
+        return self._by_call.get((round_, call_id), call_id)
 
 
 class VercelUI(Encoder):
@@ -116,7 +195,7 @@ class VercelUI(Encoder):
     headers: Mapping[str, str] = {"x-vercel-ai-ui-message-stream": "v1", "x-accel-buffering": "no"}
     sep = "\n"
 
-    __slots__ = ("_hold", "_parts", "_reasoning", "_structured", "_text", "details", "message_id")
+    __slots__ = ("_hold", "_ids", "_parts", "_reasoning", "_structured", "_text", "details", "message_id")
 
     def __init__(
         self, message_id: str, *, thinking: bool, tool_details: bool, hold: bool, structured: bool
@@ -128,6 +207,7 @@ class VercelUI(Encoder):
         self._reasoning: str | None = None if thinking else ""  # "": never sent
         self._text: str | None = None
         self._parts = 0
+        self._ids = _ToolIds()
 
     def opened(self) -> list[Chunk]:
         return [{"type": "start", "messageId": self.message_id}]
@@ -177,13 +257,14 @@ class VercelUI(Encoder):
             out = []
             self._close(out)
             call = event.call
+            wire = self._ids.new(event.round, call.id)
             arguments = call.arguments if self.details else "{}"
-            out.append({"type": "tool-input-start", "toolCallId": call.id, "toolName": call.name})
-            out.append({"type": "tool-input-delta", "toolCallId": call.id, "inputTextDelta": arguments})
+            out.append({"type": "tool-input-start", "toolCallId": wire, "toolName": call.name})
+            out.append({"type": "tool-input-delta", "toolCallId": wire, "inputTextDelta": arguments})
             out.append(
                 {
                     "type": "tool-input-available",
-                    "toolCallId": call.id,
+                    "toolCallId": wire,
                     "toolName": call.name,
                     "input": _arguments(arguments),
                 }
@@ -192,12 +273,11 @@ class VercelUI(Encoder):
         if kind is ToolExecuted:
             assert isinstance(event, ToolExecuted)
             execution = event.execution
+            wire = self._ids.of(execution.round, execution.call_id)
             if execution.outcome is not ToolOutcome.SUCCESS:
-                return [
-                    {"type": "tool-output-error", "toolCallId": execution.call_id, "errorText": _TOOL_FAILED}
-                ]
+                return [{"type": "tool-output-error", "toolCallId": wire, "errorText": _TOOL_FAILED}]
             output = execution.result if self.details else None
-            return [{"type": "tool-output-available", "toolCallId": execution.call_id, "output": output}]
+            return [{"type": "tool-output-available", "toolCallId": wire, "output": output}]
         if kind is Reset and not self._hold:
             # Only a structured answer's repair resets here (text is held otherwise): its value
             # parts are replaced by the next ones.
@@ -235,11 +315,10 @@ class VercelUI(Encoder):
         out.append({"type": "error", "errorText": error["message"]})
         return out
 
-    def stopped(self) -> list[Chunk]:
-        out: list[Chunk] = []
-        self._close(out)
-        out.append({"type": "abort", "reason": "stopped"})
-        return out
+    def stopped(self, sent: Sent) -> list[Chunk]:
+        # `abort` leaves open parts as they are (the client marks them streaming): no `-end` that
+        # could name a part the client never got.
+        return [] if sent.ended or sent.done else [{"type": "abort", "reason": "stopped"}]
 
 
 class AgUI(Encoder):
@@ -251,6 +330,7 @@ class AgUI(Encoder):
     __slots__ = (
         "_assistant",
         "_count",
+        "_ids",
         "_messages",
         "_pieces",
         "_reasoning",
@@ -292,6 +372,7 @@ class AgUI(Encoder):
         self._since_reset: list[Chunk] = []
         """Text and reasoning messages released since the last reset (what a reset withdraws)."""
         self._count = 0
+        self._ids = _ToolIds()
 
     def _id(self, kind: str) -> str:
         self._count += 1
@@ -358,21 +439,23 @@ class AgUI(Encoder):
             out = []
             self._close(out)
             call = event.call
+            wire = self._ids.new(event.round, call.id)
             message = self._assistant_message()
             arguments = call.arguments if self.details else ""
             message.setdefault("toolCalls", []).append(
-                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": arguments}}
+                {"id": wire, "type": "function", "function": {"name": call.name, "arguments": arguments}}
             )
-            start = {"type": "TOOL_CALL_START", "toolCallId": call.id, "toolCallName": call.name}
+            start = {"type": "TOOL_CALL_START", "toolCallId": wire, "toolCallName": call.name}
             start["parentMessageId"] = message["id"]
             out.append(start)
             if arguments:
-                out.append({"type": "TOOL_CALL_ARGS", "toolCallId": call.id, "delta": arguments})
-            out.append({"type": "TOOL_CALL_END", "toolCallId": call.id})
+                out.append({"type": "TOOL_CALL_ARGS", "toolCallId": wire, "delta": arguments})
+            out.append({"type": "TOOL_CALL_END", "toolCallId": wire})
             return out
         if kind is ToolExecuted:
             assert isinstance(event, ToolExecuted)
             execution = event.execution
+            wire = self._ids.of(execution.round, execution.call_id)
             if self.details:
                 content = execution.result
             else:
@@ -380,7 +463,7 @@ class AgUI(Encoder):
             message = {
                 "id": self._id("t"),
                 "role": "tool",
-                "toolCallId": execution.call_id,
+                "toolCallId": wire,
                 "content": content,
             }
             self._messages.append(message)
@@ -389,7 +472,7 @@ class AgUI(Encoder):
                 {
                     "type": "TOOL_CALL_RESULT",
                     "messageId": message["id"],
-                    "toolCallId": execution.call_id,
+                    "toolCallId": wire,
                     "content": content,
                     "role": "tool",
                 }
@@ -401,7 +484,10 @@ class AgUI(Encoder):
             self._since_reset = []
             if self._structured or not withdrawn:
                 return out
+            emptied: list[Chunk] = []
             for message in withdrawn:
+                if message["role"] == "reasoning":
+                    emptied.append(message)
                 if message.get("toolCalls"):
                     self._pieces.pop(message["id"], None)  # its tool calls stand; its text is withdrawn
                 else:
@@ -412,6 +498,10 @@ class AgUI(Encoder):
             messages = [
                 {**m, "content": "".join(pieces[m["id"]])} if m["id"] in pieces else m for m in self._messages
             ]
+            if emptied and not any(m["role"] == "reasoning" for m in messages):
+                # A client keeps its reasoning messages when a snapshot has none: withdrawn
+                # reasoning is sent emptied, so that it is replaced rather than kept.
+                messages.extend({**m, "content": ""} for m in emptied)
             out.append({"type": "MESSAGES_SNAPSHOT", "messages": [*self.input_messages, *messages]})
             return out
         return []
@@ -433,9 +523,15 @@ class AgUI(Encoder):
     def failed(self, error: Chunk) -> list[Chunk]:
         return [{"type": "RUN_ERROR", "message": error["message"], "code": error["type"]}]
 
-    def stopped(self) -> list[Chunk]:
+    def stopped(self, sent: Sent) -> list[Chunk]:
+        if sent.ended:
+            return []
+        if sent.uncertain or not sent.begun:  # RUN_ERROR may come first, or with parts open
+            return [{"type": "RUN_ERROR", "message": "the run was stopped", "code": "stopped"}]
         out: list[Chunk] = []
-        self._close(out)
+        for part, closer in reversed(sent.open.items()):
+            key = "toolCallId" if closer == "TOOL_CALL_END" else "messageId"
+            out.append({"type": closer, key: part})
         out.append(
             {
                 "type": "RUN_FINISHED",

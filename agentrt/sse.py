@@ -151,6 +151,7 @@ ERROR_TYPES: Final[tuple[str, ...]] = (
     "body_too_large",
     "not_resumable",
     "run_not_found",
+    "run_in_progress",
 )
 """Every `type` an error (an `error` event, or the body of an HTTP error) can have."""
 
@@ -381,7 +382,7 @@ class _Native(_frontends.Encoder):
     def failed(self, error: dict[str, Any]) -> list[Any]:
         return [("error", error)]
 
-    def stopped(self) -> list[Any]:
+    def stopped(self, sent: _frontends.Sent) -> list[Any]:
         return []
 
 
@@ -398,23 +399,26 @@ def _respond(
     """The one response loop of every protocol: the stream's events through `encoder`. `stream` is
     `None` for a run stopped before the model answered. The stream is closed however it ends; a
     `run` is stopped by cancelling the whole response (see `_StreamResponse`), which costs the
-    stream's reads nothing."""
+    stream's reads nothing. A run is forgotten (no longer stoppable) once its end is sent."""
     snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
     frame = encoder.frame
+    sent = run.sent if run is not None else None
 
-    async def frames() -> AsyncIterator[ServerSentEvent]:
+    async def frames() -> AsyncIterator[bytes]:
+        pending: tuple[bytes, Any]
+        out: Sequence[Any]
         try:
-            for chunk in encoder.opened():
-                yield frame(chunk)
+            out = encoder.opened()
             if stream is not None:
                 async for event in stream.events():
                     kind = type(event)
-                    out: Sequence[Any]
                     if kind is Completed:
+                        if forget is not None:
+                            forget()  # done: a stop now would come too late
                         result = event.result  # type: ignore[union-attr]
-                        out = encoder.completed(result, result_json(result))
+                        out = [*out, *encoder.completed(result, result_json(result))]
                     else:
-                        out = encoder.event(event)
+                        out = [*out, *encoder.event(event)] if out else encoder.event(event)
                         if snapshots is not None:
                             if kind is TextDelta:
                                 if snapshots.feed(event.text):  # type: ignore[union-attr]
@@ -422,20 +426,29 @@ def _respond(
                                     out = [*out, *encoder.partial(value)]
                             elif kind is Reset or kind is ToolCallRequested:
                                 snapshots.reset()  # the value starts over from the next answer
-                    for chunk in out:
-                        yield frame(chunk)
+                    batch, out = out, ()
+                    for chunk in batch:
+                        data = frame(chunk).encode()
+                        if sent is not None:
+                            pending = (data, chunk)
+                            sent.pending = pending
+                        yield data
         except Exception as error:
-            logger.exception("agentrt.sse: the stream failed")
-            for chunk in encoder.failed(_error_json(error)):
-                yield frame(chunk)
-        finally:
             if forget is not None:
                 forget()
+            logger.exception("agentrt.sse: the stream failed")
+            out = [*out, *encoder.failed(_error_json(error))]  # what an error cut off, first
+        finally:
             if stream is not None:
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()
         if encoder.done_marker:
-            yield ServerSentEvent(data="[DONE]", sep="\n")
+            out = [*out, _frontends.DONE]
+        for chunk in out:
+            data = frame(chunk).encode()
+            if sent is not None:
+                sent.pending = (data, chunk)
+            yield data
 
     return _StreamResponse(
         stream,
@@ -454,8 +467,9 @@ class _StreamResponse(EventSourceResponse):
     """An `EventSourceResponse` that closes its stream however the response ends, even when it is
     cancelled before its body started (the events' own `finally` runs only once they were read).
 
-    With a `run`, the whole response runs under a scope that `stop` cancels: the model stream is
-    closed, then the protocol's last chunks (`encoder.stopped()`) end the body."""
+    With a `run`, the whole response runs under a scope that `stop` cancels, and each chunk counts
+    as sent once its send returned (`run.sent`): after a stop the model stream is closed, then the
+    protocol's last chunks for what the client has end the body."""
 
     def __init__(
         self,
@@ -478,12 +492,24 @@ class _StreamResponse(EventSourceResponse):
             if run is None:
                 await super().__call__(scope, receive, send)
                 return
+            sent = run.sent
             started = False
 
             async def sending(message: Any) -> None:
                 nonlocal started
-                started = True  # the first message is the response's start
-                await send(message)
+                pending = sent.pending
+                body = message.get("body")
+                if pending is None or body is None or not (body is pending[0] or body == pending[0]):
+                    await send(message)  # the start, a ping, the end
+                    started = True
+                    return
+                try:
+                    await send(message)
+                except BaseException:
+                    sent.unsure(pending[1])
+                    raise
+                sent.pending = None
+                sent.confirm(pending[1])
 
             with anyio.CancelScope() as stopping:
                 run.scope = stopping
@@ -492,7 +518,7 @@ class _StreamResponse(EventSourceResponse):
                 await super().__call__(scope, receive, sending)
             run.scope = None
             if stopping.cancelled_caught:
-                await self._stopped(send, started)
+                await self._stopped(send, started, sent)
         finally:
             if self._agentrt_forget is not None:
                 self._agentrt_forget()
@@ -500,20 +526,20 @@ class _StreamResponse(EventSourceResponse):
                 with anyio.CancelScope(shield=True):
                     await self._agentrt_stream.aclose()
 
-    async def _stopped(self, send: Any, started: bool) -> None:
-        """End a stopped run's body: the model stream closed first, then the protocol's last chunks."""
+    async def _stopped(self, send: Any, started: bool, sent: _frontends.Sent) -> None:
+        """End a stopped run's body: the model stream closed first, then the protocol's last chunks
+        for what the client has."""
         if self._agentrt_stream is not None:
             with anyio.CancelScope(shield=True):
                 await self._agentrt_stream.aclose()
         encoder = self._agentrt_encoder
-        chunks = [*([] if started else encoder.opened()), *encoder.stopped()]
+        chunks: list[Any] = [*([] if started else encoder.opened()), *encoder.stopped(sent)]
+        if encoder.done_marker and not sent.done:
+            chunks.append(_frontends.DONE)
         body = b"".join(encoder.frame(chunk).encode() for chunk in chunks)
-        if encoder.done_marker:
-            body += ServerSentEvent(data="[DONE]", sep="\n").encode()
         if not started:
-            await send(
-                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-            )
+            start = {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            await send(start)
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
@@ -716,10 +742,9 @@ def endpoint(
         run: _Run | None = None
         encoder: _frontends.Encoder | None = None
         if protocol == "vercel-ui":
-            assert thread is not None
-            run_id = thread  # a chat streams one answer at a time: its id names the run
+            run_id = _frontends.new_id("msg")  # the answer's message id, unguessable: it names the run
             encoder = _frontends.VercelUI(
-                _frontends.new_id("msg"),
+                run_id,
                 thinking=thinking,
                 tool_details=tool_details,
                 hold=release == "chunked",
@@ -738,8 +763,10 @@ def endpoint(
             )
         if encoder is not None:
             assert run_id is not None
-            run = _Run()
             key = (owner, run_id)
+            if key in runs:  # AG-UI's client names its runs: the same one twice at once is a mistake
+                return _refusal(409, "run_in_progress", "a run with this id is streaming")
+            run = _Run()
             runs[key] = run  # from now on `stop` finds it, also while the model has not answered
 
         def forget() -> None:
@@ -813,11 +840,12 @@ class Endpoint(typing.Protocol):
 class _Run:
     """A streaming run of a client protocol: what `stop` cancels."""
 
-    __slots__ = ("scope", "stopped")
+    __slots__ = ("scope", "sent", "stopped")
 
     def __init__(self) -> None:
         self.scope: anyio.CancelScope | None = None
         self.stopped = False
+        self.sent = _frontends.Sent()
 
     def stop(self) -> None:
         self.stopped = True

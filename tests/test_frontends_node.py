@@ -7,17 +7,22 @@ assembles must equal what the service stored. (No asyncio/trio split: the tests 
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
 import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import pytest
 from served import serve
+
+from agentrt import MemoryId, TokenStream
 
 NODE = Path(__file__).parent / "node"
 SERVERS = Path(__file__).parent / "servers"
@@ -120,3 +125,180 @@ def test_ag_ui_s_client_accepts_every_event_and_assembles_the_run(
     history = stored(app, "anonymous:thread-1")
     assert history[0] == {"role": "user", "text": "Where are A and B?"}
     assert history[-1] == {"role": "assistant", "text": answers[0]}
+
+
+# --- a stop at every point of a stream, checked by the clients -----------------------------------------
+
+
+class Desk:
+    async def plain(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+
+def replay(
+    script: str, request: dict[str, Any], bodies: list[bytes], tmp_path: Path
+) -> list[tuple[int, str]]:
+    """Run a client against each of `bodies`, served as they are by a throwaway HTTP server (the
+    clients run at once): each run's exit status and error output."""
+
+    class Canned(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            body = bodies[int(self.path.strip("/"))]
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Canned)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        path = tmp_path / "request.json"
+        path.write_text(json.dumps(request))
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        runs = [
+            subprocess.Popen(
+                ["node", str(NODE / script), f"{base}/{index}", f"@{path}"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for index in range(len(bodies))
+        ]
+        done = [run.communicate(timeout=120)[1] for run in runs]  # closes each run's pipe
+        return [(run.returncode, errors) for run, errors in zip(runs, done, strict=True)]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def stopped_at(protocol: str, cut: int, written: bool) -> tuple[bytes, int]:
+    """The body of a run stopped while the server sends its `cut`-th body chunk (the client reads
+    no further; `written`: the chunk reached it before the send stalled), and the stop's status."""
+    import anyio
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    sys.path.insert(0, str(SERVERS))
+    from frontends_app import Orders, user_and_thread
+
+    import agentrt
+    import agentrt.sse
+    from agentrt import ThinkingDelta
+    from agentrt.testing import CallTool, Hang, ScriptedModel
+
+    model = ScriptedModel(
+        [ThinkingDelta("Plan. "), "Checking.", CallTool("order", {"order_id": "A"}, id="c1")],
+        [ThinkingDelta("Known. "), "It ", "shipped", Hang()],
+    )
+    svc = agentrt.build(Desk, model=model, tools=[Orders()], memory=agentrt.memory.window())
+    handler = agentrt.sse.endpoint(
+        svc.plain, memory_id=user_and_thread, protocol=protocol, thinking=True, tool_details=True, ping=None
+    )
+    app = Starlette(
+        routes=[Route("/chat", handler, methods=["POST"]), Route("/stop", handler.stop, methods=["POST"])]
+    )
+    body = VERCEL_BODY if protocol == "vercel-ui" else AGUI_BODY
+    incoming = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
+    out: list[bytes] = []
+    headers: dict[bytes, bytes] = {}
+    stalled = anyio.Event()
+    chunks = 0
+
+    async def receive() -> Any:
+        if incoming:
+            return incoming.pop()
+        await anyio.sleep_forever()
+
+    async def send(message: Any) -> None:
+        nonlocal chunks
+        if message["type"] == "http.response.start":
+            headers.update(message["headers"])
+            return
+        data = message.get("body", b"")
+        if not stalled.is_set() and data:
+            chunks += 1
+            if chunks == cut:
+                if written:
+                    out.append(data)
+                stalled.set()
+                await anyio.sleep_forever()  # the client stopped reading: this send never returns
+        out.append(data)
+
+    import httpx
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http_client:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(app, asgi_post("/chat"), receive, send)
+                await stalled.wait()
+                run_id = headers[b"agentrt-run-id"].decode()
+                thread = body.get("id") or body.get("threadId")
+                stop = await http_client.post("/stop", json={"runId": run_id, "threadId": thread})
+    assert model.streams[-1].closed
+    return b"".join(out), stop.status_code
+
+
+def asgi_post(path: str) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+
+
+VERCEL_BODY = {
+    "id": "chat-s",
+    "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "Where is A?"}]}],
+    "trigger": "submit-message",
+}
+AGUI_BODY = {
+    "threadId": "t-s",
+    "runId": "r-s",
+    "state": {},
+    "messages": [{"id": "u1", "role": "user", "content": "Where is A?"}],
+    "tools": [],
+    "context": [],
+    "forwardedProps": {},
+}
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("protocol", ["vercel-ui", "ag-ui"])
+def test_a_stop_at_any_chunk_leaves_a_stream_the_client_accepts(
+    clients: Path, tmp_path: Path, protocol: str, backend: str
+) -> None:
+    import anyio
+
+    script, request = (
+        ("vercel_client.mjs", VERCEL_BODY) if protocol == "vercel-ui" else ("agui_client.mjs", AGUI_BODY)
+    )
+    # Every chunk of the stream until it hangs (the first answer's thinking, text and tool call,
+    # the second's start), cut before and after it was written.
+    cuts = [(cut, written) for cut in range(1, 13) for written in (False, True)]
+    bodies = []
+    for cut, written in cuts:
+        body, status = anyio.run(stopped_at, protocol, cut, written, backend=backend)
+        assert status == 202
+        ends = body.count(b'"abort"') + body.count(b"RUN_FINISHED") + body.count(b"RUN_ERROR")
+        assert ends == 1, body.decode()  # one end, whatever was sent before
+        bodies.append(body)
+    for (cut, written), body, (status, errors) in zip(
+        cuts, bodies, replay(script, request, bodies, tmp_path), strict=True
+    ):
+        # agui_client.mjs exits 4 for a valid stream that ends with RUN_ERROR (what a stop sends
+        # when the client may not have a part's start or end); 2 and 3 are invalid events.
+        accepted = (0, 4) if b'"RUN_ERROR","message":"the run was stopped"' in body else (0,)
+        assert status in accepted, f"cut at chunk {cut} (written={written}):\n{body.decode()}\n{errors}"
