@@ -42,6 +42,8 @@ class Desk:
     @output_guardrails(polite, release="optimistic")
     async def eager(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
 
+    async def lone(self, question: str) -> TokenStream: ...
+
     @user_message("{{question}} (tone: {{tone}})")
     async def plain(
         self, conversation: Annotated[str, MemoryId], question: str, tone: str = "calm"
@@ -401,3 +403,137 @@ def test_protocol_mistakes_are_configuration_errors() -> None:
     with pytest.raises(ConfigurationError, match=r"2 required str parameters \(question, context\)"):
         agentrt.sse.endpoint(two.ask, protocol="vercel-ui")
     agentrt.sse.endpoint(two.ask, protocol="vercel-ui", message="question")
+
+
+# --- found by an outside review ------------------------------------------------------------------------
+
+
+class Committing(agentrt.memory.InMemoryStore):
+    """A store whose commit waits for the test (a remote store's round trip)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.committing = anyio.Event()
+        self.release = anyio.Event()
+
+    async def commit(self, key: str, messages: Any, *, drop: int = 0, owner: str | None = None) -> None:
+        self.committing.set()
+        await self.release.wait()
+        await super().commit(key, messages, drop=drop, owner=owner)
+
+
+async def test_a_stop_while_the_answer_is_stored_comes_too_late_and_says_nothing_more() -> None:
+    store = Committing()
+    svc = agentrt.build(
+        Desk, model=ScriptedModel(["Hello ", "world."]), memory=agentrt.memory.window(store=store)
+    )
+    handler = agentrt.sse.endpoint(svc.plain, memory_id=by_thread, protocol="ag-ui")
+    app = Starlette(
+        routes=[Route("/chat", handler, methods=["POST"]), Route("/stop", handler.stop, methods=["POST"])]
+    )
+    messages = [{"type": "http.request", "body": json.dumps(AGUI_BODY).encode(), "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(app, asgi_post("/chat", AGUI_BODY), receive, send)
+                await store.committing.wait()
+                stop = await http.post("/stop", json={"runId": "r1", "threadId": "t1"})
+                store.release.set()
+    out = chunks(b"".join(m.get("body", b"") for m in sent[1:]).decode())
+    ends = [c["type"] for c in out if c["type"] in ("RUN_FINISHED", "RUN_ERROR")]
+    stored = [m.text for m in await agentrt.memory.access(svc).read("ada:t1")]
+    # Whatever the stop's status, the stream and the memory agree: stored, and said so once.
+    assert stop.status_code in (202, 404)
+    assert ends == ["RUN_FINISHED"] and out[-1]["outcome"] == {"type": "success"}
+    assert stored == ["Where? (tone: calm)", "Hello world."]
+
+
+async def test_two_answers_on_one_chat_are_two_runs_and_one_ag_ui_run_id_streams_once() -> None:
+    model = ScriptedModel(["one", Hang()], ["two", Hang()], "never")
+    svc = agentrt.build(Desk, model=model)  # no memory: the runs' ids alone keep them apart
+    vercel = agentrt.sse.endpoint(svc.lone, protocol="vercel-ui")
+    agui = agentrt.sse.endpoint(svc.lone, protocol="ag-ui")
+    app = Starlette(
+        routes=[
+            Route("/vercel", vercel, methods=["POST"]),
+            Route("/vercel/stop", vercel.stop, methods=["POST"]),
+            Route("/agui", agui, methods=["POST"]),
+        ]
+    )
+    starts: list[dict[bytes, bytes]] = []
+
+    async def call(path: str, body: dict[str, Any]) -> None:
+        incoming = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if incoming:
+                return incoming.pop()
+            await anyio.sleep_forever()
+            raise AssertionError
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                starts.append(dict(message["headers"]))
+
+        await app(asgi_post(path, body), receive, send)
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(call, "/vercel", VERCEL_BODY)
+                group.start_soon(call, "/vercel", VERCEL_BODY)  # the same chat, a second tab
+                while len(starts) < 2:
+                    await anyio.lowlevel.checkpoint()
+                ids = [start[b"agentrt-run-id"].decode() for start in starts]
+                assert ids[0] != ids[1] and all(len(i) > 20 for i in ids)  # unguessable, one each
+                assert (await http.post("/vercel/stop", json={"runId": "chat-1"})).status_code == 404
+                for run_id in ids:
+                    assert (await http.post("/vercel/stop", json={"runId": run_id})).status_code == 202
+            async with anyio.create_task_group() as group:
+                group.start_soon(call, "/agui", AGUI_BODY)
+                while len(model.streams) < 3:
+                    await anyio.lowlevel.checkpoint()
+                again = await http.post("/agui", json=AGUI_BODY)  # the same runId while it streams
+                assert again.status_code == 409 and again.json()["error"]["type"] == "run_in_progress"
+                group.cancel_scope.cancel()
+    assert all(stream.closed for stream in model.streams[:2])
+
+
+class Twice:
+    @tool("Look up an order.")
+    def order(self, order_id: str) -> str:
+        return f"{order_id}: shipped"
+
+
+@pytest.mark.parametrize("protocol", ["vercel-ui", "ag-ui"])
+async def test_tool_call_ids_repeated_across_rounds_are_made_unique(protocol: str) -> None:
+    # A provider that sends no ids gets agentrt's `call_0` in every response.
+    model = ScriptedModel(
+        [CallTool("order", {"order_id": "A"}, id="call_0")],
+        [CallTool("order", {"order_id": "B"}, id="call_0")],
+        "Both shipped.",
+    )
+    svc = agentrt.build(Desk, model=model, tools=[Twice()], memory=agentrt.memory.window())
+    handler = agentrt.sse.endpoint(svc.plain, memory_id=by_thread, protocol=protocol, tool_details=True)  # type: ignore[arg-type]
+    async with client(handler) as http:
+        response = await http.post("/chat", json=VERCEL_BODY if protocol == "vercel-ui" else AGUI_BODY)
+    out = [c for c in chunks(response.text) if isinstance(c, dict)]
+    if protocol == "vercel-ui":
+        starts = [c["toolCallId"] for c in out if c["type"] == "tool-input-start"]
+        outputs = [(c["toolCallId"], c["output"]) for c in out if c["type"] == "tool-output-available"]
+    else:
+        starts = [c["toolCallId"] for c in out if c["type"] == "TOOL_CALL_START"]
+        outputs = [(c["toolCallId"], c["content"]) for c in out if c["type"] == "TOOL_CALL_RESULT"]
+    assert starts == ["call_0", "call_0~2"]
+    assert outputs == [("call_0", "A: shipped"), ("call_0~2", "B: shipped")]
