@@ -598,7 +598,7 @@ def endpoint(
       arguments gets the client's conversation id too (`id`, `threadId`): combine it with the
       authenticated user, never use it alone. The endpoint's `stop` (`endpoint.stop`, a second
       route) cancels a run by its id (`{"runId": ..., "threadId": ...}`; the `agentrt-run-id`
-      response header: Vercel's chat id, AG-UI's `runId`) for the same user.
+      response header: Vercel's message id, AG-UI's `runId`) for the same user.
 
     A request that carries `Last-Event-ID` (a client reconnecting after a lost stream) is refused
     with 409 `not_resumable`: the lost invocation was cancelled, and a second one would repeat the
