@@ -13,6 +13,7 @@ import anyio
 import anyio.lowlevel
 import httpx
 import pytest
+from asgi_scope import post_scope
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
@@ -241,23 +242,6 @@ async def test_an_error_mid_stream_ends_the_run_with_a_safe_message(protocol: st
         assert sent[-1] == {"type": "RUN_ERROR", "message": "internal error", "code": "internal_error"}
 
 
-def asgi_post(path: str, body: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json")],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }
-
-
 @pytest.mark.parametrize(
     ("protocol", "when"),
     [
@@ -296,7 +280,7 @@ async def test_stop_cancels_a_run_by_its_id_for_its_user_only(protocol: str, whe
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
         with anyio.fail_after(10):
             async with anyio.create_task_group() as group:
-                group.start_soon(app, asgi_post("/chat", body), receive, send)
+                group.start_soon(app, post_scope("/chat"), receive, send)
                 if when == "streaming":
                     await streaming.wait()  # its first text went out
                 else:
@@ -446,7 +430,7 @@ async def test_a_stop_while_the_answer_is_stored_comes_too_late_and_says_nothing
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
         with anyio.fail_after(10):
             async with anyio.create_task_group() as group:
-                group.start_soon(app, asgi_post("/chat", AGUI_BODY), receive, send)
+                group.start_soon(app, post_scope("/chat"), receive, send)
                 await store.committing.wait()
                 stop = await http.post("/stop", json={"runId": "r1", "threadId": "t1"})
                 store.release.set()
@@ -486,7 +470,7 @@ async def test_two_answers_on_one_chat_are_two_runs_and_one_ag_ui_run_id_streams
             if message["type"] == "http.response.start":
                 starts.append(dict(message["headers"]))
 
-        await app(asgi_post(path, body), receive, send)
+        await app(post_scope(path), receive, send)
 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
         with anyio.fail_after(10):

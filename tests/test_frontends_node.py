@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import httpx
 import pytest
+from asgi_scope import post_scope
 from served import serve
 
 from agentrt import MemoryId, TokenStream
@@ -233,30 +234,13 @@ async def stopped_at(protocol: str, cut: int, written: bool) -> tuple[bytes, int
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http_client:
         with anyio.fail_after(10):
             async with anyio.create_task_group() as group:
-                group.start_soon(app, asgi_post("/chat"), receive, send)
+                group.start_soon(app, post_scope("/chat"), receive, send)
                 await stalled.wait()
                 run_id = headers[b"agentrt-run-id"].decode()
                 thread = body.get("id") or body.get("threadId")
                 stop = await http_client.post("/stop", json={"runId": run_id, "threadId": thread})
     assert model.streams[-1].closed
     return b"".join(out), stop.status_code
-
-
-def asgi_post(path: str) -> dict[str, Any]:
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json")],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }
 
 
 VERCEL_BODY = {

@@ -15,6 +15,7 @@ import anyio
 import anyio.lowlevel
 import httpx
 import pytest
+from asgi_scope import post_scope
 from pydantic import BaseModel, TypeAdapter
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -343,23 +344,6 @@ async def test_a_resolver_s_http_exception_is_the_response() -> None:
     assert model.requests == []
 
 
-def asgi_request(body: bytes) -> dict[str, Any]:
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/chat",
-        "raw_path": b"/chat",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"x-user", b"ada")],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }
-
-
 async def test_a_client_that_leaves_before_the_first_token_cancels_the_invocation() -> None:
     model = ScriptedModel([Hang()])
     svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
@@ -380,7 +364,7 @@ async def test_a_client_that_leaves_before_the_first_token_cancels_the_invocatio
         sent.append(message)
 
     with anyio.fail_after(10):
-        await app(asgi_request(b""), receive, send)
+        await app(post_scope("/chat", [(b"x-user", b"ada")]), receive, send)
     assert sent[0]["status"] == 499
     assert model.streams[0].closed and not model.streams[0].completed
     assert await agentrt.memory.access(svc).read("ada") == []
@@ -406,7 +390,7 @@ async def test_a_client_that_stops_reading_is_given_up_after_send_timeout() -> N
             await anyio.sleep_forever()  # the client's window is full: this send never completes
 
     with anyio.fail_after(10), contextlib.suppress(Exception):
-        await app(asgi_request(b""), receive, send)
+        await app(post_scope("/chat", [(b"x-user", b"ada")]), receive, send)
     assert stalled.is_set()
     assert model.streams[0].closed and not model.streams[0].completed
     assert await agentrt.memory.access(svc).read("ada") == []
@@ -570,7 +554,7 @@ async def test_a_body_without_a_length_is_read_no_further_than_max_body() -> Non
         sent.append(message)
 
     with anyio.fail_after(10):
-        await app(asgi_request(b""), receive, send)
+        await app(post_scope("/chat", [(b"x-user", b"ada")]), receive, send)
     assert sent[0]["status"] == 413
     assert read == 11  # the chunk that passed the limit was the last one read
     assert model.requests == []
@@ -709,7 +693,7 @@ async def test_a_client_gone_before_the_body_started_still_closes_the_model_stre
         await anyio.lowlevel.checkpoint()
 
     with anyio.fail_after(10):
-        await app(asgi_request(b""), receive, send)
+        await app(post_scope("/chat", [(b"x-user", b"ada")]), receive, send)
     assert model.streams[0].closed and not model.streams[0].completed
     assert await agentrt.memory.access(svc).read("ada") == []
     with anyio.fail_after(5):  # the conversation is free for the next turn at once
