@@ -25,7 +25,10 @@ it stays the backend's own cancellation exception.
     │   ├── ToolTimeoutError        the tool did not finish within its timeout
     │   └── ToolExecutionError      the tool raised (the original exception is the __cause__)
     ├── ToolLoopLimitError          a limit of the tool loop was reached (carries `reason` and `partial`)
-    └── BudgetExceededError         a limit of the invocation's Budget was reached (`limit`, `partial`)
+    ├── BudgetExceededError         a limit of the invocation's Budget was reached (`limit`, `partial`)
+    ├── RetrievalError              a retriever (or an embedding model behind it) failed (`retriever`)
+    ├── ModerationError             the moderation model flagged the call (`categories`, `partial`)
+    │   └── ModerationFailedError   the moderation model itself failed and the policy says "fail"
 
 Every error pickles (and copies), whatever its `__init__` looks like, a user's own subclasses included:
 a task queue or a process pool carries it with its type, message, `args` and every attribute. As always
@@ -57,11 +60,14 @@ __all__ = [
     "ModelNotFoundError",
     "ModelResponseError",
     "ModelTimeoutError",
+    "ModerationError",
+    "ModerationFailedError",
     "OutputGuardrailError",
     "OutputParsingError",
     "OverloadedError",
     "PermissionDeniedError",
     "RateLimitError",
+    "RetrievalError",
     "ServerError",
     "ToolArgumentsError",
     "ToolError",
@@ -351,3 +357,42 @@ class OutputGuardrailError(GuardrailError):
     def __init__(self, message: str, *, failures: tuple[Any, ...], partial: Result[Any]) -> None:
         super().__init__(message, failures=failures)
         self.partial = partial
+
+
+class RetrievalError(AgentError):
+    """A retriever failed or timed out (`retriever` names it), and its policy is to fail the call;
+    the retriever's own exception (an embedding model's `ModelError`, say) is `__cause__`. No model
+    request was made for the turn, nothing was stored."""
+
+    def __init__(self, message: str, *, retriever: str) -> None:
+        super().__init__(message)
+        self.retriever = retriever
+
+
+class ModerationError(AgentError):
+    """The moderation model flagged the user message (or the answer, where that is moderated).
+
+    `categories` are the flagged categories' names, `flagged` which text was flagged (`"input"` or
+    `"answer"`), `moderation` the moderation model's whole verdict, `partial` the `Result` so far: its
+    usage counts any model response that was already under way (and paid for) when the flag came; its
+    text is what the model had said, which no reader was shown. Nothing was stored."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        categories: tuple[str, ...],
+        flagged: str,
+        moderation: Any,
+        partial: Result[Any] | None,
+    ) -> None:
+        super().__init__(message)
+        self.categories = categories
+        self.flagged = flagged
+        self.moderation = moderation
+        self.partial = partial
+
+
+class ModerationFailedError(ModerationError):
+    """The moderation model could not give a verdict (its error is `__cause__`) and the moderation's
+    `on_error` policy is `"fail"`: the call is stopped as if flagged, with no categories."""
