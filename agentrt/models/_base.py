@@ -1,9 +1,14 @@
-"""What the HTTP adapters share: one `HttpSession`, the model name, capabilities, closing."""
+"""What the HTTP adapters share: one `HttpSession`, the model name, capabilities, closing.
+
+`HttpModel` is the part every HTTP adapter has (chat, embedding and moderation models alike): the key
+and its environment variable, the session, the name, `aclose` and `async with`. `HttpChatModel` adds
+what only a chat model has: default settings, capabilities, streaming.
+"""
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, ClassVar, Self
+from typing import TYPE_CHECKING, ClassVar, Self, TypedDict, Unpack
 
 import httpx
 from pydantic import SecretStr
@@ -19,7 +24,19 @@ if TYPE_CHECKING:
 
     from ._http import HttpErrorEvent, HttpRequestEvent, HttpResponseEvent
 
-__all__ = ["HttpChatModel"]
+__all__ = ["HttpChatModel", "HttpModel", "SessionOptions"]
+
+
+class SessionOptions(TypedDict):
+    """The options of an adapter's HTTP session, as its `__init__` takes them (see `OpenAIChatModel`)."""
+
+    headers: Mapping[str, str] | None
+    timeout: httpx.Timeout | float | None
+    retry: RetryPolicy | None
+    client: httpx.AsyncClient | None
+    on_request: Callable[[HttpRequestEvent], None] | None
+    on_response: Callable[[HttpResponseEvent], None] | None
+    on_error: Callable[[HttpErrorEvent], None] | None
 
 
 def _header_safe(key: SecretStr | None, kind: str) -> SecretStr | None:
@@ -41,19 +58,13 @@ def _header_safe(key: SecretStr | None, kind: str) -> SecretStr | None:
     return SecretStr(value)
 
 
-class HttpChatModel:
-    """The common part of an HTTP chat model. Subclasses call `_connect` from their `__init__`."""
-
-    handles_deadline: ClassVar[bool] = True
-    """Opening, retries and reads stop at `ModelRequest.deadline` (see `stream_chunks`)."""
+class HttpModel:
+    """The common part of an HTTP model. Subclasses call `_connect_session` from their `__init__`."""
 
     _model: str
-    _settings: ModelSettings
-    _capabilities: Capabilities
-    _streaming: bool
     _session: HttpSession
 
-    def _connect(
+    def _connect_session(
         self,
         model: str,
         *,
@@ -61,16 +72,7 @@ class HttpChatModel:
         path: str,
         api_key: SecretStr | str | None,
         api_key_variable: str,
-        settings: ModelSettings | None,
-        capabilities: Capabilities,
-        streaming: bool,
-        headers: Mapping[str, str] | None,
-        timeout: httpx.Timeout | float | None,
-        retry: RetryPolicy | None,
-        client: httpx.AsyncClient | None,
-        on_request: Callable[[HttpRequestEvent], None] | None,
-        on_response: Callable[[HttpResponseEvent], None] | None,
-        on_error: Callable[[HttpErrorEvent], None] | None,
+        **options: Unpack[SessionOptions],
     ) -> None:
         kind = type(self).__name__
         if not model:
@@ -82,21 +84,18 @@ class HttpChatModel:
             api_key = SecretStr(api_key)
         api_key = _header_safe(api_key, kind)
         self._model = model
-        self._settings = settings or ModelSettings()
-        self._capabilities = capabilities
-        self._streaming = streaming
         try:
             self._session = HttpSession(
                 base_url,
                 path,
                 secret=api_key or None,
-                headers=headers,
-                timeout=timeout,
-                retry=retry or RetryPolicy(),
-                client=client,
-                on_request=on_request,
-                on_response=on_response,
-                on_error=on_error,
+                headers=options["headers"],
+                timeout=options["timeout"],
+                retry=options["retry"] or RetryPolicy(),
+                client=options["client"],
+                on_request=options["on_request"],
+                on_response=options["on_response"],
+                on_error=options["on_error"],
             )
         except (httpx.InvalidURL, ValueError, TypeError) as exc:
             raise ConfigurationError(f"{kind}: invalid base_url {base_url!r}: {exc}") from None
@@ -104,10 +103,6 @@ class HttpChatModel:
     @property
     def name(self) -> str:
         return self._model
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self._capabilities
 
     @property
     def endpoint(self) -> str:
@@ -132,3 +127,43 @@ class HttpChatModel:
         /,
     ) -> None:
         await self.aclose()
+
+
+class HttpChatModel(HttpModel):
+    """The common part of an HTTP chat model. Subclasses call `_connect` from their `__init__`."""
+
+    handles_deadline: ClassVar[bool] = True
+    """Opening, retries and reads stop at `ModelRequest.deadline` (see `stream_chunks`)."""
+
+    _settings: ModelSettings
+    _capabilities: Capabilities
+    _streaming: bool
+
+    def _connect(
+        self,
+        model: str,
+        *,
+        base_url: str,
+        path: str,
+        api_key: SecretStr | str | None,
+        api_key_variable: str,
+        settings: ModelSettings | None,
+        capabilities: Capabilities,
+        streaming: bool,
+        **options: Unpack[SessionOptions],
+    ) -> None:
+        self._connect_session(
+            model,
+            base_url=base_url,
+            path=path,
+            api_key=api_key,
+            api_key_variable=api_key_variable,
+            **options,
+        )
+        self._settings = settings or ModelSettings()
+        self._capabilities = capabilities
+        self._streaming = streaming
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
