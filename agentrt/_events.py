@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     # models._protocol imports this module; it binds ModelRequest here once it is defined, so that
     # typing.get_type_hints(RequestIssued) resolves.
     from .models._protocol import ModelRequest  # noqa: TC004
+    from .rag._types import Content  # noqa: TC004  (bound the same way by agentrt.rag._types)
 
 __all__ = [
     "CancelledEvent",
@@ -44,6 +45,7 @@ __all__ = [
     "ResponseMeta",
     "ResponseReceived",
     "Result",
+    "Retrieved",
     "Started",
     "TextDelta",
     "ThinkingDelta",
@@ -80,10 +82,16 @@ class TextDelta:
 
 @dataclass(slots=True)
 class ThinkingDelta:
-    """A piece of reasoning text; `signature` is set on the chunk that closes a signed block."""
+    """A piece of reasoning text; `signature` is set on the chunk that closes a signed block.
+
+    A `redacted` chunk is a whole block whose reasoning the provider encrypted (Anthropic's
+    `redacted_thinking`): its `text` is empty and `signature` holds the opaque data, which must be sent
+    back unchanged.
+    """
 
     text: str
     signature: str | None = None
+    redacted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +273,19 @@ class ToolExecuted:
 
 
 @dataclass(frozen=True, slots=True)
+class Retrieved:
+    """What retrieval found for the call, before the first model request: the `queries` run (the
+    user's text, or what the query transformer made of it), the `contents` injected into the message
+    the model sees (ranked, at most `Retrieval.max_results`), and the retrievers `skipped` under
+    `on_error="skip"` (`agentrt.rag.Skipped`)."""
+
+    invocation_id: str
+    queries: tuple[str, ...]
+    contents: tuple[Content, ...]
+    skipped: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class GuardrailVerdict:
     """A guardrail ran: on the user message (`kind` "input") or on an answer ("output"; `attempt`
     is 1 for the first answer, 2 after one re-ask, ...). `verdict` is a `guardrails.Verdict` value;
@@ -323,7 +344,8 @@ class Result(Generic[T]):
     finish_reason: FinishReason | None = None
     thinking: str | None = None
     tool_executions: tuple[ToolExecution, ...] = ()
-    sources: tuple[Any, ...] = ()
+    sources: tuple[Content, ...] = ()
+    """The contents retrieval injected into the message the model saw (`agentrt.rag.Content`)."""
     attempts: int = 1
     model: str | None = None
     messages: tuple[ChatMessage, ...] = field(default=(), repr=False)
@@ -367,6 +389,7 @@ Event = (
     | ResponseReceived
     | ToolCallRequested
     | ToolExecuted
+    | Retrieved
     | GuardrailVerdict
     | Reset
     | Completed[Any]
@@ -379,6 +402,7 @@ LifecycleEvent = (
     | ResponseReceived
     | ToolCallRequested
     | ToolExecuted
+    | Retrieved
     | GuardrailVerdict
     | Reset
     | Completed[Any]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import weakref
@@ -19,9 +20,11 @@ from .guardrails._declare import INPUT_ATTR, OUTPUT_ATTR, OutputChain, guardrail
 from .memory._memory import ChatMemory, Memory
 from .memory._store import ChatMemoryStore
 from .models._protocol import ModelSettings
+from .moderation._declare import MODERATE_ATTR, Moderate
 from .output._modes import ANSWER_TOOL, AnswerTool, answer_tool, resolve_mode
 from .output._parsers import TypeParser
 from .output._partial import Snapshots
+from .rag._augment import RETRIEVAL_ATTR, Retrieval
 from .tools._declare import collect_tools
 from .tools._run import ThreadLimiter, ToolSettings
 
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
 
     from ._events import Event
     from .models._protocol import Capabilities, ChatModel
+    from .moderation._types import ModerationModel
     from .output._modes import OutputMode
 
 __all__ = ["build", "create", "runtime_of"]
@@ -231,6 +235,35 @@ def _check_release(method: MethodSpec, chain: OutputChain) -> None:
             )
 
 
+def _moderations(
+    spec: ServiceSpec, model: ModerationModel | None, chains: Mapping[str, OutputChain]
+) -> dict[str, Moderate]:
+    """How each `@moderate` method is moderated, with its model resolved; a moderated answer must be
+    held until it passed, which `chunked` and `optimistic` releases do not do."""
+    if model is not None and not callable(getattr(model, "moderate", None)):
+        raise ConfigurationError(
+            f"{spec.cls.__name__}: moderation_model {model!r} is not a ModerationModel (it has no moderate())"
+        )
+    resolved: dict[str, Moderate] = {}
+    for name, declared in _declared(spec, MODERATE_ATTR, cast("Moderate", None)).items():
+        method = spec.methods[name]
+        if declared.model is None:
+            if model is None:
+                raise ConfigurationError(
+                    f"{method.qualname}: @moderate names no model and build() has no moderation_model"
+                )
+            declared = dataclasses.replace(declared, model=model)
+        chain = chains.get(name)
+        if declared.answer and chain is not None and chain.release != "buffer":
+            if method.output_kind in (OutputKind.STREAM, OutputKind.PARTIAL):
+                raise ConfigurationError(
+                    f"{method.qualname}: @moderate(answer=True) holds the answer until it passed, but its "
+                    f"output guardrails release text before that (release {chain.release!r}); use 'buffer'"
+                )
+        resolved[name] = declared
+    return resolved
+
+
 def build(
     cls: type[S],
     /,
@@ -249,6 +282,8 @@ def build(
     memory: ChatMemory | ChatMemoryStore | None = None,
     input_guardrails: Sequence[object] = (),
     output_guardrails: Sequence[object] = (),
+    retrieval: Retrieval | None = None,
+    moderation_model: ModerationModel | None = None,
 ) -> S:
     """Build a service: an instance of `cls` whose stub methods call `model`.
 
@@ -276,6 +311,9 @@ def build(
       class), with the defaults of `@output_guardrails` (`max_retries=2`, `release="buffer"`).
     - `memory`: chat memory (`agentrt.memory.window(...)`, a `ChatMemory`, or a bare store, which
       keeps whole conversations): turns on one memory id see the turns before them.
+    - `retrieval`: what every method that declares none itself (`@retrieval`, nor its class)
+      retrieves before the model is asked (`agentrt.rag.Retrieval`).
+    - `moderation_model`: the model of every `@moderate` declaration that names none.
 
     Raises `ConfigurationError`, naming `Class.method` and the parameter, for every declaration
     mistake; nothing is deferred to the first call.
@@ -330,6 +368,13 @@ def build(
     output_chains = {name: chain for name, chain in output_chains.items() if chain.guardrails}
     for name, chain in output_chains.items():
         _check_release(spec.methods[name], chain)
+    if retrieval is not None and not isinstance(retrieval, Retrieval):
+        raise ConfigurationError(
+            f"{cls.__name__}: retrieval must be an agentrt.rag.Retrieval, got {retrieval!r}"
+        )
+    # (`_declared` leaves out methods whose value is empty: None, or `()` for `@retrieval(None)`)
+    retrievals = _declared(spec, RETRIEVAL_ATTR, cast("Retrieval", retrieval))
+    moderations = _moderations(spec, moderation_model, output_chains)
     tool_settings = tool_settings or ToolSettings()
     _check_tool_choice(cls.__name__, model, tool_settings, definitions, tool_provider)
     modes, answer_tools = _output_modes(spec, output_mode, capabilities, definitions)
@@ -352,6 +397,8 @@ def build(
         output_guardrails=MappingProxyType(output_chains),
         output_modes=MappingProxyType(modes),
         answer_tools=MappingProxyType(answer_tools),
+        retrievals=MappingProxyType(retrievals),
+        moderations=MappingProxyType(moderations),
     )
     namespace: dict[str, Any] = {
         name: _implement(method_spec, runtime) for name, method_spec in spec.methods.items()

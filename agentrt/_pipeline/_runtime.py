@@ -13,7 +13,9 @@ from .._messages import UserMessage
 from ..guardrails._declare import Guardrail, OutputChain
 from ..memory._memory import Memory
 from ..models._protocol import ChatModel, ModelSettings
+from ..moderation._declare import Moderate
 from ..output._modes import AnswerTool
+from ..rag._augment import Retrieval
 from ..tools._declare import ToolDefinition
 from ..tools._run import ThreadLimiter, ToolSettings
 
@@ -72,6 +74,10 @@ class Runtime:
     or `tool`), by name; the others ask for text."""
     answer_tools: Mapping[str, AnswerTool] = field(default_factory=dict)
     """The `final_answer` tool of each method in tool mode, by name."""
+    retrievals: Mapping[str, Retrieval] = field(default_factory=dict)
+    """The retrieval of each method that has one (method > class > build), by name."""
+    moderations: Mapping[str, Moderate] = field(default_factory=dict)
+    """How each moderated method is moderated (with its model resolved), by name."""
 
 
 def notify(listeners: Sequence[Listener], event: LifecycleEvent) -> None:

@@ -9,10 +9,14 @@ import inspect
 from typing import TYPE_CHECKING
 
 from .._errors import ConfigurationError
+from .._events import Retrieved
 from .._messages import ChatMessage, SystemMessage, TextContent, UserMessage
 from ..guardrails._run import run_input
 from ..models._protocol import ModelRequest, ToolSpec
 from ..output._modes import ANSWER_TOOL
+from ..rag._augment import augmented
+from ..rag._augment import run as run_retrieval
+from ..rag._types import Query
 from ..tools._declare import ToolContext, ToolDefinition, collect_tools
 from ..tools._run import ToolLoop
 from ._runtime import ToolRequest, notify
@@ -23,6 +27,7 @@ if TYPE_CHECKING:
     from .._events import GuardrailVerdict
     from .._messages import ToolCall
     from ..guardrails._declare import Guardrail
+    from ..rag._augment import Retrieval
     from ._turn import Turn
 
 __all__ = ["prepare"]
@@ -43,7 +48,11 @@ async def prepare(turn: Turn) -> None:
     chain = runtime.input_guardrails.get(turn.spec.name)
     if chain is not None:
         await input_guardrails(turn, chain, history)
-    augment(turn)
+    retrieval = runtime.retrievals.get(turn.spec.name) if runtime.retrievals else None
+    if retrieval is not None:
+        await retrieve(turn, retrieval)
+    else:
+        turn.outgoing = turn.user
     if runtime.tool_provider is not None:
         await provided_tools(turn)
     else:
@@ -52,7 +61,7 @@ async def prepare(turn: Turn) -> None:
 
 
 def may_wait(turn: Turn) -> bool:
-    """Whether `prepare` may wait (on a user's provider, a conversation's lock or its store; later: a
+    """Whether `prepare` may wait (on a user's provider, a conversation's lock or its store, a
     retriever)."""
     runtime = turn.runtime
     return (
@@ -60,6 +69,7 @@ def may_wait(turn: Turn) -> bool:
         or runtime.tool_provider is not None
         or runtime.memory is not None
         or turn.spec.name in runtime.input_guardrails
+        or turn.spec.name in runtime.retrievals
     )
 
 
@@ -120,10 +130,25 @@ async def load_memory(turn: Turn) -> list[ChatMessage]:
     return conversation.history()
 
 
-def augment(turn: Turn) -> None:
-    """Seam: retrieval-augmented generation. The augmented message goes to `turn.outgoing` only:
-    memory stores `turn.user`."""
-    turn.outgoing = turn.user
+async def retrieve(turn: Turn, retrieval: Retrieval) -> None:
+    """Retrieval-augmented generation: contents found for the user's message are injected into
+    `turn.outgoing`, the message the model sees; memory stores `turn.user`, the user's own. The
+    contents become the result's `sources` and a `Retrieved` event."""
+    user = turn.user
+    assert user is not None
+    where = turn.spec.qualname
+    query = Query(user.text, turn.history, turn.memory_id, where)
+    found = await run_retrieval(retrieval, query, where)
+    if found is None:  # `when` said no
+        turn.outgoing = user
+        return
+    queries, contents, skipped = found
+    turn.outgoing = augmented(retrieval, user, contents, where)
+    turn.sources = tuple(contents)
+    event = turn.retrieved = Retrieved(turn.id, tuple(q.text for q in queries), turn.sources, tuple(skipped))
+    listeners = turn.runtime.listeners
+    if listeners:
+        notify(listeners, event)
 
 
 async def provided_tools(turn: Turn) -> None:

@@ -19,12 +19,13 @@ from ..memory._memory import DEFAULT_MEMORY_ID
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .._events import GuardrailVerdict, ModelResponse, ToolExecution
+    from .._events import GuardrailVerdict, ModelResponse, Retrieved, ToolExecution
     from .._messages import ChatMessage, UserMessage
     from .._spec import MethodSpec
     from ..memory._memory import Conversation
     from ..models._protocol import ModelRequest, ModelSettings, ResponseAccumulator
     from ..output._modes import AnswerChunks, AnswerTool
+    from ..rag._types import Content
     from ..tools._declare import ToolDefinition
     from ..tools._run import LoopLimit, ToolLoop
     from ._runtime import Runtime
@@ -64,10 +65,12 @@ class Turn:
         "outgoing",
         "request",
         "response",
+        "retrieved",
         "runtime",
         "sent",
         "settings",
         "since_sent",
+        "sources",
         "spec",
         "streaming",
         "system",
@@ -120,6 +123,10 @@ class Turn:
         """The user message as the caller made it: what memory stores."""
         self.outgoing: UserMessage | None = None
         """The user message the model sees: augmented by retrieval, with format instructions."""
+        self.sources: tuple[Content, ...] = ()
+        """What retrieval injected into the outgoing message."""
+        self.retrieved: Retrieved | None = None
+        """Retrieval's event, not yet yielded (the stages before the loop cannot yield)."""
         self.tools: Mapping[str, ToolDefinition] = {}
         self.loop: ToolLoop | None = None
         self.request: ModelRequest | None = None
@@ -192,6 +199,7 @@ class Turn:
             finish_reason=response.finish_reason if response is not None else None,
             thinking=response.message.thinking if response is not None else None,
             tool_executions=tuple(loop.executions) if loop is not None else (),
+            sources=self.sources,
             attempts=self.attempts,
             model=(response.model if response is not None else None) or self.runtime.model.name,
             messages=messages,
@@ -215,6 +223,7 @@ class Turn:
             finish_reason=response.finish_reason,
             thinking=message.thinking,
             tool_executions=tuple(loop.executions) if loop is not None else (),
+            sources=self.sources,
             model=response.model or self.runtime.model.name,
             attempts=attempts,
             messages=((*self.request.messages, message) if self.immediate is None else self.request.messages),

@@ -47,7 +47,7 @@ from ..guardrails._results import NO_VALUE
 from ..models._protocol import ResponseAccumulator, aclose_iterator
 from ..output._modes import AnswerChunks
 from ..tools._run import arguments_hash
-from . import _finish, _loop, _meter, _release, _stages
+from . import _finish, _loop, _meter, _moderate, _release, _stages
 from ._runtime import notify
 from ._turn import Turn
 
@@ -201,6 +201,15 @@ class Invocation:
                     else:
                         held.append(verdict)
                 turn.verdicts.clear()
+            if turn.retrieved is not None:  # what retrieval found (listeners had it)
+                if held is None:
+                    yield turn.retrieved
+                else:
+                    held.append(turn.retrieved)
+                turn.retrieved = None
+            # Moderation: the user's message is judged while the model answers its first request.
+            moderation = runtime.moderations.get(turn.spec.name) if runtime.moderations else None
+            moderating = moderation is not None and bool(turn.user is not None and turn.user.text)
             chain = runtime.output_guardrails.get(turn.spec.name) if runtime.output_guardrails else None
             streams = turn.spec.output_kind in _STREAMS
             policy = chain.release if chain is not None and streams else None
@@ -208,7 +217,10 @@ class Invocation:
             # answer (`buffer`, and every re-ask of a `chunked` stream: stream-to-sync), released
             # chunk by chunk as each passes (`chunked`), or at once (`optimistic`; a rejection then
             # withdraws it with a `Reset`). `released` is what the reader has of it.
-            hold = policy == "buffer"
+            # An answer that is moderated too is held until it passed, like `buffer`.
+            hold = policy == "buffer" or (
+                streams and policy is None and moderation is not None and moderation.answer
+            )
             chunking = policy == "chunked"
             optimistic = policy == "optimistic"
             released = None
@@ -250,6 +262,11 @@ class Invocation:
                     add = accumulator.add
                     append = accumulator.text_sink()  # what `add` does for a TextDelta, without the call
                     chunks = model.stream(request)
+                    if moderating:
+                        assert moderation is not None
+                        assert turn.user is not None
+                        chunks = _moderate.Moderated(chunks, turn, moderation, request, turn.user.text)
+                        moderating = False
                     if turn.answer is not None:  # tool mode: the answer tool's arguments are the text
                         chunks = turn.answering = AnswerChunks(chunks)
                     if guard is not None and not runtime.handles_deadline:
@@ -512,6 +529,11 @@ class Invocation:
                         _finish.reask(turn, message, again)
                     attempt += 1
                     continue
+                if moderation is not None and moderation.answer and text:
+                    judging = _moderate.judge(turn, moderation, text, "answer")
+                    if guard is not None:
+                        judging = _scoped(turn, judging, guard)
+                    await judging
                 rewritten = _finish.accept(turn, message, text, answered)
                 if pending is not None:  # released once the chain passed
                     final = pending.pop() if not immediate and pending else None

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
+from .. import _events
 from .._messages import ChatMessage
 
 __all__ = ["Content", "EmbeddingModel", "Query", "Retriever"]
@@ -23,13 +24,18 @@ class Content:
     across retrievers, so that fusion counts the same chunk found twice once."""
 
     text: str
-    metadata: Mapping[str, Any] = field(default=_EMPTY)
+    metadata: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
     score: float | None = None
     id: str | None = None
 
     def key(self) -> str:
         """What makes two contents the same chunk: `id` when set, else the text."""
         return self.id if self.id is not None else self.text
+
+
+# _events cannot import this module (agentrt.rag imports the pipeline); bind Content there, so that
+# typing.get_type_hints(Result) resolves.
+_events.Content = Content  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)
