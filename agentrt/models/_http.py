@@ -3,7 +3,9 @@
 `HttpSession` owns (or borrows) one `httpx.AsyncClient` and sends JSON requests to one endpoint.
 `open` returns a response whose status is 2xx and whose body has not been read: everything before that
 point (connection failures, error statuses) is mapped to agentrt errors and retried per the
-`RetryPolicy`; everything after it belongs to the adapter, which must close the response.
+`RetryPolicy`; everything after it belongs to the adapter, which must close the response. Chat models
+read it with `stream_chunks`; endpoints that answer with one JSON document (embeddings, moderation)
+with `fetch_json`.
 
 The API key lives in a `SecretStr` and is put into the `Authorization` header of each request only;
 listener events carry the request body and the redacted endpoint, never request headers, and every
@@ -22,15 +24,17 @@ import threading
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 import anyio
 import httpx
 import orjson
 
 from .._errors import ModelError, ModelTimeoutError
+from ._decoders import _PROBLEMS
 from ._failures import (
     ErrorContext,
+    error_from_payload,
     error_from_response,
     parse_retry_after,
     redact_url,
@@ -38,6 +42,7 @@ from ._failures import (
     scrub,
     secret_forms,
     transport_error,
+    unreadable,
 )
 from ._retry import Retryable, RetryPolicy
 
@@ -57,6 +62,7 @@ __all__ = [
     "HttpRequestEvent",
     "HttpResponseEvent",
     "HttpSession",
+    "fetch_json",
     "stream_chunks",
 ]
 
@@ -547,6 +553,52 @@ async def _release(raw_chunks: AsyncIterator[bytes]) -> None:
                 pass
         except httpx.HTTPError:
             pass
+
+
+_T = TypeVar("_T")
+
+
+async def fetch_json(session: HttpSession, body: Mapping[str, Any], read: Callable[[Any], _T]) -> _T:
+    """One request whose answer is one JSON document: send (with retries), read it whole, close, map.
+
+    `read` maps the parsed document; it raises `MalformedPayload` (or whatever reading a payload of
+    the wrong shape raises) for a document that does not follow the protocol. Raises the `ModelError`
+    kind for a failure before the response was accepted (retried per the session's policy); once a
+    2xx arrived nothing is retried: a transport failure while the body is read is a `mid_stream`
+    error, a body that is not JSON or that `read` refuses a `ModelResponseError` carrying the body
+    (scrubbed), an `error` object in the body the error it names. Every final failure is reported to
+    `on_error`. Cancellation closes the response (shielded, so that the close completes on trio too)
+    and propagates unchanged.
+    """
+    exchange = await session.open(body)
+    response = exchange.response
+    try:
+        raw = await response.aread()
+    except httpx.HTTPError as exc:
+        error = session.stream_error(exc)
+        session.report(error, body, exchange.attempt)
+        raise error from exc
+    finally:
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
+    failure: ModelError
+    try:
+        payload = orjson.loads(raw)
+        if payload.__class__ is dict and payload.get("error"):
+            failure = error_from_payload(
+                payload, session.context, request_id=exchange.request_id, mid_stream=False
+            )
+        else:
+            return read(payload)
+    except ModelError as error:
+        failure = error
+    except _PROBLEMS as exc:
+        what = "the response is not JSON" if isinstance(exc, orjson.JSONDecodeError) else "malformed response"
+        failure = unreadable(
+            what, session.context, request_id=exchange.request_id, mid_stream=False, body=raw, cause=exc
+        )
+    session.report(failure, body, exchange.attempt)
+    raise failure
 
 
 def _notify(listener: Callable[[Any], None], event: object) -> None:
