@@ -24,6 +24,7 @@ __all__ = [
     "PdfContent",
     "SystemMessage",
     "TextContent",
+    "ThinkingBlock",
     "ToolCall",
     "ToolResultMessage",
     "UserContent",
@@ -158,8 +159,31 @@ class ToolCall(_Value):
         return orjson.loads(self.arguments) if self.arguments.strip() else {}
 
 
+class ThinkingBlock(_Value):
+    """One block of a model's reasoning, kept as the provider sent it so that it can go back unchanged.
+
+    `signature` is the provider's seal on `text` (Anthropic checks it when the block is sent back). A
+    `redacted` block's reasoning was encrypted by the provider: its `text` is empty and `signature`
+    holds the encrypted data.
+    """
+
+    text: str = ""
+    signature: str | None = None
+    redacted: bool = False
+
+
+def _no_blocks(blocks: tuple[ThinkingBlock, ...]) -> bool:
+    return not blocks
+
+
 class AssistantMessage(_Value):
-    """What the model answered: text, optional thinking text, tool calls, or a refusal."""
+    """What the model answered: text, optional thinking text, tool calls, or a refusal.
+
+    `thinking` is the reasoning text, `thinking_signature` the signature of its (single) signed block.
+    `thinking_blocks` is set only when that pair cannot describe the reasoning: several signed blocks,
+    or redacted ones (Anthropic); providers that check signatures need each block back as it was. It is
+    left out of the JSON when empty, so messages stored before it existed read and write unchanged.
+    """
 
     role: Literal["assistant"] = "assistant"
     text: str | None = None
@@ -167,6 +191,7 @@ class AssistantMessage(_Value):
     thinking_signature: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     refusal: str | None = None
+    thinking_blocks: tuple[ThinkingBlock, ...] = Field(default=(), exclude_if=_no_blocks)
 
 
 class ToolResultMessage(_Value):

@@ -1,8 +1,8 @@
 """Chat models: the protocol every adapter implements, the non-streaming fold, and the adapters.
 
 `OpenAIChatModel` talks to OpenAI-compatible Chat Completions endpoints, `OllamaChatModel` to Ollama's
-native `/api/chat`; both share `RetryPolicy` and report HTTP exchanges to listeners as
-`HttpRequestEvent`, `HttpResponseEvent` and `HttpErrorEvent`.
+native `/api/chat`, `AnthropicChatModel` to Anthropic's Messages API; all share `RetryPolicy` and
+report HTTP exchanges to listeners as `HttpRequestEvent`, `HttpResponseEvent` and `HttpErrorEvent`.
 """
 
 from __future__ import annotations
@@ -35,10 +35,12 @@ from ._protocol import (
     estimate_tokens,
 )
 from ._retry import RetryPolicy
+from .anthropic import AnthropicChatModel
 from .ollama import OllamaChatModel
 from .openai import OpenAIChatModel
 
 __all__ = [
+    "AnthropicChatModel",
     "Capabilities",
     "ChatModel",
     "Finish",
@@ -65,6 +67,7 @@ __all__ = [
     "ToolChoice",
     "ToolSpec",
     "Usage",
+    "anthropic",
     "complete",
     "estimate_tokens",
     "ollama",

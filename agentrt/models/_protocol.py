@@ -31,6 +31,7 @@ from .._messages import (
     ChatMessage,
     SystemMessage,
     TextContent,
+    ThinkingBlock,
     ToolCall,
     ToolResultMessage,
     UserMessage,
@@ -224,10 +225,13 @@ class ResponseAccumulator:
     """Folds chunks into a `ModelResponse`. Used by `complete` and by the pipeline while it streams.
 
     Tool-call fragments are assembled by `index` in order of first appearance; usage reported several
-    times is replaced by the latest report (providers send cumulative counts).
+    times is replaced by the latest report (providers send cumulative counts). Thinking is also kept
+    as blocks, each closed by a chunk with a `signature`, for `AssistantMessage.thinking_blocks`.
     """
 
     __slots__ = (
+        "_block_start",
+        "_blocks",
         "_calls",
         "_finish",
         "_meta",
@@ -243,6 +247,8 @@ class ResponseAccumulator:
         self._thinking: list[str] = []
         self._refusal: list[str] = []
         self._signature: str | None = None
+        self._blocks: list[ThinkingBlock] = []
+        self._block_start = 0
         self._calls: dict[int, list[Any]] = {}
         self._usage: Usage | None = None
         self._finish: Finish | None = None
@@ -257,6 +263,7 @@ class ResponseAccumulator:
             self._thinking.append(chunk.text)
             if chunk.signature is not None:
                 self._signature = chunk.signature
+                self._close_block(chunk)
         elif kind is ToolCallDelta:
             assert isinstance(chunk, ToolCallDelta)
             call = self._calls.get(chunk.index)
@@ -282,6 +289,22 @@ class ResponseAccumulator:
             self._meta = chunk
         else:
             raise TypeError(f"a chat model yielded {chunk!r}, which is not a model chunk")
+
+    def _close_block(self, chunk: ThinkingDelta) -> None:
+        """A signed (or redacted) block ends with `chunk`: keep it as the provider sent it."""
+        pieces = self._thinking
+        text = "" if chunk.redacted else "".join(pieces[self._block_start :])
+        self._blocks.append(ThinkingBlock(text=text, signature=chunk.signature, redacted=chunk.redacted))
+        self._block_start = len(pieces)
+
+    def _thinking_blocks(self, thinking: str) -> tuple[ThinkingBlock, ...]:
+        """The blocks, unless `thinking` and the one signature say all of it (the common case)."""
+        blocks = self._blocks
+        if not blocks:
+            return ()
+        if len(blocks) == 1 and not blocks[0].redacted and blocks[0].text == thinking:
+            return ()
+        return tuple(blocks)
 
     @property
     def text(self) -> str:
@@ -338,6 +361,7 @@ class ResponseAccumulator:
             thinking_signature=self._signature,
             tool_calls=calls,
             refusal="".join(self._refusal) or None,
+            thinking_blocks=self._thinking_blocks(thinking),
         )
         usage = self._usage
         if usage is None or cut:

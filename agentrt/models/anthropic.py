@@ -1,0 +1,669 @@
+"""Anthropic's Messages API (`POST {base_url}/v1/messages`) over httpx.
+
+The wire format is content blocks: the request's `system` is a top-level field, tool calls are
+`tool_use` blocks of an assistant message and their results `tool_result` blocks of the next user
+message, thinking comes back as `thinking` blocks sealed with a `signature` (or as `redacted_thinking`
+blocks of encrypted data), which must be sent back unchanged. The key goes in `x-api-key`, the API
+version in `anthropic-version`, and `max_tokens` is required.
+
+A stream is a sequence of named SSE events (`message_start`, `content_block_start`/`_delta`/`_stop`,
+`message_delta`, `message_stop`, `ping`, `error`) whose data repeats the event's name as `type`; a
+non-streaming response is one `message` object. `MessagesMapper` reads both into the same chunks: a
+whole message is read as the events that would have streamed it.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import orjson
+
+from .._errors import BadRequestError, ConfigurationError, ModelError
+from .._events import (
+    Finish,
+    FinishReason,
+    ResponseMeta,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallDelta,
+    Usage,
+)
+from .._messages import (
+    AssistantMessage,
+    ImageContent,
+    PdfContent,
+    SystemMessage,
+    TextContent,
+    ToolResultMessage,
+    UserMessage,
+)
+from ._base import HttpChatModel
+from ._decoders import _PROBLEMS, JSONChunkDecoder, MalformedPayload, json_type
+from ._failures import error_from_payload, unreadable
+from ._http import HttpSession, stream_chunks
+from ._protocol import Capabilities, ModelSettings
+from ._sse import SSEDecoder
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+
+    import httpx
+    from pydantic import SecretStr
+
+    from .._events import ModelChunk
+    from .._messages import ChatMessage, ThinkingBlock, UserContent
+    from ._failures import ErrorContext
+    from ._http import Exchange, HttpErrorEvent, HttpRequestEvent, HttpResponseEvent
+    from ._protocol import ModelRequest, ToolChoice, ToolSpec
+    from ._retry import RetryPolicy
+
+__all__ = ["AnthropicChatModel", "MessagesMapper"]
+
+DEFAULT_BASE_URL: Final = "https://api.anthropic.com"
+API_VERSION: Final = "2023-06-01"
+DEFAULT_MAX_TOKENS: Final = 4096
+"""Sent when neither the request's nor the model's settings name `max_tokens` (the API requires one)."""
+
+DEFAULT_CAPABILITIES: Final = Capabilities(
+    tool_output=True,
+    image_input=True,
+    pdf_input=True,
+    thinking=True,
+)
+"""What the Messages API takes. Structured answers go through a forced `final_answer` tool: the API
+has no JSON mode (`json_schema`, `json_object` are false), and follows a tool's schema well."""
+
+THINKING_CAPABILITIES: Final = Capabilities(
+    tool_choice_required=False,
+    tool_choice_named=False,
+    tool_output=True,
+    image_input=True,
+    pdf_input=True,
+    thinking=True,
+)
+"""With thinking on, the API refuses a forced tool choice (`any` or a named tool): the answer tool is
+then offered with `auto` and asked for in the instructions."""
+
+STOP_REASONS: Final[dict[str, FinishReason]] = {
+    "end_turn": FinishReason.STOP,
+    "stop_sequence": FinishReason.STOP,
+    "max_tokens": FinishReason.LENGTH,
+    "model_context_window_exceeded": FinishReason.LENGTH,
+    "tool_use": FinishReason.TOOL_CALLS,
+    "refusal": FinishReason.CONTENT_FILTER,
+}
+"""Anthropic's `stop_reason`s as agentrt's; any other (`pause_turn`, ...) is `FinishReason.OTHER`."""
+
+_EPHEMERAL: Final = {"type": "ephemeral"}
+_USAGE_COUNTS: Final = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+)
+
+
+class _KeyHeaderSession(HttpSession):
+    """An `HttpSession` that sends the key as `x-api-key` instead of a bearer token."""
+
+    __slots__ = ()
+
+    def _request_headers(self) -> dict[str, str]:
+        headers = dict(self._headers)
+        if self._secret is not None:
+            headers["x-api-key"] = self._secret.get_secret_value()
+        return headers
+
+
+class AnthropicChatModel(HttpChatModel):
+    """A Claude model behind Anthropic's Messages API.
+
+    - `model`: the model name (e.g. `"claude-sonnet-4-5"`).
+    - `base_url`, `api_key`: default to `ANTHROPIC_BASE_URL` and `ANTHROPIC_API_KEY` (then to
+      `https://api.anthropic.com`). The key is kept as a `SecretStr` and only ever put into the
+      `x-api-key` header; errors, listener events and the HTTP loggers' records never show it.
+    - `settings`: default request parameters. `max_tokens` defaults to `max_tokens` here (the API
+      requires one); `stop` becomes `stop_sequences`; `seed` and the penalties have no Messages API
+      field and are not sent.
+    - `thinking`: extended thinking: a token budget (`{"type": "enabled", "budget_tokens": n}`; it
+      must be below `max_tokens`), or `"adaptive"` for the models that decide themselves. Thinking
+      blocks come back as `ThinkingDelta` chunks with their signature and are sent back unchanged;
+      with thinking off, no thinking block is sent (the API refuses one in the last assistant message).
+      Thinking on also changes the default capabilities (`THINKING_CAPABILITIES`).
+    - `cache_tools`, `cache_system`, `cache_history`: prompt caching (see below).
+    - `parallel_tool_calls`: `False` sends `disable_parallel_tool_use` with the tool choice.
+    - `api_version`, `beta`: the `anthropic-version` header and the `anthropic-beta` features.
+    - `streaming`, `capabilities`, `extra_body`, `headers`, `timeout`, `retry`, `client`, listeners:
+      as for `OpenAIChatModel`.
+
+    Prompt caching is three switches rather than a list of breakpoints, because the places worth a
+    `cache_control: {"type": "ephemeral"}` marker are fixed by the request's layout, and a caller
+    cannot name message positions in advance (a memory window shifts them every turn). The API caches
+    prefixes in the order tools, system, messages: `cache_tools` marks the last tool (the tool list is
+    the same on every request of a service), `cache_system` the system prompt (tools and system
+    together when both are on), and `cache_history` the last block of the last message, so that the
+    next request (the next tool round, the next turn) reads the whole conversation so far from the
+    cache. That is at most three of the four breakpoints the API allows. Caching is opt-in: a cache
+    write costs more than plain input, and prompts under the model's minimum are not cached anyway.
+
+    Structured output uses a forced `final_answer` tool (`output_mode="auto"` picks it); a request
+    with a `response_format` raises `BadRequestError`. Errors are `agentrt.ModelError` kinds: the
+    `{"type": "error", "error": {...}}` envelope by status and `error.type` (`overloaded_error`, also
+    as HTTP 529, is `OverloadedError`), an `error` event inside a stream by its type.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: SecretStr | str | None = None,
+        settings: ModelSettings | None = None,
+        capabilities: Capabilities | None = None,
+        streaming: bool = True,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        thinking: int | Literal["adaptive"] | None = None,
+        cache_tools: bool = False,
+        cache_system: bool = False,
+        cache_history: bool = False,
+        parallel_tool_calls: bool | None = None,
+        api_version: str = API_VERSION,
+        beta: Sequence[str] = (),
+        extra_body: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: httpx.Timeout | float | None = None,
+        retry: RetryPolicy | None = None,
+        client: httpx.AsyncClient | None = None,
+        on_request: Callable[[HttpRequestEvent], None] | None = None,
+        on_response: Callable[[HttpResponseEvent], None] | None = None,
+        on_error: Callable[[HttpErrorEvent], None] | None = None,
+    ) -> None:
+        kind = type(self).__name__
+        if max_tokens < 1:
+            raise ConfigurationError(f"{kind}: max_tokens must be positive, got {max_tokens}")
+        limit = (settings.max_tokens if settings else None) or max_tokens
+        if isinstance(thinking, int) and not 0 < thinking < limit:
+            raise ConfigurationError(
+                f"{kind}: the thinking budget ({thinking} tokens) must be positive and below max_tokens"
+            )
+        base = base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
+        sent_headers = {"anthropic-version": api_version}
+        if beta:
+            sent_headers["anthropic-beta"] = ",".join(beta)
+        sent_headers.update(headers or {})
+        self._connect(
+            model,
+            base_url=base,
+            path="/v1/messages",
+            api_key=api_key,
+            api_key_variable="ANTHROPIC_API_KEY",
+            settings=settings,
+            capabilities=capabilities
+            or (DEFAULT_CAPABILITIES if thinking is None else THINKING_CAPABILITIES),
+            streaming=streaming,
+            headers=sent_headers,
+            timeout=timeout,
+            retry=retry,
+            client=client,
+            on_request=on_request,
+            on_response=on_response,
+            on_error=on_error,
+        )
+        # The shared base builds a plain session; this one differs only in the header the key goes in
+        # (no slots of its own, so the object is the same but for its class).
+        self._session.__class__ = _KeyHeaderSession
+        self._max_tokens = max_tokens
+        self._thinking = thinking
+        self._cache_tools = cache_tools
+        self._cache_system = cache_system
+        self._cache_history = cache_history
+        self._parallel_tool_calls = parallel_tool_calls
+        self._extra_body = dict(extra_body or {})
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        """The response's chunks as they arrive. Closing the iterator closes the HTTP response."""
+        return stream_chunks(
+            self._session,
+            partial(self.request_body, request),
+            self._decoder,
+            request.deadline,
+            request.deadline_watched,
+        )
+
+    # --- request ---------------------------------------------------------------------------------
+
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The JSON body for `request` (what listeners see). Raises `BadRequestError` for what the
+        Messages API cannot carry (a `response_format`, audio or video)."""
+        if request.response_format is not None:
+            raise BadRequestError(
+                "the Messages API has no response_format: ask for structured output with "
+                "output_mode='tool' (or 'auto')"
+            )
+        settings = self._settings.merge(request.settings)
+        body: dict[str, Any] = {
+            "model": self._model,
+            "max_tokens": settings.max_tokens or self._max_tokens,
+        }
+        thinking = self._thinking
+        thinking_on = thinking is not None or _thinking_enabled(self._extra_body.get("thinking"))
+        system, messages = _messages(request.messages, thinking=thinking_on)
+        if system:
+            if self._cache_system:
+                body["system"] = [{"type": "text", "text": system, "cache_control": _EPHEMERAL}]
+            else:
+                body["system"] = system
+        if self._cache_history and messages:
+            _mark_last_block(messages[-1])
+        body["messages"] = [_compact(m) for m in messages]
+        if settings.temperature is not None:
+            body["temperature"] = settings.temperature
+        if settings.top_p is not None:
+            body["top_p"] = settings.top_p
+        if settings.stop:
+            body["stop_sequences"] = list(settings.stop)
+        if thinking is not None:
+            body["thinking"] = (
+                {"type": "adaptive"}
+                if thinking == "adaptive"
+                else {"type": "enabled", "budget_tokens": thinking}
+            )
+        if request.tools:
+            tools = [_tool(spec) for spec in request.tools]
+            if self._cache_tools:
+                tools[-1]["cache_control"] = _EPHEMERAL
+            body["tools"] = tools
+            choice = _tool_choice(request.tool_choice, self._parallel_tool_calls)
+            if choice is not None:
+                body["tool_choice"] = choice
+        body["stream"] = self._streaming
+        body.update(self._extra_body)
+        return body
+
+    # --- response --------------------------------------------------------------------------------
+
+    def _decoder(self, exchange: Exchange) -> EventStreamDecoder | JSONChunkDecoder:
+        content_type = exchange.response.headers.get("content-type", "")
+        mapper = MessagesMapper(self._session.context, exchange.request_id)
+        if "text/event-stream" in content_type:
+            return EventStreamDecoder(mapper)
+        if "json" in content_type or not self._streaming:
+            return JSONChunkDecoder(mapper)
+        return EventStreamDecoder(mapper)
+
+
+# --- request mapping -------------------------------------------------------------------------------
+
+
+def _thinking_enabled(setting: Any) -> bool:
+    return isinstance(setting, dict) and setting.get("type", "enabled") != "disabled"
+
+
+def _messages(messages: Sequence[ChatMessage], *, thinking: bool) -> tuple[str, list[dict[str, Any]]]:
+    """The system text and the messages as content blocks. Messages of the same role in a row are
+    merged into one (a turn's tool results must all be in the user message after the calls)."""
+    system: list[str] = []
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if isinstance(message, SystemMessage):
+            system.append(message.text)
+            continue
+        if isinstance(message, AssistantMessage):
+            role, blocks = "assistant", _assistant_blocks(message, thinking=thinking)
+        elif isinstance(message, ToolResultMessage):
+            result: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": message.tool_call_id,
+                "content": message.text,
+            }
+            if message.is_error:
+                result["is_error"] = True
+            role, blocks = "user", [result]
+        else:
+            assert isinstance(message, UserMessage)
+            role, blocks = "user", [_content_block(c) for c in message.contents]
+        if not blocks:
+            continue  # nothing the API accepts (an empty answer): the neighbours merge instead
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+    return "\n\n".join(system), out
+
+
+def _content_block(content: UserContent) -> dict[str, Any]:
+    if isinstance(content, TextContent):
+        return {"type": "text", "text": content.text}
+    if isinstance(content, ImageContent):
+        return {"type": "image", "source": _source(content.url, content.data, content.media_type)}
+    if isinstance(content, PdfContent):
+        document: dict[str, Any] = {
+            "type": "document",
+            "source": _source(content.url, content.data, content.media_type or "application/pdf"),
+        }
+        if content.filename:
+            document["title"] = content.filename
+        return document
+    raise BadRequestError(f"the Messages API takes no {content.kind} input")
+
+
+def _source(url: str | None, data: str | None, media_type: str | None) -> dict[str, Any]:
+    if url is not None:
+        return {"type": "url", "url": url}
+    return {"type": "base64", "media_type": media_type, "data": data}
+
+
+def _assistant_blocks(message: AssistantMessage, *, thinking: bool) -> list[dict[str, Any]]:
+    """Thinking first (the API wants it so), then text, then tool calls. Thinking is sent only when
+    it is on, and only signed or redacted blocks: unsigned reasoning (another provider's) would be
+    refused."""
+    blocks = _thinking_blocks(message) if thinking else []
+    text = message.text or (message.refusal if not message.tool_calls else None)
+    if text:
+        blocks.append({"type": "text", "text": text})
+    for call in message.tool_calls:
+        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call.arguments)})
+    if blocks and blocks[-1]["type"] in ("thinking", "redacted_thinking"):
+        return []  # the API refuses an assistant message that ends in thinking
+    return blocks
+
+
+def _thinking_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
+    if message.thinking_blocks:
+        return [_thinking_block(b) for b in message.thinking_blocks if b.signature is not None]
+    if message.thinking_signature is not None:
+        return [
+            {"type": "thinking", "thinking": message.thinking or "", "signature": message.thinking_signature}
+        ]
+    return []
+
+
+def _thinking_block(block: ThinkingBlock) -> dict[str, Any]:
+    if block.redacted:
+        return {"type": "redacted_thinking", "data": block.signature}
+    return {"type": "thinking", "thinking": block.text, "signature": block.signature}
+
+
+def _input(arguments: str) -> Any:
+    """A call's arguments as the JSON object `tool_use.input` must be (arguments cut short by
+    `max_tokens`, or not an object, are sent as `{}`: the call already failed, its result says so)."""
+    try:
+        value = orjson.loads(arguments) if arguments.strip() else {}
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _mark_last_block(message: dict[str, Any]) -> None:
+    last = message["content"][-1]
+    message["content"][-1] = {**last, "cache_control": _EPHEMERAL}
+
+
+def _compact(message: dict[str, Any]) -> dict[str, Any]:
+    """A user message of one plain text block as a string (what most clients send)."""
+    content = message["content"]
+    if message["role"] == "user" and len(content) == 1:
+        only = content[0]
+        if only["type"] == "text" and len(only) == 2:
+            return {"role": "user", "content": only["text"]}
+    return message
+
+
+def _tool(spec: ToolSpec) -> dict[str, Any]:
+    tool: dict[str, Any] = {"name": spec.name}
+    if spec.description:
+        tool["description"] = spec.description
+    tool["input_schema"] = dict(spec.parameters)
+    return tool
+
+
+def _tool_choice(choice: ToolChoice | None, parallel: bool | None) -> dict[str, Any] | None:
+    if choice is None and parallel is not False:
+        return None
+    if choice is None or choice == "auto":
+        result: dict[str, Any] = {"type": "auto"}
+    elif choice == "required":
+        result = {"type": "any"}
+    elif choice == "none":
+        return {"type": "none"}
+    else:
+        result = {"type": "tool", "name": choice}
+    if parallel is False:
+        result["disable_parallel_tool_use"] = True
+    return result
+
+
+# --- response mapping ------------------------------------------------------------------------------
+
+
+class MessagesMapper:
+    """Maps Messages API payloads (stream events, or one whole `message`) to model chunks.
+
+    Content blocks are tracked by their `index`: text deltas become `TextDelta`s, `tool_use` blocks
+    `ToolCallDelta`s numbered in order of appearance (their `input_json_delta` fragments are the
+    arguments; a call with none gets `{}`), `thinking` deltas `ThinkingDelta`s (the signature on a
+    chunk of its own, closing the block), a `redacted_thinking` block one redacted `ThinkingDelta`.
+    Blocks of other kinds (server tools, their results) are skipped. Usage is reported once, at
+    `message_delta`: input counts from `message_start` (updated by `message_delta` where it repeats
+    them), output from `message_delta`; `input_tokens` is the whole prompt, cache reads and writes
+    included (as OpenAI counts it), `cached_input_tokens` the cache reads.
+    """
+
+    __slots__ = ("_blocks", "_context", "_meta", "_request_id", "_tools", "_usage", "finished")
+
+    def __init__(self, context: ErrorContext, request_id: str | None) -> None:
+        self._context = context
+        self._request_id = request_id
+        self._blocks: dict[int, list[Any]] = {}
+        """Per content block index: [tool index (-1 for other blocks), whether arguments came]."""
+        self._tools = 0
+        self._usage: dict[str, int] = {}
+        self._meta = False
+        self.finished = False
+
+    def error(self, payload: Any, *, mid_stream: bool) -> ModelError:
+        return error_from_payload(payload, self._context, request_id=self._request_id, mid_stream=mid_stream)
+
+    def unreadable(
+        self, what: str, *, mid_stream: bool, data: bytes | None = None, cause: BaseException | None = None
+    ) -> ModelError:
+        return unreadable(
+            what, self._context, request_id=self._request_id, mid_stream=mid_stream, body=data, cause=cause
+        )
+
+    def flush(self, out: list[ModelChunk]) -> None:
+        """Nothing is held back."""
+
+    def feed(self, payload: Any, out: list[ModelChunk], *, mid_stream: bool = True) -> None:
+        """Append the chunks of one payload to `out`; raises `ModelError` for an error payload and
+        `MalformedPayload` (or what reading it raised) for a payload of the wrong shape."""
+        if payload.__class__ is not dict:
+            raise MalformedPayload(f"the payload is {json_type(payload)}, not an object")
+        kind = payload.get("type")
+        if kind == "content_block_delta":  # the per-token path
+            self._delta(payload["index"], payload["delta"], out)
+        elif kind == "message_start":
+            self._start(payload["message"], out)
+        elif kind == "content_block_start":
+            self._block_start(payload["index"], payload["content_block"], out)
+        elif kind == "content_block_stop":
+            self._block_stop(payload["index"], out)
+        elif kind == "message_delta":
+            self._message_delta(payload.get("delta") or {}, payload.get("usage"), out)
+        elif kind == "message_stop":
+            self.finished = True
+        elif kind == "message" and not mid_stream:
+            self._whole(payload, out)
+        elif kind == "error" or payload.get("error"):
+            raise self.error(payload, mid_stream=mid_stream)
+        elif not mid_stream:
+            raise MalformedPayload(f"the response is of type {kind!r}, not a message")
+        # `ping` and event types added later carry nothing to read
+
+    def _start(self, message: dict[str, Any], out: list[ModelChunk]) -> None:
+        if not self._meta:
+            self._meta = True
+            response_id, model = message.get("id"), message.get("model")
+            out.append(
+                ResponseMeta(
+                    response_id if response_id.__class__ is str else None,
+                    model if model.__class__ is str else None,
+                )
+            )
+        self._count(message.get("usage"))
+
+    def _count(self, usage: Any) -> None:
+        if not usage:
+            return
+        if usage.__class__ is not dict:
+            raise MalformedPayload(f"`usage` is {json_type(usage)}, not an object")
+        for name in _USAGE_COUNTS:
+            value = usage.get(name)
+            if value is not None:
+                if value.__class__ is not int:
+                    raise MalformedPayload(f"`usage.{name}` is {json_type(value)}, not an integer")
+                self._usage[name] = value
+
+    def _block_start(self, index: int, block: dict[str, Any], out: list[ModelChunk]) -> None:
+        kind = block["type"]
+        tool = -1
+        arguments = ""
+        if kind == "text":
+            text = block.get("text")
+            if text:
+                out.append(TextDelta(_text(text, "text")))
+        elif kind == "thinking":
+            text = block.get("thinking") or ""
+            signature = block.get("signature") or None
+            if text or signature:
+                sealed = None if signature is None else _text(signature, "signature")
+                out.append(ThinkingDelta(_text(text, "thinking"), sealed))
+        elif kind == "redacted_thinking":
+            out.append(ThinkingDelta("", _text(block["data"], "data"), redacted=True))
+        elif kind == "tool_use":
+            tool = self._tools
+            self._tools += 1
+            given = block.get("input")
+            if given:  # streamed calls start with `{}` and send their arguments as deltas
+                arguments = orjson.dumps(given).decode()
+            out.append(ToolCallDelta(tool, _text(block["id"], "id"), _text(block["name"], "name"), arguments))
+        self._blocks[index] = [tool, bool(arguments)]
+
+    def _delta(self, index: int, delta: dict[str, Any], out: list[ModelChunk]) -> None:
+        kind = delta["type"]
+        if kind == "text_delta":
+            text = delta["text"]
+            if text:
+                out.append(TextDelta(_text(text, "text")))
+        elif kind == "input_json_delta":
+            part = delta["partial_json"]
+            block = self._blocks.get(index)
+            if block is None:
+                raise MalformedPayload(f"arguments for content block {index}, which never started")
+            if part and block[0] >= 0:
+                block[1] = True
+                out.append(ToolCallDelta(block[0], None, None, _text(part, "partial_json")))
+        elif kind == "thinking_delta":
+            text = delta["thinking"]
+            if text:
+                out.append(ThinkingDelta(_text(text, "thinking")))
+        elif kind == "signature_delta":
+            out.append(ThinkingDelta("", _text(delta["signature"], "signature")))
+        # citations and deltas added later carry no text of their own
+
+    def _block_stop(self, index: int, out: list[ModelChunk]) -> None:
+        block = self._blocks.get(index)
+        if block is not None and block[0] >= 0 and not block[1]:
+            block[1] = True
+            out.append(ToolCallDelta(block[0], None, None, "{}"))  # a call without arguments
+
+    def _message_delta(self, delta: dict[str, Any], usage: Any, out: list[ModelChunk]) -> None:
+        raw = delta.get("stop_reason")
+        if raw:
+            raw = _text(raw, "stop_reason")
+            out.append(Finish(STOP_REASONS.get(raw, FinishReason.OTHER), raw))
+        self._count(usage)
+        counts = self._usage
+        if counts:
+            read = counts.get("cache_read_input_tokens", 0)
+            prompt = counts.get("input_tokens", 0) + read + counts.get("cache_creation_input_tokens", 0)
+            out.append(Usage(prompt, counts.get("output_tokens", 0), read, 0))
+
+    def _whole(self, message: dict[str, Any], out: list[ModelChunk]) -> None:
+        """A non-streamed response, read as the events that would have streamed it."""
+        content = message.get("content")
+        if content.__class__ is not list:
+            raise MalformedPayload(f"the message's `content` is {json_type(content)}, not a list")
+        self._start(message, out)
+        for index, block in enumerate(content):
+            if block.__class__ is not dict:
+                raise MalformedPayload(f"a content block is {json_type(block)}, not an object")
+            self._block_start(index, block, out)
+            self._block_stop(index, out)
+        self._message_delta({"stop_reason": message.get("stop_reason")}, None, out)
+        self.finished = True
+
+
+def _text(value: Any, field: str) -> str:
+    if value.__class__ is not str:
+        raise MalformedPayload(f"`{field}` is {json_type(value)}, not a string")
+    return value
+
+
+class EventStreamDecoder:
+    """The SSE body of a Messages stream, until `message_stop`; an `error` event fails the call.
+
+    Events are told apart by their data's `type` (which repeats the event's name). A stream that ends
+    before `message_stop` is an error (a cut connection).
+    """
+
+    __slots__ = ("_mapper", "_sse", "done", "error")
+
+    def __init__(self, mapper: MessagesMapper) -> None:
+        self._mapper = mapper
+        self._sse = SSEDecoder()
+        self.done = False
+        self.error: ModelError | None = None
+
+    def feed(self, raw: bytes) -> list[ModelChunk]:
+        out: list[ModelChunk] = []
+        events = self._sse.feed(raw)
+        if events:
+            self._events(events, out)
+        return out
+
+    def close(self) -> list[ModelChunk]:
+        out: list[ModelChunk] = []
+        if not self.done:
+            self._events(self._sse.close(), out)
+        mapper = self._mapper
+        if self.error is None and not mapper.finished:
+            self.error = mapper.unreadable(
+                "the stream ended before the response was complete", mid_stream=True
+            )
+        self.done = True
+        return out
+
+    def _events(self, events: list[tuple[str, bytes]], out: list[ModelChunk]) -> None:
+        mapper = self._mapper
+        loads = orjson.loads
+        for name, data in events:
+            try:
+                mapper.feed(loads(data), out)
+            except ModelError as exc:
+                self.error, self.done = exc, True
+                return
+            except _PROBLEMS as exc:
+                self.done = True
+                if name == "error":  # an error event whose data is not JSON: its text is the message
+                    self.error = mapper.error(data.decode("utf-8", "replace"), mid_stream=True)
+                else:
+                    self.error = mapper.unreadable(
+                        "a stream event is not a valid chunk", mid_stream=True, data=data, cause=exc
+                    )
+                return
+            if mapper.finished:
+                self.done = True
+                return
