@@ -1,0 +1,604 @@
+"""Traces and metrics by OpenTelemetry's GenAI semantic conventions, from the lifecycle events.
+
+    from agentrt import otel
+
+    support = agentrt.build(Support, model=model, listeners=[otel.instrument(model=model)])
+
+Imported on its own, never by `agentrt` itself: without the `otel` extra (`opentelemetry-api`)
+agentrt runs as before, and without this listener nothing of OpenTelemetry is imported. The
+listener sees lifecycle events only (never a text delta), so the per-token path is untouched.
+
+One invocation is one trace subtree:
+
+    invoke_agent Support.chat        INTERNAL  the call (gen_ai.operation.name = invoke_agent)
+    ├── chat gpt-4o                  CLIENT    one per model request (RequestIssued → ResponseReceived)
+    ├── execute_tool order_status    INTERNAL  one per tool call (ToolCallRequested → ToolExecuted)
+    ├── chat gpt-4o                  CLIENT    the next request, with the tool results
+    └── events on the invoke_agent span: gen_ai.guardrail.result, agentrt.reset, retrieval, ...
+
+The pipeline generator may be read by different tasks, so nothing here relies on the context
+attached in the reader's task: the invocation span takes the caller's context when `Started`
+arrives (the caller's task, for awaited calls and for `await service.stream(...)`), every child is
+started with the invocation span as its explicit parent, state is kept by invocation id, and
+`Completed`, `FailedEvent` and `CancelledEvent` end every span the invocation still has open.
+
+By default no content is recorded: no prompt, answer, tool argument or result, guardrail message,
+memory id, retrieved text, nor exception message (an agentrt error's message may quote the answer,
+a provider's may echo the prompt): a failure records its exception type only. `capture_content=True`
+adds the opt-in attributes of the conventions (`gen_ai.input.messages`, `gen_ai.output.messages`,
+`gen_ai.tool.call.arguments`, `gen_ai.tool.call.result`, `gen_ai.conversation.id`, ...) as JSON
+strings, and records exceptions with their message and stack trace.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+import orjson
+
+try:
+    from opentelemetry import metrics, trace
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("agentrt.otel needs OpenTelemetry's API: pip install 'agentrt[otel]'") from exc
+
+from . import __version__
+from ._events import (
+    CancelledEvent,
+    Completed,
+    FailedEvent,
+    GuardrailVerdict,
+    RequestIssued,
+    Reset,
+    ResponseReceived,
+    Started,
+    ToolCallRequested,
+    ToolExecuted,
+)
+from ._messages import AssistantMessage, SystemMessage, TextContent, ToolResultMessage, UserMessage
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span
+
+    from ._events import LifecycleEvent, ModelResponse, Result, Usage
+    from ._messages import ChatMessage
+    from .models._protocol import ChatModel
+
+__all__ = ["OTelListener", "instrument"]
+
+logger = logging.getLogger("agentrt.otel")
+
+_TOKEN_BUCKETS: Final = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
+                         16777216, 67108864)  # fmt: skip
+_DURATION_BUCKETS: Final = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
+                            20.48, 40.96, 81.92)  # fmt: skip
+# Best knowledge of `gen_ai.provider.name` by adapter class (a model may say so itself: `provider`).
+_PROVIDERS: Final = {
+    "OpenAIChatModel": "openai",
+    "OllamaChatModel": "ollama",
+    "AnthropicChatModel": "anthropic",
+}
+# The conventions' output-message finish reasons, where agentrt's differ.
+_OUTPUT_FINISH: Final = {"tool_calls": "tool_call"}
+
+Attributes = dict[str, Any]
+
+
+def instrument(
+    *,
+    tracer_provider: trace.TracerProvider | None = None,
+    meter_provider: metrics.MeterProvider | None = None,
+    capture_content: bool = False,
+    model: ChatModel | str | None = None,
+    provider: str | None = None,
+) -> OTelListener:
+    """A listener (for `agentrt.build(listeners=[...])`) that records GenAI spans and metrics.
+
+    - `tracer_provider`, `meter_provider`: default to the global ones (no-ops until the application
+      configures OpenTelemetry's SDK).
+    - `capture_content`: record prompts, answers, tool arguments and results, guardrail messages,
+      the memory id and exception messages (off by default: they may hold personal data).
+    - `model`: the service's model (or its name), for `gen_ai.request.model` and, from the adapter,
+      `gen_ai.provider.name`; `provider` names the provider explicitly (default `_OTHER` when
+      neither says).
+    """
+    return OTelListener(
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+        capture_content=capture_content,
+        model=model,
+        provider=provider,
+    )
+
+
+class _Call:
+    """What one invocation has open: its span (and the context naming it as parent), the model
+    request under way, and the tool calls of the round."""
+
+    __slots__ = ("chat", "chat_attributes", "chat_started", "context", "model", "span", "tools")
+
+    def __init__(self, span: Span, context: Context, model: str | None) -> None:
+        self.span = span
+        self.context = context
+        self.model = model
+        self.chat: Span | None = None
+        self.chat_started = 0.0
+        self.chat_attributes: Attributes = {}
+        self.tools: list[tuple[str, Span]] = []
+
+
+class OTelListener:
+    """Turns lifecycle events into spans and metrics (see the module docstring). Never raises."""
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+        capture_content: bool = False,
+        model: ChatModel | str | None = None,
+        provider: str | None = None,
+    ) -> None:
+        self.capture_content = capture_content
+        self._tracer = trace.get_tracer("agentrt", __version__, tracer_provider=tracer_provider)
+        meter = metrics.get_meter("agentrt", __version__, meter_provider=meter_provider)
+        self._tokens = meter.create_histogram(
+            "gen_ai.client.token.usage",
+            unit="{token}",
+            description="Number of input and output tokens used.",
+            explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS,
+        )
+        self._duration = meter.create_histogram(
+            "gen_ai.client.operation.duration",
+            unit="s",
+            description="GenAI operation duration.",
+            explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+        )
+        self._model = model if isinstance(model, str) or model is None else model.name
+        self._provider = provider or _provider_of(model)
+        self._calls: dict[str, _Call] = {}
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            Started: self._started,
+            RequestIssued: self._request,
+            ResponseReceived: self._response,
+            ToolCallRequested: self._tool_requested,
+            ToolExecuted: self._tool_executed,
+            GuardrailVerdict: self._verdict,
+            Reset: self._reset,
+            Completed: self._completed,
+            FailedEvent: self._failed,
+            CancelledEvent: self._cancelled,
+        }
+
+    @property
+    def open_invocations(self) -> int:
+        """Invocations started and not yet ended (each holds open spans)."""
+        return len(self._calls)
+
+    def __call__(self, event: LifecycleEvent) -> None:
+        try:
+            handler = self._handlers.get(type(event))
+            if handler is None:
+                self._other(event)
+            else:
+                handler(event)
+        except Exception:  # a telemetry bug must not reach agentrt's log as the listener's failure
+            logger.exception("agentrt.otel could not record %s", type(event).__name__)
+
+    # --- the invocation -----------------------------------------------------------------------
+
+    def _started(self, event: Started) -> None:
+        # The `model` and `provider` fields are read if `Started` ever carries them.
+        model = getattr(event, "model", None) or self._model
+        attributes: Attributes = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.provider.name": getattr(event, "provider", None) or self._provider,
+            "gen_ai.agent.name": event.method,
+            "agentrt.invocation.id": event.invocation_id,
+        }
+        if model:
+            attributes["gen_ai.request.model"] = model
+        if self.capture_content and event.memory_id is not None:
+            attributes["gen_ai.conversation.id"] = str(event.memory_id)
+        # Parented by the caller's context: `Started` is delivered in the caller's task.
+        span = self._tracer.start_span(
+            f"invoke_agent {event.method}", kind=SpanKind.INTERNAL, attributes=attributes
+        )
+        self._calls[event.invocation_id] = _Call(span, trace.set_span_in_context(span), model)
+
+    def _completed(self, event: Completed[Any]) -> None:
+        call = self._calls.pop(event.invocation_id, None)
+        if call is None:
+            return
+        span = call.span
+        try:
+            self._close_children(call, cancelled=False)
+            if span.is_recording():
+                span.set_attributes(self._result(event.result))
+        finally:  # whatever failed above, no span stays open
+            span.end()
+
+    def _result(self, result: Result[Any]) -> Attributes:
+        attributes: Attributes = {"agentrt.attempts": result.attempts}
+        if result.model:
+            attributes["gen_ai.response.model"] = result.model
+        if result.finish_reason is not None:
+            attributes["gen_ai.response.finish_reasons"] = (result.finish_reason.value,)
+        attributes.update(_usage(result.usage))
+        if self.capture_content:
+            reason = result.finish_reason.value if result.finish_reason is not None else "stop"
+            output = {
+                "role": "assistant",
+                "parts": [{"type": "text", "content": result.text}],
+                "finish_reason": _OUTPUT_FINISH.get(reason, reason),
+            }
+            attributes["gen_ai.output.messages"] = _json([output])
+        return attributes
+
+    def _failed(self, event: FailedEvent) -> None:
+        call = self._calls.pop(event.invocation_id, None)
+        if call is None:
+            return
+        error = event.error
+        kind = _error_type(error)
+        try:
+            chat = call.chat
+            if chat is not None:
+                call.chat = None
+                self._fail(chat, error, kind)
+                self._record_duration(call, kind)
+            self._close_children(call, cancelled=True)
+        finally:
+            self._fail(call.span, error, kind)
+
+    def _cancelled(self, event: CancelledEvent) -> None:
+        # The caller stopped waiting (its task was cancelled, or it closed the stream early): the
+        # operation did not fail, so the status stays unset; `agentrt.cancelled` says why it ended.
+        call = self._calls.pop(event.invocation_id, None)
+        if call is None:
+            return
+        try:
+            self._close_children(call, cancelled=True)
+            call.span.set_attribute("agentrt.cancelled", True)
+        finally:
+            call.span.end()
+
+    def _fail(self, span: Span, error: BaseException, kind: str) -> None:
+        try:
+            if span.is_recording():
+                span.set_attribute("error.type", kind)
+                if self.capture_content:
+                    span.record_exception(error)
+                    span.set_status(Status(StatusCode.ERROR, str(error)))
+                else:  # the type, never the message (it may quote the prompt or the answer)
+                    span.add_event("exception", {"exception.type": _qualified(error)})
+                    span.set_status(Status(StatusCode.ERROR))
+        finally:
+            span.end()
+
+    def _close_children(self, call: _Call, *, cancelled: bool) -> None:
+        """End what the invocation still has open (nothing, when it went as the events promise)."""
+        open_spans = [span for _, span in call.tools]
+        call.tools.clear()
+        if call.chat is not None:
+            open_spans.insert(0, call.chat)
+            call.chat = None
+        for span in open_spans:
+            try:
+                span.set_attribute("agentrt.cancelled", cancelled)
+            finally:
+                span.end()
+
+    # --- model requests -----------------------------------------------------------------------
+
+    def _request(self, event: RequestIssued) -> None:
+        call = self._calls.get(event.invocation_id)
+        if call is None:
+            return
+        if call.chat is not None:  # a request without its response (not expected): ended here
+            call.chat.end()
+        model = call.model
+        attributes: Attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": self._provider,
+        }
+        if model:
+            attributes["gen_ai.request.model"] = model
+        # The metrics' attributes: those known at the start (response.model and error.type follow).
+        call.chat_attributes = dict(attributes)
+        request = event.request
+        settings = request.settings
+        if settings is not None:
+            for name, value in (
+                ("gen_ai.request.temperature", settings.temperature),
+                ("gen_ai.request.max_tokens", settings.max_tokens),
+                ("gen_ai.request.top_p", settings.top_p),
+                ("gen_ai.request.seed", settings.seed),
+                ("gen_ai.request.presence_penalty", settings.presence_penalty),
+                ("gen_ai.request.frequency_penalty", settings.frequency_penalty),
+                ("gen_ai.request.stop_sequences", settings.stop),
+            ):
+                if value is not None:
+                    attributes[name] = value
+        if request.response_format is not None:
+            attributes["gen_ai.output.type"] = "json"
+        attributes["agentrt.round"] = event.round
+        if self.capture_content:
+            attributes["gen_ai.input.messages"] = _json([_message(m) for m in request.messages])
+        call.chat = self._tracer.start_span(
+            f"chat {model}" if model else "chat",
+            context=call.context,
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
+        )
+        call.chat_started = time.perf_counter()
+
+    def _response(self, event: ResponseReceived) -> None:
+        call = self._calls.get(event.invocation_id)
+        if call is None or call.chat is None:
+            return
+        chat, call.chat = call.chat, None
+        try:
+            response = event.response
+            if response.model:
+                call.chat_attributes["gen_ai.response.model"] = response.model
+            if chat.is_recording():
+                chat.set_attributes(self._response_attributes(response))
+        finally:
+            chat.end()
+        self._record_duration(call, None)
+        usage = response.usage
+        if not usage.estimated:  # the conventions: no token metric without the provider's counts
+            record = self._tokens.record
+            record(usage.input_tokens, {**call.chat_attributes, "gen_ai.token.type": "input"})
+            record(usage.output_tokens, {**call.chat_attributes, "gen_ai.token.type": "output"})
+
+    def _response_attributes(self, response: ModelResponse) -> Attributes:
+        attributes: Attributes = {}
+        if response.id:
+            attributes["gen_ai.response.id"] = response.id
+        if response.model:
+            attributes["gen_ai.response.model"] = response.model
+        if response.finish_reason is not None:
+            attributes["gen_ai.response.finish_reasons"] = (response.finish_reason.value,)
+        attributes.update(_usage(response.usage))
+        if self.capture_content:
+            attributes["gen_ai.output.messages"] = _json([_output(response)])
+        return attributes
+
+    def _record_duration(self, call: _Call, error: str | None) -> None:
+        attributes = call.chat_attributes
+        if error is not None:
+            attributes = {**attributes, "error.type": error}
+        self._duration.record(time.perf_counter() - call.chat_started, attributes)
+
+    # --- tools ----------------------------------------------------------------------------------
+
+    def _tool_requested(self, event: ToolCallRequested) -> None:
+        call = self._calls.get(event.invocation_id)
+        if call is None:
+            return
+        tool = event.call
+        attributes: Attributes = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": tool.name,
+            "gen_ai.tool.call.id": tool.id,
+            "gen_ai.tool.type": "function",
+            "agentrt.round": event.round,
+        }
+        if self.capture_content:
+            attributes["gen_ai.tool.call.arguments"] = tool.arguments
+        span = self._tracer.start_span(
+            f"execute_tool {tool.name}", context=call.context, kind=SpanKind.INTERNAL, attributes=attributes
+        )
+        call.tools.append((tool.id, span))
+
+    def _tool_executed(self, event: ToolExecuted) -> None:
+        call = self._calls.get(event.invocation_id)
+        if call is None:
+            return
+        execution = event.execution
+        tools = call.tools
+        # In the model's order, so the first open span of that id (ids may repeat in a round).
+        index = next((i for i, (call_id, _) in enumerate(tools) if call_id == execution.call_id), None)
+        if index is None:
+            return
+        _, span = tools.pop(index)
+        try:
+            if span.is_recording():
+                span.set_attribute("agentrt.tool.outcome", execution.outcome.value)
+                if execution.is_error:
+                    span.set_attribute("error.type", execution.error_kind or execution.outcome.value)
+                    span.set_status(Status(StatusCode.ERROR))
+                elif self.capture_content:
+                    span.set_attribute("gen_ai.tool.call.result", execution.result)
+        finally:
+            span.end()
+
+    # --- span events ----------------------------------------------------------------------------
+
+    def _verdict(self, event: GuardrailVerdict) -> None:
+        call = self._calls.get(event.invocation_id)
+        if call is None or not call.span.is_recording():
+            return
+        attributes: Attributes = {
+            "gen_ai.guardrail.component.name": event.guardrail,
+            "gen_ai.guardrail.source": event.kind,
+            "gen_ai.guardrail.result.type": "verdict",
+            "gen_ai.guardrail.result.value": event.verdict,
+            "agentrt.guardrail.attempt": event.attempt,
+            "agentrt.guardrail.partial": event.partial,
+            "agentrt.guardrail.seconds": event.seconds,
+        }
+        if self.capture_content and event.message is not None:
+            attributes["agentrt.guardrail.message"] = event.message  # may quote the checked text
+        call.span.add_event("gen_ai.guardrail.result", attributes)
+
+    def _reset(self, event: Reset) -> None:
+        call = self._calls.get(event.invocation_id)
+        if call is not None:
+            call.span.add_event(
+                "agentrt.reset",
+                {"agentrt.reset.reason": event.reason.value, "agentrt.attempt": event.attempt},
+            )
+
+    def _other(self, event: object) -> None:
+        """Events this module does not know by type: `Retrieved` (by name, until it exists), a
+        moderation's, and any later one, as an event on the invocation span without its fields."""
+        invocation_id = getattr(event, "invocation_id", None)
+        call = self._calls.get(invocation_id) if isinstance(invocation_id, str) else None
+        if call is None or not call.span.is_recording():
+            return
+        name = type(event).__name__
+        if name == "Retrieved":
+            call.span.add_event("retrieval", self._retrieval(event))
+        elif name.startswith("Moderat"):
+            call.span.add_event("moderation", _moderation(event))
+        else:
+            call.span.add_event("agentrt." + _snake(name))
+
+    def _retrieval(self, event: object) -> Attributes:
+        attributes: Attributes = {"gen_ai.operation.name": "retrieval"}
+        contents = _first(event, ("contents", "sources", "results"))
+        if contents is not None:
+            contents = tuple(contents)
+            attributes["agentrt.retrieval.count"] = len(contents)
+        if self.capture_content:
+            query = _first(event, ("query", "queries"))
+            if query is not None:
+                texts = [
+                    getattr(q, "text", q) for q in (query if isinstance(query, list | tuple) else [query])
+                ]
+                attributes["gen_ai.retrieval.query.text"] = "\n".join(str(t) for t in texts)
+            if contents is not None:
+                attributes["gen_ai.retrieval.documents"] = _json([_document(c) for c in contents])
+        return attributes
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _provider_of(model: object) -> str:
+    declared = getattr(model, "provider", None)
+    if isinstance(declared, str) and declared:
+        return declared
+    return _PROVIDERS.get(type(model).__name__, "_OTHER")
+
+
+def _usage(usage: Usage) -> Attributes:
+    """Token counts as the conventions name them, when the provider reported them."""
+    if usage.estimated:
+        return {"agentrt.usage.estimated": True}
+    attributes: Attributes = {
+        "gen_ai.usage.input_tokens": usage.input_tokens,
+        "gen_ai.usage.output_tokens": usage.output_tokens,
+    }
+    if usage.cached_input_tokens:
+        attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cached_input_tokens
+    if usage.reasoning_tokens:
+        attributes["gen_ai.usage.reasoning.output_tokens"] = usage.reasoning_tokens
+    return attributes
+
+
+def _error_type(error: BaseException) -> str:
+    return type(error).__qualname__
+
+
+def _qualified(error: BaseException) -> str:
+    kind = type(error)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _json(value: object) -> str:
+    return orjson.dumps(value, default=str).decode()
+
+
+def _message(message: ChatMessage) -> dict[str, Any]:
+    """A message in the conventions' input-message form (role and parts)."""
+    if isinstance(message, SystemMessage):
+        return {"role": "system", "parts": [{"type": "text", "content": message.text}]}
+    if isinstance(message, UserMessage):
+        parts: list[dict[str, Any]] = []
+        for content in message.contents:
+            if isinstance(content, TextContent):
+                parts.append({"type": "text", "content": content.text})
+            elif content.url is not None:
+                parts.append({"type": "uri", "modality": content.kind, "mime_type": content.media_type,
+                              "uri": content.url})  # fmt: skip
+            else:
+                parts.append({"type": "blob", "modality": content.kind, "mime_type": content.media_type,
+                              "content": content.data})  # fmt: skip
+        return {"role": "user", "parts": parts}
+    if isinstance(message, ToolResultMessage):
+        part = {"type": "tool_call_response", "id": message.tool_call_id, "response": message.text}
+        return {"role": "tool", "parts": [part]}
+    return {"role": "assistant", "parts": _assistant_parts(message)}
+
+
+def _assistant_parts(message: AssistantMessage) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = []
+    if message.thinking:
+        parts.append({"type": "reasoning", "content": message.thinking})
+    if message.text:
+        parts.append({"type": "text", "content": message.text})
+    if message.refusal:
+        parts.append({"type": "refusal", "content": message.refusal})
+    for call in message.tool_calls:
+        try:
+            arguments: Any = call.parsed_arguments()
+        except ValueError:
+            arguments = call.arguments
+        parts.append({"type": "tool_call", "id": call.id, "name": call.name, "arguments": arguments})
+    return parts
+
+
+def _output(response: ModelResponse) -> dict[str, Any]:
+    reason = response.finish_reason.value if response.finish_reason is not None else "stop"
+    return {
+        "role": "assistant",
+        "parts": _assistant_parts(response.message),
+        "finish_reason": _OUTPUT_FINISH.get(reason, reason),
+    }
+
+
+def _document(content: object) -> dict[str, Any]:
+    document: dict[str, Any] = {"id": getattr(content, "id", None), "score": getattr(content, "score", None)}
+    text = getattr(content, "text", None)
+    if text is not None:
+        document["content"] = text
+    metadata: Mapping[str, Any] | None = getattr(content, "metadata", None)
+    if metadata:
+        document["metadata"] = dict(metadata)
+    return document
+
+
+def _moderation(event: object) -> Attributes:
+    """Whether text was flagged, and the provider's names of the flagged categories (no text)."""
+    verdicts: Sequence[Any] | None = _first(event, ("moderations", "results"))
+    single = _first(event, ("moderation",))
+    if verdicts is None:
+        verdicts = [single] if single is not None else [event]
+    flagged = [v for v in verdicts if getattr(v, "flagged", False)]
+    attributes: Attributes = {"agentrt.moderation.flagged": bool(flagged)}
+    categories = sorted({c for v in flagged for c in getattr(v, "flagged_categories", ())})
+    if categories:
+        attributes["agentrt.moderation.categories"] = tuple(categories)
+    return attributes
+
+
+def _first(event: object, names: tuple[str, ...]) -> Any:
+    for name in names:
+        value = getattr(event, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
