@@ -5,7 +5,7 @@ Declare a class of `async def` stubs, `build` it with a model, and await, stream
 
 from __future__ import annotations
 
-from . import guardrails, memory, models, output, testing, tools
+from . import guardrails, memory, models, moderation, output, rag, testing, tools
 from ._budget import Budget, Spent
 from ._errors import (
     AgentError,
@@ -25,11 +25,14 @@ from ._errors import (
     ModelNotFoundError,
     ModelResponseError,
     ModelTimeoutError,
+    ModerationError,
+    ModerationFailedError,
     OutputGuardrailError,
     OutputParsingError,
     OverloadedError,
     PermissionDeniedError,
     RateLimitError,
+    RetrievalError,
     ServerError,
     ToolArgumentsError,
     ToolError,
@@ -52,6 +55,7 @@ from ._events import (
     ResetReason,
     ResponseReceived,
     Result,
+    Retrieved,
     Started,
     TextDelta,
     ThinkingDelta,
@@ -126,6 +130,8 @@ __all__ = [
     "ModelResponseError",
     "ModelSettings",
     "ModelTimeoutError",
+    "ModerationError",
+    "ModerationFailedError",
     "OutputGuardrailError",
     "OutputParsingError",
     "OverloadedError",
@@ -140,6 +146,8 @@ __all__ = [
     "ResetReason",
     "ResponseReceived",
     "Result",
+    "RetrievalError",
+    "Retrieved",
     "ServerError",
     "Spent",
     "Started",
@@ -179,7 +187,9 @@ __all__ = [
     "messages_to_json",
     "method_options",
     "models",
+    "moderation",
     "output",
+    "rag",
     "system_message",
     "testing",
     "tool",

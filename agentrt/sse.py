@@ -12,6 +12,7 @@ the invocation's events go out as SSE events through sse-starlette's `EventSourc
 | `tool_call` | `{"id", "name"}` (and `"arguments"` with `tool_details=True`) |
 | `tool_result` | `{"id", "name", "outcome"}` (and `"result"` with `tool_details=True`) |
 | `reset` | `{"reason", "attempt"}`: discard the text shown so far |
+| `retrieved` | `{"queries", "sources": [{"id", "text", "metadata", "score"}]}`: what retrieval injected |
 | `guardrail` | `{"guardrail", "kind", "verdict", "attempt"}` |
 | `done` | the `Result`: text, value (as JSON), usage, finish reason, tool executions, attempts |
 | `error` | `{"type", "message"}`: the error's type and a fixed, safe message (the error itself is logged) |
@@ -70,10 +71,13 @@ from ._errors import (
     ModelConnectionError,
     ModelError,
     ModelTimeoutError,
+    ModerationError,
+    ModerationFailedError,
     OutputGuardrailError,
     OutputParsingError,
     OverloadedError,
     RateLimitError,
+    RetrievalError,
     ServerError,
     ToolError,
     ToolLoopLimitError,
@@ -83,6 +87,7 @@ from ._events import (
     GuardrailVerdict,
     Reset,
     Result,
+    Retrieved,
     TextDelta,
     ThinkingDelta,
     ToolCallRequested,
@@ -126,6 +131,9 @@ _SPEC_ATTR: Final = "__agentrt_spec__"
 # provider's body or a key fragment) nor its class name. The error itself goes to the log. First match.
 _SAFE: Final[tuple[tuple[type[BaseException], str, int, str], ...]] = (
     (InputGuardrailError, "input_refused", 400, "the request was refused by an input guardrail"),
+    (ModerationFailedError, "moderation_unavailable", 503, "the request could not be moderated"),
+    (ModerationError, "moderated", 400, "the request was refused by moderation"),
+    (RetrievalError, "retrieval_failed", 502, "the documents could not be searched"),
     (OutputGuardrailError, "output_refused", 502, "the answer was refused by an output guardrail"),
     (ContextLengthExceededError, "context_length_exceeded", 400, "the conversation is too long"),
     (RateLimitError, "rate_limited", 429, "the model is rate limited; try again later"),
@@ -183,6 +191,18 @@ class _Reset(TypedDict):
     attempt: int
 
 
+class _Source(TypedDict):
+    id: str | None
+    text: str
+    metadata: dict[str, Any]
+    score: float | None
+
+
+class _Retrieved(TypedDict):
+    queries: list[str]
+    sources: list[_Source]
+
+
 class _Guardrail(TypedDict):
     guardrail: str
     kind: str
@@ -233,6 +253,7 @@ EVENTS: Final[dict[str, type]] = {
     "tool_call": _ToolCall,
     "tool_result": _ToolResult,
     "reset": _Reset,
+    "retrieved": _Retrieved,
     "guardrail": _Guardrail,
     "done": _Done,
     "error": _Error,
@@ -316,6 +337,20 @@ def _encode(event: Event, thinking: bool, tool_details: bool) -> tuple[str, dict
     if kind is Reset:
         assert isinstance(event, Reset)
         return "reset", {"reason": event.reason.value, "attempt": event.attempt}
+    if kind is Retrieved:
+        assert isinstance(event, Retrieved)
+        return "retrieved", {
+            "queries": list(event.queries),
+            "sources": [
+                {
+                    "id": c.id,
+                    "text": c.text,
+                    "metadata": to_jsonable_python(dict(c.metadata), fallback=str),
+                    "score": c.score,
+                }
+                for c in event.contents
+            ],
+        }
     if kind is GuardrailVerdict:
         assert isinstance(event, GuardrailVerdict)
         return "guardrail", {

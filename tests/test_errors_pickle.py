@@ -28,6 +28,7 @@ import pytest
 
 import agentrt
 from agentrt import _errors
+from agentrt.moderation import Moderation
 from agentrt._errors import (
     AgentError,
     AuthenticationError,
@@ -46,11 +47,14 @@ from agentrt._errors import (
     ModelNotFoundError,
     ModelResponseError,
     ModelTimeoutError,
+    ModerationError,
+    ModerationFailedError,
     OutputGuardrailError,
     OutputParsingError,
     OverloadedError,
     PermissionDeniedError,
     RateLimitError,
+    RetrievalError,
     ServerError,
     ToolArgumentsError,
     ToolError,
@@ -193,6 +197,19 @@ SAMPLES: dict[type[AgentError], Callable[[], AgentError]] = {
         partial=_partial(),
     ),
     ChatMemoryError: lambda: ChatMemoryError("the store failed"),
+    RetrievalError: lambda: RetrievalError(
+        "Docs.ask: retriever BM25Retriever failed", retriever="BM25Retriever"
+    ),
+    ModerationError: lambda: ModerationError(
+        "Docs.ask: the moderation model flagged the user's message (violence)",
+        categories=("violence",),
+        flagged="input",
+        moderation=Moderation(True, {"violence": True}, {"violence": 0.9}, "omni-moderation-latest"),
+        partial=_partial(),
+    ),
+    ModerationFailedError: lambda: ModerationFailedError(
+        "Docs.ask: the moderation model failed", categories=(), flagged="input", moderation=None, partial=None
+    ),
     GuardrailError: lambda: GuardrailError("refused", failures=()),
     OutputGuardrailError: lambda: OutputGuardrailError(
         "Assistant.chat: the output guardrails refused the answer after 1 attempt(s) (Polite: rude)",

@@ -20,13 +20,17 @@ from ._augment import (
     reciprocal_rank_fusion,
     retrieval,
 )
+from ._bm25 import BM25Retriever
+from ._splitter import Document, Splitter
 from ._tool import retriever_tool
 from ._types import Content, EmbeddingModel, Query, Retriever
 
 __all__ = [
     "DEFAULT_TEMPLATE",
     "Aggregator",
+    "BM25Retriever",
     "Content",
+    "Document",
     "EmbeddingModel",
     "Injector",
     "Query",
@@ -35,6 +39,7 @@ __all__ = [
     "Retriever",
     "Router",
     "Skipped",
+    "Splitter",
     "inject",
     "reciprocal_rank_fusion",
     "retrieval",
