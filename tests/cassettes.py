@@ -4,7 +4,7 @@ Expected values are derived here from the recorded bytes with a deliberately pla
 (split the text into lines, fold the JSON payloads) that shares no code with agentrt's decoders, so a
 test compares agentrt against the recording, not against itself.
 
-Every cassette is classified: which adapter replays it, or why neither does (`NOT_APPLICABLE`).
+Every cassette is classified: which adapter replays it, or why none does (`NOT_APPLICABLE`).
 """
 
 from __future__ import annotations
@@ -44,19 +44,15 @@ OPENAI = frozenset(
 OLLAMA = frozenset({"26", "27", "28"})
 """Replayed through `OllamaChatModel`."""
 
-ERRORS = frozenset({"35", "36", "37", "38", "39", "40", "41", "42", "43", "44", "47", "48", "49", "50", "51"})
-"""Error responses: status and body go through the error mapping both adapters share, so each is
-replayed through both adapters (OpenAI-compatible gateways pass on other providers' envelopes)."""
+ANTHROPIC = frozenset({"19", "20", "21", "22", "23", "24", "25"})
+"""Replayed through `AnthropicChatModel` (21's retry-after on a 200 is also used by the retry tests)."""
 
-NOT_APPLICABLE = {
-    "19": "Anthropic /v1/messages (no Anthropic adapter in this issue)",
-    "20": "Anthropic /v1/messages (no Anthropic adapter in this issue)",
-    "21": "Anthropic /v1/messages; its retry-after-on-200 headers are used by the retry tests",
-    "22": "Anthropic SSE; used by the SSE decoder tests only",
-    "23": "Anthropic SSE; used by the SSE decoder tests only",
-    "24": "Anthropic SSE; used by the SSE decoder tests only",
-    "25": "Anthropic SSE; used by the SSE decoder tests only",
-}
+ERRORS = frozenset({"35", "36", "37", "38", "39", "40", "41", "42", "43", "44", "47", "48", "49", "50", "51"})
+"""Error responses: status and body go through the error mapping the adapters share, so each is
+replayed through every adapter (OpenAI-compatible gateways pass on other providers' envelopes)."""
+
+NOT_APPLICABLE: dict[str, str] = {}
+"""Cassettes no adapter replays, and why (none, now that Anthropic's have an adapter)."""
 
 SCENARIO_ERRORS: dict[str, type[ModelError]] = {
     "error_400_invalid_request": BadRequestError,
@@ -241,6 +237,8 @@ class Expected:
     model: str | None = None
     error: dict[str, Any] | None = None
     """The error payload the body reported (inside a 200), if any."""
+    signature: str | None = None
+    """The signature of the (last) signed thinking block (Anthropic)."""
 
     @property
     def finish_reason(self) -> FinishReason | None:
@@ -349,3 +347,67 @@ def error_details(cassette: Cassette) -> tuple[str, str | None]:
     message = error if isinstance(error, str) else error["message"]
     request_id = cassette.header("x-request-id") or cassette.header("request-id") or body.get("request_id")
     return message, request_id
+
+
+ANTHROPIC_STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
+"""Anthropic's stop reasons under the names `FINISH` knows."""
+
+
+def anthropic_payloads(cassette: Cassette) -> list[dict[str, Any]]:
+    """A Messages response as stream events: each SSE event's data, or the events a whole (non-streamed)
+    message stands for."""
+    text = cassette.body.decode("utf-8")
+    if "event-stream" in (cassette.header("content-type") or "") or cassette.streaming:
+        return [json.loads(data) for _, data in reference_sse(text)]
+    message = json.loads(text)
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": message}]
+    for index, block in enumerate(message["content"]):
+        events.append({"type": "content_block_start", "index": index, "content_block": block})
+    events.append({"type": "message_delta", "delta": {"stop_reason": message["stop_reason"]}})
+    return events
+
+
+def expected_anthropic(cassette: Cassette) -> Expected:
+    expected = Expected()
+    calls: dict[int, dict[str, Any]] = {}
+    counts: dict[str, int] = {}
+    for event in anthropic_payloads(cassette):
+        kind = event["type"]
+        if kind == "error":
+            expected.error = event
+            break
+        if kind == "message_start":
+            message = event["message"]
+            expected.id, expected.model = message["id"], message["model"]
+            counts.update(message.get("usage") or {})
+        elif kind == "content_block_start":
+            block = event["content_block"]
+            if block["type"] == "text":
+                expected.text += block["text"]
+            elif block["type"] == "thinking":
+                expected.thinking += block["thinking"]
+                expected.signature = block.get("signature") or expected.signature
+            elif block["type"] == "tool_use":
+                given = json.dumps(block["input"]) if block["input"] else ""
+                calls[event["index"]] = {"id": block["id"], "name": block["name"], "arguments": given}
+        elif kind == "content_block_delta":
+            delta = event["delta"]
+            if delta["type"] == "text_delta":
+                expected.text += delta["text"]
+            elif delta["type"] == "thinking_delta":
+                expected.thinking += delta["thinking"]
+            elif delta["type"] == "signature_delta":
+                expected.signature = delta["signature"]
+            elif delta["type"] == "input_json_delta":
+                calls[event["index"]]["arguments"] += delta["partial_json"]
+        elif kind == "message_delta":
+            expected.finish = ANTHROPIC_STOP.get(event["delta"]["stop_reason"], event["delta"]["stop_reason"])
+            counts.update(event.get("usage") or {})
+            read = counts.get("cache_read_input_tokens") or 0
+            prompt = counts["input_tokens"] + read + (counts.get("cache_creation_input_tokens") or 0)
+            expected.usage = (prompt, counts["output_tokens"], read, 0)
+    expected.calls = [
+        {"id": c["id"], "name": c["name"], "arguments": json.loads(c["arguments"] or "{}")}
+        for c in calls.values()
+    ]
+    return expected

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from cassettes import (
+    ANTHROPIC,
     ERRORS,
     NOT_APPLICABLE,
     OLLAMA,
@@ -23,6 +24,7 @@ from cassettes import (
     Cassette,
     Expected,
     error_details,
+    expected_anthropic,
     expected_ollama,
     expected_openai,
     load_all,
@@ -34,6 +36,7 @@ from cassettes import (
 
 from agentrt import AgentError, ModelError, RateLimitError, UserMessage
 from agentrt.models import (
+    AnthropicChatModel,
     ModelChunk,
     ModelRequest,
     ModelResponse,
@@ -50,11 +53,13 @@ from agentrt.models._decoders import NDJSONChunkDecoder, SSEChunkDecoder
 from agentrt.models._failures import ErrorContext
 from agentrt.models._ndjson import NDJSONDecoder
 from agentrt.models._sse import SSEDecoder
+from agentrt.models.anthropic import EventStreamDecoder, MessagesMapper
 from agentrt.models.ollama import OllamaChatMapper
 from agentrt.models.openai import ChatCompletionMapper
 
 REQUEST = ModelRequest(messages=(UserMessage.of("Say this is a test"),))
-STREAMING = [c for c in pick(OPENAI | OLLAMA) if c.streaming]
+REPLAYED = OPENAI | OLLAMA | ANTHROPIC
+STREAMING = [c for c in pick(REPLAYED) if c.streaming]
 SMALL_STREAMING = [c for c in STREAMING if len(c.body) <= 16_384]
 LARGE_STREAMING = [c for c in STREAMING if len(c.body) > 16_384]
 
@@ -62,7 +67,7 @@ LARGE_STREAMING = [c for c in STREAMING if len(c.body) > 16_384]
 def test_every_cassette_is_replayed_or_explained() -> None:
     numbers = {c.number for c in load_all()}
     assert len(numbers) == 51
-    classified = [OPENAI, OLLAMA, ERRORS, set(NOT_APPLICABLE)]
+    classified = [OPENAI, OLLAMA, ANTHROPIC, ERRORS, set(NOT_APPLICABLE)]
     assert set().union(*classified) == numbers
     assert sum(len(group) for group in classified) == len(numbers)  # each in exactly one group
 
@@ -94,18 +99,45 @@ def ollama_model(cassette: Cassette, client: httpx.AsyncClient, **options: Any) 
     )
 
 
-def model_for(cassette: Cassette, client: httpx.AsyncClient) -> OpenAIChatModel | OllamaChatModel:
-    return ollama_model(cassette, client) if cassette.number in OLLAMA else openai_model(cassette, client)
+def anthropic_model(cassette: Cassette, client: httpx.AsyncClient, **options: Any) -> AnthropicChatModel:
+    # The recorded URL's query (25's `?beta=true`) stays on the base URL, and so on every request.
+    base = (cassette.url or "https://api.anthropic.com/v1/messages").replace("/v1/messages", "")
+    return AnthropicChatModel(
+        cassette.request_body.get("model", "model"),
+        base_url=base,
+        api_key="sk-ant-test-key",
+        client=client,
+        streaming=cassette.streaming,
+        retry=RetryPolicy.never(),
+        **options,
+    )
+
+
+Adapter = OpenAIChatModel | OllamaChatModel | AnthropicChatModel
+ADAPTERS = {"openai": openai_model, "ollama": ollama_model, "anthropic": anthropic_model}
+
+
+def model_for(cassette: Cassette, client: httpx.AsyncClient) -> Adapter:
+    if cassette.number in OLLAMA:
+        return ollama_model(cassette, client)
+    if cassette.number in ANTHROPIC:
+        return anthropic_model(cassette, client)
+    return openai_model(cassette, client)
 
 
 def expected_for(cassette: Cassette) -> Expected:
-    return expected_ollama(cassette) if cassette.number in OLLAMA else expected_openai(cassette)
+    if cassette.number in OLLAMA:
+        return expected_ollama(cassette)
+    if cassette.number in ANTHROPIC:
+        return expected_anthropic(cassette)
+    return expected_openai(cassette)
 
 
 def assert_matches(response: ModelResponse, expected: Expected) -> None:
     message = response.message
     assert message.text == (expected.text or None)
     assert (message.thinking or "") == expected.thinking
+    assert message.thinking_signature == expected.signature  # byte for byte, as it must go back
     assert (message.refusal or "") == expected.refusal
     calls = [(c.id, c.name, c.parsed_arguments()) for c in message.tool_calls]
     assert calls == [(c["id"], c["name"], c["arguments"]) for c in expected.calls]
@@ -125,7 +157,7 @@ def assert_matches(response: ModelResponse, expected: Expected) -> None:
     assert response.model == expected.model
 
 
-async def collect(model: OpenAIChatModel | OllamaChatModel) -> tuple[list[ModelChunk], BaseException | None]:
+async def collect(model: Adapter) -> tuple[list[ModelChunk], BaseException | None]:
     chunks: list[ModelChunk] = []
     stream = model.stream(REQUEST)
     try:
@@ -141,7 +173,7 @@ async def collect(model: OpenAIChatModel | OllamaChatModel) -> tuple[list[ModelC
 # --- whole replays --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cassette", pick(OPENAI | OLLAMA), ids=repr)
+@pytest.mark.parametrize("cassette", pick(REPLAYED), ids=repr)
 async def test_cassette_folds_to_the_recorded_answer(cassette: Cassette) -> None:
     expected = expected_for(cassette)
     requests: list[httpx.Request] = []
@@ -166,7 +198,7 @@ async def test_cassette_folds_to_the_recorded_answer(cassette: Cassette) -> None
     assert requests[0].url == (cassette.url or requests[0].url)
 
 
-@pytest.mark.parametrize("cassette", pick(OPENAI | OLLAMA), ids=repr)
+@pytest.mark.parametrize("cassette", pick(REPLAYED), ids=repr)
 async def test_usage_is_reported_only_when_the_server_sent_it(cassette: Cassette) -> None:
     expected = expected_for(cassette)
     async with httpx.AsyncClient(transport=replay(cassette)) as client:
@@ -179,11 +211,11 @@ async def test_usage_is_reported_only_when_the_server_sent_it(cassette: Cassette
 
 
 @pytest.mark.parametrize("cassette", pick(ERRORS), ids=repr)
-@pytest.mark.parametrize("adapter", ["openai", "ollama"])
+@pytest.mark.parametrize("adapter", sorted(ADAPTERS))
 async def test_error_cassette_becomes_a_typed_error(cassette: Cassette, adapter: str) -> None:
     message, request_id = error_details(cassette)
     async with httpx.AsyncClient(transport=replay(cassette)) as client:
-        model = (ollama_model if adapter == "ollama" else openai_model)(cassette, client)
+        model = ADAPTERS[adapter](cassette, client)
         with pytest.raises(ModelError) as info:
             await complete(model, REQUEST)
     error = info.value
@@ -205,9 +237,11 @@ async def test_error_cassette_becomes_a_typed_error(cassette: Cassette, adapter:
 def decode(cassette: Cassette, parts: list[bytes]) -> tuple[list[ModelChunk], str | None]:
     """The chunks (and error) of the adapter's own decoder for the body delivered in `parts`."""
     context = ErrorContext("http://test/")
-    decoder: SSEChunkDecoder | NDJSONChunkDecoder
+    decoder: SSEChunkDecoder | NDJSONChunkDecoder | EventStreamDecoder
     if cassette.number in OLLAMA:
         decoder = NDJSONChunkDecoder(OllamaChatMapper(context, None, REQUEST))
+    elif cassette.number in ANTHROPIC:
+        decoder = EventStreamDecoder(MessagesMapper(context, None))
     else:
         decoder = SSEChunkDecoder(ChatCompletionMapper(context, None))
     chunks: list[ModelChunk] = []
