@@ -25,6 +25,7 @@ from sse_starlette import ServerSentEvent
 from ._events import (
     FinishReason,
     Reset,
+    Retrieved,
     TextDelta,
     ThinkingDelta,
     ToolCallRequested,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from ._events import Event, Result
+    from .rag._types import Content
 
 __all__ = ["PROTOCOLS", "AgUI", "Encoder", "VercelUI"]
 
@@ -188,6 +190,24 @@ class _ToolIds:
         return self._by_call.get((round_, call_id), call_id)
 
 
+def _source_document(index: int, content: Content) -> Chunk:
+    """A retrieved content as a Vercel `source-document` part: its id, a title (the metadata's
+    `title`, else its `source`, else the id), and the `source` as the file name; never its text."""
+    metadata = content.metadata
+    source_id = content.id or f"source_{index + 1}"
+    title = metadata.get("title") or metadata.get("source") or source_id
+    part: Chunk = {
+        "type": "source-document",
+        "sourceId": source_id,
+        "mediaType": "text/plain",
+        "title": str(title),
+    }
+    source = metadata.get("source")
+    if isinstance(source, str):
+        part["filename"] = source
+    return part
+
+
 class VercelUI(Encoder):
     """The Vercel AI SDK UI message stream (`x-vercel-ai-ui-message-stream: v1`)."""
 
@@ -278,6 +298,9 @@ class VercelUI(Encoder):
                 return [{"type": "tool-output-error", "toolCallId": wire, "errorText": _TOOL_FAILED}]
             output = execution.result if self.details else None
             return [{"type": "tool-output-available", "toolCallId": wire, "output": output}]
+        if kind is Retrieved:
+            assert isinstance(event, Retrieved)
+            return [_source_document(index, content) for index, content in enumerate(event.contents)]
         if kind is Reset and not self._hold:
             # Only a structured answer's repair resets here (text is held otherwise): its value
             # parts are replaced by the next ones.

@@ -1,0 +1,169 @@
+"""Retrieval and moderation over `agentrt.sse.endpoint`: the `retrieved` event (and Vercel's
+`source-document` parts), a flagged request as an HTTP error before any stream, a flagged answer as
+an `error` event with no token before it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import httpx
+from pydantic import TypeAdapter
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Route
+
+import agentrt
+import agentrt.sse
+from agentrt import MemoryId, TokenStream
+from agentrt.moderation import Moderation, moderate
+from agentrt.rag import Content, Query, Retrieval
+from agentrt.testing import Hang, ScriptedModel
+
+
+class Judge:
+    name = "judge"
+
+    def __init__(self, *bad: str) -> None:
+        self.bad = bad
+
+    async def moderate(self, texts: Sequence[str]) -> list[Moderation]:
+        return [
+            Moderation(any(b in t for b in self.bad), {"hate": any(b in t for b in self.bad)}) for t in texts
+        ]
+
+
+async def handbook(query: Query) -> list[Content]:
+    return [
+        Content("Dogs travel at half fare.", {"source": "pets.md", "page": 2}, 1.5, "pets#0"),
+        Content("Bikes cost 5 euros.", {"source": "bicycles.md"}, 0.5, "bicycles#0"),
+    ]
+
+
+class Desk:
+    async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+    @moderate
+    async def moderated(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+    @moderate(answer=True)
+    async def checked(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+
+def user(request: Request) -> str:
+    return "ada"
+
+
+def parse_sse(text: str) -> list[dict[str, Any]]:
+    events = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        fields: dict[str, Any] = {}
+        for line in block.split("\n"):
+            if line and not line.startswith(":"):
+                name, _, value = line.partition(":")
+                fields[name] = value[1:] if value.startswith(" ") else value
+        if "data" in fields:
+            fields["data"] = json.loads(fields["data"])
+            events.append(fields)
+    return events
+
+
+def client(handler: Any) -> httpx.AsyncClient:
+    app = Starlette(routes=[Route("/chat", handler, methods=["POST"])])
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+
+
+def service(model: ScriptedModel) -> Desk:
+    return agentrt.build(
+        Desk,
+        model=model,
+        memory=agentrt.memory.window(),
+        retrieval=Retrieval(retrievers=[handbook]),
+        moderation_model=Judge("hate"),
+    )
+
+
+async def test_the_retrieved_event_comes_before_the_tokens() -> None:
+    svc = service(ScriptedModel(["Half ", "fare."]))
+    async with client(agentrt.sse.endpoint(svc.chat, memory_id=user)) as http:
+        response = await http.post("/chat", json={"question": "dog fare?"})
+    events = parse_sse(response.text)
+    assert [e["event"] for e in events] == ["retrieved", "token", "token", "done"]
+    retrieved = events[0]["data"]
+    assert retrieved == {
+        "queries": ["dog fare?"],
+        "sources": [
+            {
+                "id": "pets#0",
+                "text": "Dogs travel at half fare.",
+                "metadata": {"source": "pets.md", "page": 2},
+                "score": retrieved["sources"][0]["score"],
+            },
+            {
+                "id": "bicycles#0",
+                "text": "Bikes cost 5 euros.",
+                "metadata": {"source": "bicycles.md"},
+                "score": retrieved["sources"][1]["score"],
+            },
+        ],
+    }
+    # the shape its schema says
+    TypeAdapter(agentrt.sse.EVENTS["retrieved"]).validate_python(retrieved, strict=True)
+
+
+async def test_vercel_clients_get_source_document_parts_without_the_text() -> None:
+    svc = service(ScriptedModel(["Half fare."]))
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user, protocol="vercel-ui")
+    body = {
+        "id": "chat-1",
+        "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "dog fare?"}]}],
+        "trigger": "submit-message",
+    }
+    async with client(handler) as http:
+        response = await http.post("/chat", json=body)
+    frames = [f[6:] for f in response.text.split("\n\n") if f.startswith("data: ")]
+    chunks = [json.loads(f) for f in frames if f != "[DONE]"]
+    sources = [c for c in chunks if c["type"] == "source-document"]
+    assert sources == [
+        {
+            "type": "source-document",
+            "sourceId": "pets#0",
+            "mediaType": "text/plain",
+            "title": "pets.md",
+            "filename": "pets.md",
+        },
+        {
+            "type": "source-document",
+            "sourceId": "bicycles#0",
+            "mediaType": "text/plain",
+            "title": "bicycles.md",
+            "filename": "bicycles.md",
+        },
+    ]
+    assert chunks.index(sources[0]) < [c["type"] for c in chunks].index("text-start")
+    assert "Dogs travel" not in response.text
+
+
+async def test_a_flagged_request_is_refused_before_any_stream_and_closes_the_model() -> None:
+    model = ScriptedModel(["I ", Hang()])
+    svc = service(model)
+    async with client(agentrt.sse.endpoint(svc.moderated, memory_id=user)) as http:
+        response = await http.post("/chat", json={"question": "hate speech please"})
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {"type": "moderated", "message": "the request was refused by moderation"}
+    }
+    assert model.streams[0].closed and not model.streams[0].completed
+    assert await agentrt.memory.access(svc).read("ada") == []
+
+
+async def test_a_flagged_answer_is_an_error_event_with_no_token_before_it() -> None:
+    svc = service(ScriptedModel(["So much ", "hate."]))
+    async with client(agentrt.sse.endpoint(svc.checked, memory_id=user)) as http:
+        response = await http.post("/chat", json={"question": "tell me"})
+    events = parse_sse(response.text)
+    assert [e["event"] for e in events] == ["retrieved", "error"]
+    assert events[-1]["data"] == {"type": "moderated", "message": "the request was refused by moderation"}
+    assert "hate" not in response.text
+    assert await agentrt.memory.access(svc).read("ada") == []
