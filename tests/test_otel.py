@@ -348,8 +348,16 @@ async def test_a_cancelled_tool_round_ends_the_tool_spans(telemetry: Telemetry) 
 
     assert telemetry.open_spans.open == {}
     assert listener.open_invocations == 0
-    assert [s.name for s in telemetry.spans()] == ["invoke_agent Weather.ask", "chat", "execute_tool wait"]
-    assert all((s.attributes or {}).get("agentrt.cancelled") is not False for s in telemetry.spans())
+    invoke, chat, wait_span = telemetry.spans()
+    assert [s.name for s in (invoke, chat, wait_span)] == [
+        "invoke_agent Weather.ask",
+        "chat",
+        "execute_tool wait",
+    ]
+    assert (invoke.attributes or {})["agentrt.cancelled"] is True
+    assert (wait_span.attributes or {})["agentrt.cancelled"] is True
+    assert "agentrt.cancelled" not in (chat.attributes or {})  # its response had arrived
+    assert wait_span.status.status_code is StatusCode.UNSET
 
 
 async def test_a_model_error_fails_the_request_and_the_invocation(telemetry: Telemetry) -> None:
