@@ -32,6 +32,8 @@ from agentrt.rag import (
     Query,
     Retrieval,
     Skipped,
+    compressing_transformer,
+    expanding_transformer,
     inject,
     reciprocal_rank_fusion,
     retrieval,
@@ -447,3 +449,58 @@ async def test_a_retriever_returning_the_wrong_type_is_a_retrieval_error() -> No
     with pytest.raises(RetrievalError) as caught:
         await docs.ask("q")
     assert isinstance(caught.value.__cause__, TypeError)
+
+
+async def test_a_compressing_transformer_makes_a_follow_up_stand_alone() -> None:
+    helper = ScriptedModel("How much does a dog ticket cost?")
+    retriever = Recording("fares", [Content("Dogs travel at half fare.", id="f")])
+    model = ScriptedModel("Dogs may travel.", "Half fare.")
+    chat = agentrt.build(
+        Chat,
+        model=model,
+        memory=window(max_messages=20),
+        retrieval=Retrieval(retrievers=[retriever], transformer=compressing_transformer(helper)),
+    )
+
+    await chat.chat("ada", "Can my dog come?")
+    await chat.chat("ada", "How much is it?")
+
+    # the first turn has no history: used as it is, no request
+    assert [q.text for q in retriever.queries] == ["Can my dog come?", "How much does a dog ticket cost?"]
+    (request,) = helper.requests
+    transcript = request.messages[-1].text
+    assert transcript.splitlines() == [
+        "user: Can my dog come?",
+        "assistant: Dogs may travel.",
+        "user: How much is it?",
+    ]
+    # the model is asked the user's own question, augmented
+    assert last_user_text(model).startswith("How much is it?\n\n")
+
+
+async def test_an_expanding_transformer_runs_every_phrasing() -> None:
+    helper = ScriptedModel("- dog fare\n\n* price for a dog\ndog fare\n")
+    retriever = Recording("fares", [Content("Dogs travel at half fare.", id="f")])
+    docs = agentrt.build(
+        Docs,
+        model=ScriptedModel("Half."),
+        retrieval=Retrieval(retrievers=[retriever], transformer=expanding_transformer(helper, n=3)),
+    )
+    result = await docs.result("how much for my dog")
+    assert sorted(q.text for q in retriever.queries) == sorted(
+        ["how much for my dog", "dog fare", "price for a dog"]
+    )
+    assert [s.id for s in result.sources] == ["f"]  # found three times, injected once
+    assert "3 different phrasings" in helper.requests[0].messages[0].text
+
+
+async def test_a_failing_transformer_is_a_retrieval_error() -> None:
+    helper = ScriptedModel()  # no scripted answer: the request fails
+    docs = agentrt.build(
+        Docs,
+        model=ScriptedModel("never"),
+        retrieval=Retrieval(retrievers=[Recording("a", [])], transformer=expanding_transformer(helper)),
+    )
+    with pytest.raises(RetrievalError) as caught:
+        await docs.ask("q")
+    assert caught.value.retriever == "transformer"

@@ -23,6 +23,7 @@ from ._augment import (
 from ._bm25 import BM25Retriever
 from ._splitter import Document, Splitter
 from ._tool import retriever_tool
+from ._transformers import compressing_transformer, expanding_transformer
 from ._types import Content, EmbeddingModel, Query, Retriever
 
 __all__ = [
@@ -40,6 +41,8 @@ __all__ = [
     "Router",
     "Skipped",
     "Splitter",
+    "compressing_transformer",
+    "expanding_transformer",
     "inject",
     "reciprocal_rank_fusion",
     "retrieval",
