@@ -349,7 +349,12 @@ def error_details(cassette: Cassette) -> tuple[str, str | None]:
     return message, request_id
 
 
-ANTHROPIC_STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
+ANTHROPIC_STOP = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+}
 """Anthropic's stop reasons under the names `FINISH` knows."""
 
 
