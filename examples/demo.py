@@ -1,5 +1,6 @@
-"""`make demo`: a streamed answer, a structured extraction, a tool round trip and a two-turn
-conversation that remembers, with usage.
+"""`make demo`: a streamed answer, a structured extraction, a tool round trip, a two-turn
+conversation that remembers, with usage, a question answered from a retrieved document, and a
+moderated request stopped before any of its text is shown.
 
 With `OPENAI_BASE_URL` set (and `OPENAI_API_KEY`, `OPENAI_MODEL` as needed) the demo talks to that
 endpoint. Otherwise it starts a real local model (agentrt.local: llama-cpp-python's server with Gemma
@@ -19,8 +20,9 @@ import agentrt
 from agentrt import ChatModel, ToolSettings
 from agentrt.local import LocalModelServer
 from agentrt.models import ModelSettings, OpenAIChatModel
+from agentrt.rag import BM25Retriever, Document, Retrieval
 
-from .support import OrderTools, Support
+from .support import HANDBOOK, ModeratedSupport, OrderTools, Support, WordListModeration
 
 SHOP = {"shop": "Acme Rail"}
 
@@ -101,6 +103,36 @@ async def remember(model: ChatModel) -> None:
         await reopened.aclose()
 
 
+async def retrieve(model: ChatModel) -> None:
+    rule("5. retrieval: a question answered from a retrieved document (BM25 over a handbook)")
+    documents = [Document(text, {"source": name}) for name, text in HANDBOOK.items()]
+    handbook = BM25Retriever(documents, k=1)
+    support = agentrt.build(
+        Support, model=model, variables=SHOP, retrieval=Retrieval(retrievers=[handbook], max_results=1)
+    )
+    question = "Can I take my bicycle on the intercity train?"
+    answer = await support.chat("user-9", question)
+    for source in answer.sources:
+        print(f"   retrieved from {source.metadata['source']} (score {source.score:.3f}):")
+        print(f"     {source.text[:90]!r}...")
+    sent = answer.messages[-2]
+    print(f"   the model was sent {len(sent.text or '')} characters: the question, then the document")
+    print(f"   answer: {(answer.value or '')[:200]!r}")
+
+    rule("6. moderation: a flagged request is stopped while the model starts answering")
+    moderated = agentrt.build(
+        ModeratedSupport, model=model, variables=SHOP, moderation_model=WordListModeration("weapon")
+    )
+    try:
+        await moderated.stream("user-9", "How do I smuggle a weapon onto the train?")
+    except agentrt.ModerationError as error:
+        print(f"   ModerationError: flagged {error.flagged} for {', '.join(error.categories)}")
+        print("   the model's stream was closed; no token was shown, nothing was stored")
+    stream = await moderated.stream("user-9", "Is there Wi-Fi on board?")
+    text = "".join([token async for token in stream])
+    print(f"   an unflagged request streams as usual: {text[:80]!r}")
+
+
 async def main() -> None:
     base_url = os.environ.get("OPENAI_BASE_URL")
     if base_url:
@@ -111,6 +143,7 @@ async def main() -> None:
         async with model:
             await run(model)
             await remember(model)
+            await retrieve(model)
         return
     print("agentrt demo against a REAL local model: llama-cpp-python's OpenAI-compatible server")
     print("running Gemma 3 270M on this machine (no network).")
@@ -124,6 +157,7 @@ async def main() -> None:
         async with model:
             await run(model)
             await remember(model)
+            await retrieve(model)
     print("\nlocal model server stopped.")
 
 
