@@ -54,6 +54,7 @@ from ._events import (
     RequestIssued,
     Reset,
     ResponseReceived,
+    Retrieved,
     Started,
     ToolCallRequested,
     ToolExecuted,
@@ -61,7 +62,7 @@ from ._events import (
 from ._messages import AssistantMessage, SystemMessage, TextContent, ToolResultMessage, UserMessage
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Sequence
 
     from opentelemetry.context import Context
     from opentelemetry.trace import Span
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     from ._events import LifecycleEvent, ModelResponse, Result, Usage
     from ._messages import ChatMessage
     from .models._protocol import ChatModel
+    from .rag import Content
 
 __all__ = ["OTelListener", "instrument"]
 
@@ -171,6 +173,7 @@ class OTelListener:
             ToolExecuted: self._tool_executed,
             GuardrailVerdict: self._verdict,
             Reset: self._reset,
+            Retrieved: self._retrieved,
             Completed: self._completed,
             FailedEvent: self._failed,
             CancelledEvent: self._cancelled,
@@ -449,36 +452,33 @@ class OTelListener:
             )
 
     def _other(self, event: object) -> None:
-        """Events this module does not know by type: `Retrieved` (by name, until it exists), a
-        moderation's, and any later one, as an event on the invocation span without its fields."""
+        """Events this module does not know by type: a moderation's (by name, should one come), and
+        any later one, as an event on the invocation span named for its class, without its fields."""
         invocation_id = getattr(event, "invocation_id", None)
         call = self._calls.get(invocation_id) if isinstance(invocation_id, str) else None
         if call is None or not call.span.is_recording():
             return
         name = type(event).__name__
-        if name == "Retrieved":
-            call.span.add_event("retrieval", self._retrieval(event))
-        elif name.startswith("Moderat"):
+        if name.startswith("Moderat"):
             call.span.add_event("moderation", _moderation(event))
         else:
             call.span.add_event("agentrt." + _snake(name))
 
-    def _retrieval(self, event: object) -> Attributes:
-        attributes: Attributes = {"gen_ai.operation.name": "retrieval"}
-        contents = _first(event, ("contents", "sources", "results"))
-        if contents is not None:
-            contents = tuple(contents)
-            attributes["agentrt.retrieval.count"] = len(contents)
+    def _retrieved(self, event: Retrieved) -> None:
+        call = self._calls.get(event.invocation_id)
+        if call is None or not call.span.is_recording():
+            return
+        attributes: Attributes = {
+            "gen_ai.operation.name": "retrieval",
+            "agentrt.retrieval.count": len(event.contents),
+        }
+        skipped = [getattr(s, "retriever", None) for s in event.skipped]
+        if skipped:  # the retrievers' names (configuration, not content)
+            attributes["agentrt.retrieval.skipped"] = tuple(str(name) for name in skipped)
         if self.capture_content:
-            query = _first(event, ("query", "queries"))
-            if query is not None:
-                texts = [
-                    getattr(q, "text", q) for q in (query if isinstance(query, list | tuple) else [query])
-                ]
-                attributes["gen_ai.retrieval.query.text"] = "\n".join(str(t) for t in texts)
-            if contents is not None:
-                attributes["gen_ai.retrieval.documents"] = _json([_document(c) for c in contents])
-        return attributes
+            attributes["gen_ai.retrieval.query.text"] = "\n".join(event.queries)
+            attributes["gen_ai.retrieval.documents"] = _json([_document(c) for c in event.contents])
+        call.span.add_event("retrieval", attributes)
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -567,14 +567,11 @@ def _output(response: ModelResponse) -> dict[str, Any]:
     }
 
 
-def _document(content: object) -> dict[str, Any]:
-    document: dict[str, Any] = {"id": getattr(content, "id", None), "score": getattr(content, "score", None)}
-    text = getattr(content, "text", None)
-    if text is not None:
-        document["content"] = text
-    metadata: Mapping[str, Any] | None = getattr(content, "metadata", None)
-    if metadata:
-        document["metadata"] = dict(metadata)
+def _document(content: Content) -> dict[str, Any]:
+    """A retrieved content as the conventions' retrieval document (id and score, then the rest)."""
+    document: dict[str, Any] = {"id": content.id, "score": content.score, "content": content.text}
+    if content.metadata:
+        document["metadata"] = dict(content.metadata)
     return document
 
 
