@@ -30,7 +30,7 @@ from agentrt.rag._bm25 import BM25Retriever, plural_stemmer
 from agentrt.rag._splitter import Document, Splitter, normalize
 from agentrt.rag._sqlite_vectors import SQLiteVectorIndex
 from agentrt.rag._types import Content, Query, Retriever
-from agentrt.rag._vectors import EmbeddingRetriever, InMemoryVectorIndex, VectorIndex
+from agentrt.rag._vectors import EmbeddingRetriever, InMemoryVectorIndex, Rows, VectorIndex
 
 CORPUS = [
     Document(
@@ -80,7 +80,23 @@ texts = st.lists(
     st.one_of(
         st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12),
         st.sampled_from(
-            ["\n", "\n\n", "\r\n", "\r\n\r\n", "\r", " ", ". ", "! ", "。", "\t", "word", "x" * 40]
+            [
+                "\n",
+                "\n\n",
+                "\r\n",
+                "\r\n\r\n",
+                "\r",
+                " ",
+                ". ",
+                "! ",
+                "。",
+                "\t",
+                "word",
+                "x" * 40,
+                '." ',
+                "!) ",
+                "?\u201d ",
+            ]
         ),
     ),
     max_size=40,
@@ -363,18 +379,40 @@ async def test_in_memory_and_sqlite_indexes_rank_alike(sqlite_index: SQLiteVecto
     stored = EmbeddingRetriever(model, sqlite_index, k=4, splitter=splitter)
     chunks = splitter.split(CORPUS)
     # Equal vectors tie: both rank ties by the order contents were first added.
-    duplicate = Content(chunks[0].text, {"source": "copy"}, id="copy")
+    duplicate = Content(chunks[0].text, {"source": "copy"}, id="!copy")
     for retriever in (memory, stored):
         await retriever.add([*CORPUS, duplicate])
         await retriever.add([dataclasses.replace(chunks[3], text="Express parcels arrive tomorrow.")])
         await retriever.index.delete([chunks[5].key(), "unknown"])
     assert await memory.index.count() == await sqlite_index.count() == len(chunks)
-    for question in QUESTIONS:
-        in_memory = await memory.retrieve(Query(question))
-        assert len(in_memory) == 4
-        assert ranking(in_memory) == ranking(await stored.retrieve(Query(question)))
-    ties = await memory.retrieve(Query(chunks[0].text))
-    assert [c.id for c in ties[:2]] == [chunks[0].id, "copy"]
+    questions = [*QUESTIONS, chunks[0].text]
+    expected = [ranking(await memory.retrieve(Query(question))) for question in questions]
+    assert all(len(found) == 4 for found in expected)
+    assert [found[0] for found in expected[-1][:2]] == [chunks[0].id, "!copy"]
+    assert [ranking(await stored.retrieve(Query(question))) for question in questions] == expected
+    await sqlite_index.aclose()  # and as loaded from the file
+    assert [ranking(await stored.retrieve(Query(question))) for question in questions] == expected
+
+
+def test_a_snapshot_is_never_changed_by_later_writes() -> None:
+    """What a search holds (in a worker thread, say) stays as it was: appends go past its rows,
+    replacements and deletions write new arrays."""
+    rows = Rows(None, "test")
+
+    def write(contents: list[Content], vectors: list[list[float]]) -> None:
+        rows.upsert(contents, rows.check(contents, vectors))
+
+    write([Content("a", id="a"), Content("b", id="b")], [[1, 0], [0, 1]])
+    held = rows.snapshot
+    query = rows.query([1.0, 1.0])
+    assert query is not None
+    before = held.search(query, 5, None)
+    write([Content("c", id="c")], [[1, 1]])  # appended
+    write([Content("a2", id="a")], [[0, 1]])  # replaced
+    assert held.search(query, 5, None) == before
+    rows.delete(["b"])
+    assert held.search(query, 5, None) == before
+    assert [c.text for c in rows.snapshot.contents] == ["a2", "c"]
 
 
 async def test_sqlite_index_persists_across_reopen(tmp_path: Path) -> None:

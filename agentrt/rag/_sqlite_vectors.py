@@ -102,6 +102,9 @@ class SQLiteVectorIndex:
         for vectors of the wrong count, length or values or metadata that is not JSON, nothing stored
         then."""
         contents = list(contents)
+        if not contents:
+            await anyio.lowlevel.checkpoint()
+            return
         rows = await self._loaded()
         matrix = rows.check(contents, vectors)
         records = []
@@ -115,13 +118,12 @@ class SQLiteVectorIndex:
         def write() -> None:
             db, rows = self._open()
             checked = rows.check(contents, matrix)  # again: another write may have set the dimension
-            _transaction(
-                db,
-                lambda: (
-                    db.execute(_SET_DIMENSION, (str(checked.shape[1]),)),
-                    db.executemany(_UPSERT, records),
-                ),
-            )
+
+            def statements() -> None:
+                db.execute(_SET_DIMENSION, (str(checked.shape[1]),))
+                db.executemany(_UPSERT, records)
+
+            _transaction(db, statements)
             rows.upsert(contents, checked)
 
         await run_writing(self._lock, write, in_thread=True)

@@ -254,6 +254,9 @@ class InMemoryVectorIndex:
         """Store `contents` with their `vectors` (see `VectorIndex`); `ValueError` for vectors of the
         wrong count, length or values, nothing stored then."""
         contents = list(contents)
+        if not contents:
+            await anyio.lowlevel.checkpoint()
+            return
         matrix = self._rows.check(contents, vectors)
         await anyio.lowlevel.checkpoint()
         await run_writing(
