@@ -80,7 +80,9 @@ async def test_every_readme_block_runs_as_written(
     # The quickstart, return types, the tools block (which only builds), the budgets, memory and
     # guardrail blocks.
     tooled = ScriptedModel(["Over ", "SSE."])  # the tools block's: its service is served over SSE below
-    models = [model, typed, tooled, budgeted, remembering, guarded, redacting]
+    retrieving = ScriptedModel("Half the adult fare.")
+    moderated = ScriptedModel(["You could ", "hide it..."])
+    models = [model, typed, tooled, budgeted, remembering, guarded, redacting, retrieving, moderated]
     ran = await run_readme(namespace, local=False, models=models)
 
     assert len(ran) == len(python_blocks()) - 1  # all but the local-server block
@@ -111,6 +113,14 @@ async def test_every_readme_block_runs_as_written(
     assert "Please wait, it is on its way." in output
     assert "Write to [email]. Or call us." in output
     assert "ann@" not in output
+    # Retrieval: the dog document was injected, and is the source
+    sent = retrieving.requests[0].messages[-1].text
+    assert sent.startswith("How much does my dog pay?\n\nAnswer using the following information:\n")
+    assert "Dogs on a lead" in sent and "Bicycles" not in sent
+    assert "pets.md\n" in output
+    # Moderation: refused, the model stream closed, nothing shown
+    assert "refused: ('illicit',)" in output
+    assert moderated.streams[0].closed
     assert guarded.requests[1].messages[-2:] == (
         agentrt.AssistantMessage(text="It is on its way."),
         agentrt.UserMessage.of("Answer politely."),
