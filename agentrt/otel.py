@@ -28,6 +28,13 @@ a provider's may echo the prompt): a failure records its exception type only. `c
 adds the opt-in attributes of the conventions (`gen_ai.input.messages`, `gen_ai.output.messages`,
 `gen_ai.tool.call.arguments`, `gen_ai.tool.call.result`, `gen_ai.conversation.id`, ...) as JSON
 strings, and records exceptions with their message and stack trace.
+
+Errors (`error.type`, with status ERROR): on a failed invocation and the request under way, the
+exception's class name (`RateLimitError`, `ModelTimeoutError`, `BudgetExceededError`,
+`OutputGuardrailError`, `ModerationError`, `OutputParsingError`, ...); on a tool span, the tool's
+exception class name, or `timeout`, `invalid_arguments`, `unknown_tool` (the call's outcome; the
+invocation goes on). A cancelled invocation is not an error: its spans end with
+`agentrt.cancelled = true` and no status, and its request records no duration.
 """
 
 from __future__ import annotations
