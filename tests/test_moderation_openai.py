@@ -189,6 +189,7 @@ async def test_an_older_text_model_without_some_categories() -> None:
     [verdict] = await moderate(Script(respond(body)), ["hello"], model="text-moderation-latest")
     assert dict(verdict.categories) == {"sexual": False, "hate": False, "violence": False}
     assert dict(verdict.scores) == {"sexual": 1.2e-05, "hate": 3e-06, "violence": 0.0}
+    assert all(type(score) is float for score in verdict.scores.values())
     assert verdict.model == "text-moderation-007"
 
 
@@ -312,11 +313,14 @@ async def test_the_key_reaches_no_error_no_event_and_no_log(caplog: pytest.LogCa
 @pytest.mark.virtual_clock
 async def test_cancelling_while_the_answer_arrives_closes_the_response() -> None:
     script = Script(respond(b'{\n  "id": "modr-1",\n  "results": [', hang=True))
-    with anyio.move_on_after(5) as scope:
-        await moderate(script, ["hello"])
+    async with httpx.AsyncClient(transport=script.transport()) as client:
+        model = OpenAIModerationModel(base_url=BASE, client=client)
+        with anyio.move_on_after(5) as scope:
+            await model.moderate(["hello"])
+        # No await between the cancellation unwinding and this line: closed within the same turn.
+        [body] = script.bodies
+        assert body.closed
     assert scope.cancelled_caught
-    [body] = script.bodies
-    assert body.closed
 
 
 # --- malformed answers ------------------------------------------------------------------------------
