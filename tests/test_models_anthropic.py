@@ -724,7 +724,12 @@ async def test_an_overloaded_529_is_retried() -> None:
 async def test_an_error_event_inside_a_200_stream() -> None:
     error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
     body = events(
-        start(), block(0, {"type": "text", "text": ""}), delta(0, type="text_delta", text="Hal"), error
+        start(),
+        block(0, {"type": "text", "text": ""}),
+        delta(0, type="text_delta", text="Hal"),
+        error,
+        delta(0, type="text_delta", text="lo"),  # nothing after the error counts
+        *end(),
     )
     collected: list[ModelChunk] = []
 
@@ -745,6 +750,12 @@ async def test_an_error_event_inside_a_200_stream() -> None:
     with pytest.raises(ServerError) as info:
         await complete_with(responder(in_json, "application/json"), streaming=False)
     assert not info.value.mid_stream
+
+
+async def test_a_last_event_without_its_blank_line_still_counts() -> None:
+    body = text_stream("Hello").rstrip(b"\n")
+    assert body.endswith(b'"message_stop"}')
+    assert (await complete_with(responder(body))).message.text == "Hello"
 
 
 @pytest.mark.parametrize(
