@@ -20,6 +20,7 @@ import pytest
 from cassettes import ANTHROPIC, Cassette, Parts, load, pick, split_at
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 import agentrt
 from agentrt import (
@@ -984,3 +985,48 @@ async def test_signed_thinking_goes_back_unchanged_in_the_next_round_and_the_nex
     stored = await agentrt.memory.access(service).read("c1")
     assert stored[1].thinking_blocks  # type: ignore[union-attr]
     assert messages_from_json(messages_to_json(stored)) == stored
+
+
+# --- structured output through the answer tool ----------------------------------------------------------
+
+
+class Ticket(BaseModel):
+    origin: str
+    destination: str
+
+
+class Extractor:
+    async def ticket(self, text: str) -> Ticket: ...
+
+
+@pytest.mark.parametrize("thinking", [None, 1024])
+async def test_structured_output_goes_through_a_forced_answer_tool(thinking: int | None) -> None:
+    answer = events(
+        start(),
+        block(0, {"type": "tool_use", "id": "toolu_f", "name": "final_answer", "input": {}}),
+        delta(0, type="input_json_delta", partial_json='{"origin": "Paris", '),
+        delta(0, type="input_json_delta", partial_json='"destination": "Lyon"}'),
+        stop(0),
+        *end("tool_use"),
+    )
+    sent: list[dict[str, Any]] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=answer)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(server)) as client:
+        model = AnthropicChatModel(
+            "claude-test", api_key=KEY, client=client, thinking=thinking, retry=RetryPolicy.never()
+        )
+        service = agentrt.build(Extractor, model=model)  # output_mode "auto"
+        assert await service.ticket("Paris to Lyon, Friday") == Ticket(origin="Paris", destination="Lyon")
+    (body,) = sent
+    assert [t["name"] for t in body["tools"]] == ["final_answer"]
+    assert body["tools"][0]["input_schema"]["required"] == ["origin", "destination"]
+    assert "response_format" not in body
+    if thinking is None:
+        assert body["tool_choice"] == {"type": "tool", "name": "final_answer"}
+    else:  # a forced tool is refused with thinking on: offered, and asked for in the message
+        assert "tool_choice" not in body
+        assert "final_answer" in body["messages"][-1]["content"]
