@@ -260,6 +260,13 @@ async def test_bm25_empty_corpus_finds_nothing_and_add_indexes() -> None:
     (found,) = await retriever.retrieve(Query("lost property"))
     assert (found.id, dict(found.metadata)) == ("lost", {"source": "lost.md"})  # a Content is kept as is
     assert sources(await retriever.retrieve(Query("refund paid")))[:1] == ["refunds.md"]
+    # A chunk with the key of an indexed one replaces it, as in the vector indexes.
+    await retriever.add([Content("Lost umbrellas are kept for 7 days.", {"source": "lost.md"}, id="lost")])
+    assert len(retriever) == 3
+    assert await retriever.retrieve(Query("lost property")) == await retriever.retrieve(Query("lost"))
+    assert [c.text for c in await retriever.retrieve(Query("umbrellas"))] == [
+        "Lost umbrellas are kept for 7 days."
+    ]
 
 
 async def test_bm25_prints_nothing_and_leaves_logging_alone(capsys: pytest.CaptureFixture[str]) -> None:

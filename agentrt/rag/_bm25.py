@@ -64,11 +64,12 @@ def _singular(word: str) -> str:
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Index:
     contents: tuple[Content, ...]
+    tokens: tuple[list[str], ...]  # of each content, kept so that `add` tokenizes only new ones
     bm25: Any  # bm25s.BM25, or None when no chunk has a single token
     vocabulary: Collection[str]
 
 
-_EMPTY_INDEX = _Index((), None, frozenset())
+_EMPTY_INDEX = _Index((), (), None, frozenset())
 
 
 class BM25Retriever:
@@ -121,25 +122,26 @@ class BM25Retriever:
             raise ConfigurationError(f"BM25Retriever: stopwords: {exc}") from exc
         self._writing = threading.Lock()
         self._index = _EMPTY_INDEX
-        contents = self._chunks(documents)
+        contents = self._splitter.split(documents)
         if contents:
-            self._index = self._build(contents)
+            self._index = self._build(_EMPTY_INDEX, contents)
 
     def __len__(self) -> int:
         """The number of chunks indexed."""
         return len(self._index.contents)
 
     async def add(self, documents: Iterable[Document | Content | str]) -> None:
-        """Split `documents` and index them with the chunks already indexed (the whole index is
-        rebuilt, so add in bulk rather than one document at a time); queries running meanwhile use
-        the index they began with. Large builds run in a worker thread; cancelled, a build that
+        """Split `documents` and index them with the chunks already indexed; a chunk with the `key()`
+        of an indexed one replaces it. The index is rebuilt over every chunk (only new ones are
+        tokenized again): add in bulk rather than one document at a time. Queries running meanwhile
+        use the index they began with. Large builds run in a worker thread; cancelled, a build that
         started finishes and is kept."""
         documents = list(documents)
 
         def build() -> None:
-            contents = self._chunks(documents)
+            contents = self._splitter.split(documents)
             if contents:
-                self._index = self._build(self._index.contents + tuple(contents))
+                self._index = self._build(self._index, contents)
 
         size = len(self._index.contents) + len(documents)
         await anyio.lowlevel.checkpoint()
@@ -174,19 +176,6 @@ class BM25Retriever:
             results.append(dataclasses.replace(index.contents[position], score=score))
         return results
 
-    def _chunks(self, documents: Iterable[Document | Content | str]) -> list[Content]:
-        contents: list[Content] = []
-        pending: list[Document | str] = []
-        for document in documents:
-            if isinstance(document, Content):
-                contents.extend(self._splitter.split(pending))
-                pending.clear()
-                contents.append(document)
-            else:
-                pending.append(document)
-        contents.extend(self._splitter.split(pending))
-        return contents
-
     def _tokenize(self, texts: Sequence[str]) -> list[list[str]]:
         tokens: list[list[str]] = self._bm25s.tokenize(
             list(texts),
@@ -197,14 +186,24 @@ class BM25Retriever:
         )
         return tokens
 
-    def _build(self, contents: Sequence[Content]) -> _Index:
-        tokens = self._tokenize([content.text for content in contents])
-        if not any(tokens):
+    def _build(self, index: _Index, contents: Sequence[Content]) -> _Index:
+        """A new index of `index`'s chunks and `contents`; a content whose `key()` is indexed already
+        takes its place."""
+        all_contents, all_tokens = list(index.contents), list(index.tokens)
+        positions = {content.key(): i for i, content in enumerate(all_contents)}
+        for content, tokens in zip(contents, self._tokenize([c.text for c in contents]), strict=True):
+            position = positions.setdefault(content.key(), len(all_contents))
+            if position == len(all_contents):
+                all_contents.append(content)
+                all_tokens.append(tokens)
+            else:
+                all_contents[position], all_tokens[position] = content, tokens
+        if not any(all_tokens):
             # bm25s cannot index a corpus without a single token; such an index finds nothing.
-            return _Index(tuple(contents), None, frozenset())
+            return _Index(tuple(all_contents), tuple(all_tokens), None, frozenset())
         bm25 = self._bm25s.BM25(k1=self._k1, b=self._b, backend="numpy", csc_backend="numpy")
-        bm25.index(tokens, show_progress=False)
-        return _Index(tuple(contents), bm25, frozenset(bm25.vocab_dict))
+        bm25.index(all_tokens, show_progress=False)
+        return _Index(tuple(all_contents), tuple(all_tokens), bm25, frozenset(bm25.vocab_dict))
 
 
 def _import_bm25s() -> Any:

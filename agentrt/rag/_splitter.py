@@ -84,13 +84,16 @@ class Splitter:
         if self.by not in ("paragraph", "sentence"):
             raise ConfigurationError(f"Splitter: by must be 'paragraph' or 'sentence', not {self.by!r}")
 
-    def split(self, documents: Iterable[Document | str]) -> list[Content]:
+    def split(self, documents: Iterable[Document | Content | str]) -> list[Content]:
         """The chunks of every document, in order: `Content` with the chunk's text, the document's
         metadata plus `document` (its id) and `chunk` (the chunk's index in it), and the id
         `"<document id>#<chunk index>"`. A document without text gives no chunks. A `str` is a
-        document without metadata."""
+        document without metadata; a `Content` is a chunk already, kept as it is."""
         chunks: list[Content] = []
         for document in documents:
+            if isinstance(document, Content):
+                chunks.append(document)
+                continue
             if isinstance(document, str):
                 document = Document(document)
             text = normalize(document.text)

@@ -24,7 +24,6 @@ import anyio.to_thread
 
 from .._errors import ConfigurationError
 from ._splitter import Document, Splitter
-from ._types import Content
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -32,7 +31,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from ._types import EmbeddingModel, Query
+    from ._types import Content, EmbeddingModel, Query
 
     Matrix = npt.NDArray[np.float32]
 
@@ -320,16 +319,7 @@ class EmbeddingRetriever:
     async def add(self, documents: Iterable[Document | Content | str]) -> None:
         """Embed and store `documents`: `Document`s and strings split into chunks, `Content`s as they
         are. One `embed` call for all texts (the model batches); nothing is stored if it fails."""
-        contents: list[Content] = []
-        pending: list[Document | str] = []
-        for document in documents:
-            if isinstance(document, Content):
-                contents.extend(self._splitter.split(pending))
-                pending.clear()
-                contents.append(document)
-            else:
-                pending.append(document)
-        contents.extend(self._splitter.split(pending))
+        contents = self._splitter.split(documents)
         if not contents:
             return
         vectors = await self._embed([content.text for content in contents])
