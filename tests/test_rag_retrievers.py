@@ -501,7 +501,11 @@ async def test_upsert_replaces_by_id_and_the_last_duplicate_wins(sqlite_index: S
             ("y", "other", 0.70711),
         ]
         assert await index.search([1.0, 1.0], k=5, min_score=0.9) == found[:1]
+        # A zero vector is as similar to every row (0): ties, cut at k in row order.
         assert await index.search([0.0, 0.0], k=1) == [dataclasses.replace(found[0], score=0.0)]
+        many = [Content(f"same {i}", id=f"same{i}") for i in range(50)]
+        await index.add(many, [[0.0, -1.0]] * 50)
+        assert [c.id for c in await index.search([0.0, -1.0], k=3)] == ["same0", "same1", "same2"]
 
 
 async def test_empty_indexes_find_nothing(sqlite_index: SQLiteVectorIndex) -> None:

@@ -105,9 +105,15 @@ class Snapshot:
             return []
         scores = self.matrix @ vector
         k = min(k, rows)
-        top = np.argpartition(-scores, k - 1)[:k] if k < rows else np.arange(rows)
+        if k < rows:
+            # Every row scoring at least the k-th best score, so that ties at the cut are decided
+            # by row order too.
+            kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
+            top = np.flatnonzero(scores >= kth)
+        else:
+            top = np.arange(rows)
         # Best first; equal scores in row order, so that every index ranks alike.
-        top = top[np.lexsort((top, -scores[top]))]
+        top = top[np.lexsort((top, -scores[top]))][:k]
         found = []
         for row, score in zip(top.tolist(), scores[top].tolist(), strict=True):
             if min_score is not None and score < min_score:
