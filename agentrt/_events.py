@@ -172,11 +172,12 @@ class ModelResponse:
 
 @dataclass(frozen=True, slots=True)
 class Started:
-    """The invocation began. `method` is `Class.method`."""
+    """The invocation began. `method` is `Class.method`, `model` the name of the service's model."""
 
     invocation_id: str
     method: str
     memory_id: Any = None
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,8 +204,8 @@ class OTelListener:
     # --- the invocation -----------------------------------------------------------------------
 
     def _started(self, event: Started) -> None:
-        # The `model` and `provider` fields are read if `Started` ever carries them.
-        model = getattr(event, "model", None) or self._model
+        # `instrument(model=...)` names the model if given; else `Started.model` (the service's model).
+        model = self._model or event.model
         attributes: Attributes = {
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.provider.name": getattr(event, "provider", None) or self._provider,

@@ -275,7 +275,7 @@ async def test_children_keep_their_parent_whichever_task_reads_the_stream(teleme
         "request": None,
         "reader": None,
         "invoke_agent Weather.stream": "request",
-        "chat": "invoke_agent Weather.stream",
+        "chat scripted": "invoke_agent Weather.stream",
         "execute_tool temperature": "invoke_agent Weather.stream",
         "execute_tool to_fahrenheit": "invoke_agent Weather.stream",
     }
@@ -299,7 +299,7 @@ async def test_concurrent_invocations_do_not_mix(telemetry: Telemetry) -> None:
         by_trace.setdefault(span.context.trace_id, []).append(span.name)
     assert (
         sorted(sorted(names) for names in by_trace.values())
-        == [["chat", "chat", "execute_tool temperature", "invoke_agent Weather.ask"]] * 2
+        == [["chat scripted", "chat scripted", "execute_tool temperature", "invoke_agent Weather.ask"]] * 2
     )
     assert listener.open_invocations == 0
 
@@ -351,7 +351,7 @@ async def test_a_cancelled_tool_round_ends_the_tool_spans(telemetry: Telemetry) 
     invoke, chat, wait_span = telemetry.spans()
     assert [s.name for s in (invoke, chat, wait_span)] == [
         "invoke_agent Weather.ask",
-        "chat",
+        "chat scripted",
         "execute_tool wait",
     ]
     assert (invoke.attributes or {})["agentrt.cancelled"] is True
@@ -466,7 +466,7 @@ async def test_guardrail_verdicts_are_events_and_a_retry_is_a_second_request(tel
     assert await svc.ask(PROMPT) == "fine"
 
     invoke, chat1, chat2 = telemetry.spans()
-    assert [chat1.name, chat2.name] == ["chat", "chat"]
+    assert [chat1.name, chat2.name] == ["chat scripted", "chat scripted"]
     assert [e.name for e in invoke.events] == ["gen_ai.guardrail.result"] * 2
     first, second = (dict(e.attributes or {}) for e in invoke.events)
     assert first["gen_ai.guardrail.component.name"] == second["gen_ai.guardrail.component.name"] == "polite"

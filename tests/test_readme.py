@@ -82,7 +82,8 @@ async def test_every_readme_block_runs_as_written(
     tooled = ScriptedModel(["Over ", "SSE."])  # the tools block's: its service is served over SSE below
     retrieving = ScriptedModel("Half the adult fare.")
     moderated = ScriptedModel(["You could ", "hide it..."])
-    models = [model, typed, tooled, budgeted, remembering, guarded, redacting, retrieving, moderated]
+    traced = ScriptedModel("Traced.")
+    models = [model, typed, tooled, budgeted, remembering, guarded, redacting, retrieving, moderated, traced]
     ran = await run_readme(namespace, local=False, models=models)
 
     assert len(ran) == len(python_blocks()) - 1  # all but the local-server block
@@ -121,6 +122,7 @@ async def test_every_readme_block_runs_as_written(
     # Moderation: refused, the model stream closed, nothing shown
     assert "refused: ('illicit',)" in output
     assert moderated.streams[0].closed
+    assert "Traced.\n" in output
     assert guarded.requests[1].messages[-2:] == (
         agentrt.AssistantMessage(text="It is on its way."),
         agentrt.UserMessage.of("Answer politely."),
