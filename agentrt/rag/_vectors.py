@@ -288,7 +288,8 @@ class InMemoryVectorIndex:
         """Remove the contents with these keys (`Content.key()`); unknown ones are ignored."""
         keys = list(ids)
         await anyio.lowlevel.checkpoint()
-        await run_writing(self._writing, lambda: self._rows.delete(keys), in_thread=self._thread(0))
+        cells = len(self._rows) * (self._rows.dimension or 0)  # a deletion copies the matrix
+        await run_writing(self._writing, lambda: self._rows.delete(keys), in_thread=self._thread(cells))
 
     async def count(self) -> int:
         """The number of contents stored."""
