@@ -40,8 +40,9 @@ __all__ = ["EmbeddingRetriever", "InMemoryVectorIndex", "VectorIndex"]
 _T = TypeVar("_T")
 
 # Work on more matrix cells (rows x dimensions) than this runs in a worker thread (bench_rag.py: a
-# search over 10,000 x 384 cells takes about 1.5 ms with one BLAS thread).
-THREAD_CELLS = 4_000_000
+# search over 10,000 x 384 cells takes 0.5 to 1.5 ms on an idle machine, ten times that when
+# OpenBLAS's threads contend with others; a hop to a worker thread costs about 0.1 ms).
+THREAD_CELLS = 1_000_000
 
 
 def require(module: str, user: str) -> Any:
