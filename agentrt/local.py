@@ -5,6 +5,7 @@ which takes minutes). Then:
 
     async with LocalModelServer() as server:
         model = server.chat_model()        # an OpenAI-compatible adapter with the right capabilities
+        embedder = server.embedding_model()  # the same model's mean-pooled hidden states, 640 numbers
         ...
 
 or from a shell (`make local-model-start` / `make local-model-stop` wrap these):
@@ -18,6 +19,13 @@ real: streamed SSE, grammar-constrained JSON, forced tool calls, usage numbers, 
 What this server can do, as declared in `LOCAL_CAPABILITIES`: JSON output through `json_object` with a
 schema (a `json_schema` response format is rejected), tool calls only when one tool is forced by name
 (`tool_choice` "auto" and "required" do not work), no usage in streams, one request at a time.
+
+Embeddings (`/v1/embeddings`) come from the same GGUF file, loaded a second time under its own alias
+(`EMBEDDING_ALIAS`) with embeddings on and mean pooling (the file names no pooling, and without one the
+server answers with a vector per token). The server holds one model at a time: going from chat to
+embeddings or back loads the file again (about a second). Turning embeddings on for the chat model
+instead would make every prompt compute the logits of every token (three times slower prompts).
+The vectors are not normalised, and the server sends them as JSON numbers whatever is asked.
 """
 
 from __future__ import annotations
@@ -50,16 +58,19 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from .models.openai import OpenAIChatModel
+    from .rag.openai import OpenAIEmbeddingModel
 
 __all__ = [
     "LOCAL_CAPABILITIES",
     "LocalModelError",
     "LocalModelServer",
     "local_chat_model",
+    "local_embedding_model",
     "model_path",
 ]
 
 MODEL_ALIAS: Final = "gemma-agent"
+EMBEDDING_ALIAS: Final = "gemma-embed"
 
 LOCAL_CAPABILITIES: Final = Capabilities(
     tools=True,
@@ -185,7 +196,18 @@ class LocalModelServer:
                             "n_threads_batch": self.threads,
                             "logits_all": False,
                             "verbose": False,
-                        }
+                        },
+                        {
+                            "model": str(model_path()),
+                            "model_alias": EMBEDDING_ALIAS,
+                            "embedding": True,
+                            # 1 is mean pooling (llama.cpp's LLAMA_POOLING_TYPE_MEAN)
+                            "kv_overrides": ["gemma3.pooling_type=int:1"],
+                            "n_ctx": self.context_size,
+                            "n_threads": self.threads,
+                            "n_threads_batch": self.threads,
+                            "verbose": False,
+                        },
                     ],
                 }
             )
@@ -274,6 +296,10 @@ class LocalModelServer:
         """An OpenAI-compatible chat model for this server (see `local_chat_model`)."""
         return local_chat_model(self.base_url, **options)
 
+    def embedding_model(self, **options: Any) -> OpenAIEmbeddingModel:
+        """An OpenAI-compatible embedding model for this server (see `local_embedding_model`)."""
+        return local_embedding_model(self.base_url, **options)
+
 
 def local_chat_model(base_url: str, **options: Any) -> OpenAIChatModel:
     """An OpenAI-compatible chat model for a local server at `base_url`.
@@ -289,6 +315,17 @@ def local_chat_model(base_url: str, **options: Any) -> OpenAIChatModel:
     options.setdefault("settings", ModelSettings(max_tokens=256))
     options.setdefault("retry", RetryPolicy(max_attempts=2, initial_delay=0.2))
     return OpenAIChatModel(MODEL_ALIAS, base_url=base_url, api_key="local", **options)
+
+
+def local_embedding_model(base_url: str, **options: Any) -> OpenAIEmbeddingModel:
+    """An OpenAI-compatible embedding model for a local server at `base_url`: Gemma's mean-pooled
+    hidden states, 640 numbers a text. Defaults: `encoding_format="float"` (what the server sends
+    anyway) and two attempts, as for `local_chat_model`. Any option can be overridden."""
+    from .rag.openai import OpenAIEmbeddingModel
+
+    options.setdefault("encoding_format", "float")
+    options.setdefault("retry", RetryPolicy(max_attempts=2, initial_delay=0.2))
+    return OpenAIEmbeddingModel(EMBEDDING_ALIAS, base_url=base_url, api_key="local", **options)
 
 
 # --- command line: start/stop a background server for the Makefile --------------------------------
