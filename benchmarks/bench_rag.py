@@ -122,6 +122,7 @@ async def bench_vectors(contents: list[Content], directory: Path) -> None:
     queries = rng.standard_normal((QUERIES + 10, DIMENSION), dtype=np.float32)
     print(f"  vectors, {len(contents):,} x {DIMENSION} float32, exact cosine, k=5:")
 
+    await InMemoryVectorIndex().add(contents[:10], vectors[:10])  # type: ignore[arg-type]  # warm up numpy
     memory = InMemoryVectorIndex(in_thread=False)
     start = time.perf_counter()
     await memory.add(contents, vectors)  # type: ignore[arg-type]
