@@ -4,7 +4,6 @@ OpenAI sends."""
 from __future__ import annotations
 
 import logging
-import traceback
 from typing import Any
 
 import anyio
@@ -12,7 +11,7 @@ import httpx
 import orjson
 import pytest
 from cassettes import load
-from json_server import Script, respond
+from json_server import SERVER_ERROR, Script, check_error, echoing_key, key_shown, rate_limited, respond
 
 from agentrt import (
     AuthenticationError,
@@ -215,21 +214,7 @@ async def test_the_model_implements_the_protocol_and_shows_no_key() -> None:
 # --- retries ----------------------------------------------------------------------------------------
 
 
-RATE_LIMITED = (
-    b"{\n"
-    b'    "error": {\n'
-    b'        "message": "Rate limit reached for omni-moderation-latest in organization org-abc on requests '
-    b'per min (RPM): Limit 500, Used 500, Requested 1. Please try again in 120ms.",\n'
-    b'        "type": "requests",\n'
-    b'        "param": null,\n'
-    b'        "code": "rate_limit_exceeded"\n'
-    b"    }\n"
-    b"}\n"
-)
-SERVER_ERROR = (
-    b'{\n  "error": {\n    "message": "The server had an error while processing your request. Sorry about '
-    b'that!",\n    "type": "server_error",\n    "param": null,\n    "code": null\n  }\n}\n'
-)
+RATE_LIMITED = rate_limited("omni-moderation-latest")
 
 
 @pytest.mark.virtual_clock
@@ -274,37 +259,21 @@ async def test_nothing_is_retried_after_a_2xx() -> None:
 )
 async def test_error_statuses_map_to_their_kinds(status: int, body: bytes, kind: type[ModelError]) -> None:
     errors: list[Any] = []
-    script = Script(respond(body, status, {"x-request-id": "req_e2"}))
+    script = Script(respond(body, status, {"x-request-id": "req_e1"}))
     with pytest.raises(kind) as info:
         await moderate(script, ["hello"], retry=RetryPolicy.never(), on_error=errors.append)
-    error = info.value
-    assert type(error) is kind
-    assert (error.status, error.request_id) == (status, "req_e2")
-    assert error.endpoint == "https://api.openai.test/v1/moderations"
-    assert error.message == orjson.loads(body)["error"]["message"]
-    assert [event.error for event in errors] == [error]
+    check_error(info.value, kind, body, status=status, endpoint=f"{BASE}/moderations", reported=errors)
 
 
 async def test_the_key_reaches_no_error_no_event_and_no_log(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
-    echoed = orjson.dumps(
-        {"error": {"message": f"Incorrect API key provided: {KEY}.", "code": "invalid_api_key"}}
-    )
     events: list[Any] = []
-    script = Script(respond(echoed, 401, {"x-request-id": f"req-{KEY}"}))
+    script = Script(echoing_key(KEY))
     with pytest.raises(AuthenticationError) as info:
         await moderate(script, ["hello"], on_request=events.append, on_error=events.append)
-    assert script.requests[0].headers["authorization"] == f"Bearer {KEY}"
-    error = info.value
-    assert error.message == "Incorrect API key provided: ***."
-    texts = [
-        str(error),
-        repr(vars(error)),
-        "".join(traceback.format_exception(error)),
-        caplog.text,
-        *map(repr, events),
-    ]
-    assert not [text for text in texts if KEY in text]
+    assert script.requests[0].headers["authorization"] == f"Bearer {KEY}"  # sent, only there
+    assert info.value.message == "Incorrect API key provided: ***."
+    assert key_shown(KEY, info.value, caplog.text, *events) == []
 
 
 # --- cancellation -----------------------------------------------------------------------------------

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import traceback
 from array import array
 from typing import Any
 
@@ -13,7 +12,16 @@ import httpx
 import orjson
 import pytest
 from cassettes import load
-from json_server import Body, Script, respond
+from json_server import (
+    SERVER_ERROR,
+    Body,
+    Script,
+    check_error,
+    echoing_key,
+    key_shown,
+    rate_limited,
+    respond,
+)
 
 from agentrt import (
     AuthenticationError,
@@ -287,28 +295,7 @@ async def test_batches_of_different_dimensions_are_a_response_error() -> None:
 # --- retries ----------------------------------------------------------------------------------------
 
 
-RATE_LIMITED = (
-    b"{\n"
-    b'    "error": {\n'
-    b'        "message": "Rate limit reached for text-embedding-3-small in organization org-abc on requests '
-    b"per min (RPM): Limit 3000, Used 3000, Requested 1. Please try again in 20ms. Visit "
-    b'https://platform.openai.com/account/rate-limits to learn more.",\n'
-    b'        "type": "requests",\n'
-    b'        "param": null,\n'
-    b'        "code": "rate_limit_exceeded"\n'
-    b"    }\n"
-    b"}\n"
-)
-SERVER_ERROR = (
-    b"{\n"
-    b'  "error": {\n'
-    b'    "message": "The server had an error while processing your request. Sorry about that!",\n'
-    b'    "type": "server_error",\n'
-    b'    "param": null,\n'
-    b'    "code": null\n'
-    b"  }\n"
-    b"}\n"
-)
+RATE_LIMITED = rate_limited("text-embedding-3-small")
 
 
 @pytest.mark.virtual_clock
@@ -413,12 +400,7 @@ async def test_error_statuses_map_to_their_kinds(status: int, body: bytes, kind:
     script = Script(respond(body, status, {"x-request-id": "req_e1"}))
     with pytest.raises(kind) as info:
         await embed_openai(script, ["a"], retry=RetryPolicy.never(), on_error=errors.append)
-    error = info.value
-    assert type(error) is kind
-    assert (error.status, error.request_id) == (status, "req_e1")
-    assert error.endpoint == "https://api.openai.test/v1/embeddings"
-    assert error.message == orjson.loads(body)["error"]["message"]
-    assert [event.error for event in errors] == [error]
+    check_error(info.value, kind, body, status=status, endpoint=f"{BASE}/embeddings", reported=errors)
 
 
 async def test_ollama_errors_map_to_their_kinds() -> None:
@@ -433,28 +415,15 @@ async def test_ollama_errors_map_to_their_kinds() -> None:
 
 async def test_the_key_reaches_no_error_no_event_and_no_log(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
-    echoed = orjson.dumps(
-        {"error": {"message": f"Incorrect API key provided: {KEY}.", "code": "invalid_api_key"}}
-    )
     events: list[Any] = []
-    script = Script(respond(echoed, 401, {"x-request-id": f"req-{KEY}"}))
+    script = Script(echoing_key(KEY))
     async with httpx.AsyncClient(transport=script.transport()) as client:
         model = openai_model(script, client, on_request=events.append, on_error=events.append)
         with pytest.raises(AuthenticationError) as info:
             await model.embed(["a"])
     assert script.requests[0].headers["authorization"] == f"Bearer {KEY}"  # sent, only there
-    error = info.value
-    assert error.message == "Incorrect API key provided: ***."
-    texts = [
-        str(error),
-        repr(error),
-        repr(vars(error)),
-        "".join(traceback.format_exception(error)),
-        repr(model),
-        caplog.text,
-        *map(repr, events),
-    ]
-    assert not [text for text in texts if KEY in text]
+    assert info.value.message == "Incorrect API key provided: ***."
+    assert key_shown(KEY, info.value, model, caplog.text, *events) == []
 
 
 # --- cancellation -----------------------------------------------------------------------------------
