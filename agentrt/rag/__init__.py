@@ -4,6 +4,10 @@ model sees, and reported as `Result.sources` and a `Retrieved` event.
 `Retrieval` configures it (at `build(retrieval=...)`, or per method or class with `@retrieval`):
 retrievers run concurrently, their lists fused by rank (`reciprocal_rank_fusion`), the best injected
 (`inject`). `retriever_tool` offers a retriever to the model as a tool instead.
+
+Retrievers: `BM25Retriever` (bm25s), `EmbeddingRetriever` over an `InMemoryVectorIndex` or a
+`SQLiteVectorIndex`; embedding adapters in `agentrt.rag.openai` and `agentrt.rag.ollama`. The
+retrievers need the `rag` extra (bm25s, numpy), imported when one is made.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from ._bm25 import BM25Retriever
 from ._splitter import Document, Splitter
 from ._tool import retriever_tool
 from ._transformers import compressing_transformer, expanding_transformer
+from ._sqlite_vectors import SQLiteVectorIndex
 from ._types import Content, EmbeddingModel, Query, Retriever
+from ._vectors import EmbeddingRetriever, InMemoryVectorIndex, VectorIndex
 
 __all__ = [
     "DEFAULT_TEMPLATE",
@@ -33,14 +39,18 @@ __all__ = [
     "Content",
     "Document",
     "EmbeddingModel",
+    "EmbeddingRetriever",
+    "InMemoryVectorIndex",
     "Injector",
     "Query",
     "QueryTransformer",
     "Retrieval",
     "Retriever",
+    "SQLiteVectorIndex",
     "Router",
     "Skipped",
     "Splitter",
+    "VectorIndex",
     "compressing_transformer",
     "expanding_transformer",
     "inject",
