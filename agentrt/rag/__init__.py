@@ -26,9 +26,9 @@ from ._augment import (
 )
 from ._bm25 import BM25Retriever
 from ._splitter import Document, Splitter
+from ._sqlite_vectors import SQLiteVectorIndex
 from ._tool import retriever_tool
 from ._transformers import compressing_transformer, expanding_transformer
-from ._sqlite_vectors import SQLiteVectorIndex
 from ._types import Content, EmbeddingModel, Query, Retriever
 from ._vectors import EmbeddingRetriever, InMemoryVectorIndex, VectorIndex
 
@@ -46,8 +46,8 @@ __all__ = [
     "QueryTransformer",
     "Retrieval",
     "Retriever",
-    "SQLiteVectorIndex",
     "Router",
+    "SQLiteVectorIndex",
     "Skipped",
     "Splitter",
     "VectorIndex",
