@@ -84,6 +84,9 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_sse_protocols.py
 	$(BIN)/python benchmarks/bench_extract.py
 	$(BIN)/python benchmarks/bench_sse.py
+	$(BIN)/python benchmarks/bench_rag.py
+	$(BIN)/python benchmarks/bench_moderation.py
+	$(BIN)/python benchmarks/bench_otel.py
 
 # A background local model server on a free port; its URL is in .local-model/url.
 local-model-start: $(LOCAL)
