@@ -28,7 +28,6 @@ import pytest
 
 import agentrt
 from agentrt import _errors
-from agentrt.moderation import Moderation
 from agentrt._errors import (
     AgentError,
     AuthenticationError,
@@ -73,6 +72,7 @@ from agentrt._messages import (
     UserMessage,
 )
 from agentrt.local import LocalModelError
+from agentrt.moderation import Moderation
 from agentrt.tools._run import LoopLimit
 
 PROTOCOLS = range(pickle.HIGHEST_PROTOCOL + 1)

@@ -10,5 +10,6 @@ from __future__ import annotations
 
 from ._declare import Moderate, moderate
 from ._types import Moderation, ModerationModel
+from .openai import OpenAIModerationModel
 
-__all__ = ["Moderate", "Moderation", "ModerationModel", "moderate"]
+__all__ = ["Moderate", "Moderation", "ModerationModel", "OpenAIModerationModel", "moderate"]

@@ -25,12 +25,15 @@ from ._augment import (
     retrieval,
 )
 from ._bm25 import BM25Retriever
+from ._embedding import Embeddings
 from ._splitter import Document, Splitter
 from ._sqlite_vectors import SQLiteVectorIndex
 from ._tool import retriever_tool
 from ._transformers import compressing_transformer, expanding_transformer
 from ._types import Content, EmbeddingModel, Query, Retriever
 from ._vectors import EmbeddingRetriever, InMemoryVectorIndex, VectorIndex
+from .ollama import OllamaEmbeddingModel
+from .openai import OpenAIEmbeddingModel
 
 __all__ = [
     "DEFAULT_TEMPLATE",
@@ -40,8 +43,11 @@ __all__ = [
     "Document",
     "EmbeddingModel",
     "EmbeddingRetriever",
+    "Embeddings",
     "InMemoryVectorIndex",
     "Injector",
+    "OllamaEmbeddingModel",
+    "OpenAIEmbeddingModel",
     "Query",
     "QueryTransformer",
     "Retrieval",
