@@ -72,6 +72,7 @@ class HttpModel:
         path: str,
         api_key: SecretStr | str | None,
         api_key_variable: str,
+        key_header: str | None = None,
         **options: Unpack[SessionOptions],
     ) -> None:
         kind = type(self).__name__
@@ -96,6 +97,7 @@ class HttpModel:
                 on_request=options["on_request"],
                 on_response=options["on_response"],
                 on_error=options["on_error"],
+                key_header=key_header,
             )
         except (httpx.InvalidURL, ValueError, TypeError) as exc:
             raise ConfigurationError(f"{kind}: invalid base_url {base_url!r}: {exc}") from None
@@ -150,6 +152,7 @@ class HttpChatModel(HttpModel):
         settings: ModelSettings | None,
         capabilities: Capabilities,
         streaming: bool,
+        key_header: str | None = None,
         **options: Unpack[SessionOptions],
     ) -> None:
         self._connect_session(
@@ -158,6 +161,7 @@ class HttpChatModel(HttpModel):
             path=path,
             api_key=api_key,
             api_key_variable=api_key_variable,
+            key_header=key_header,
             **options,
         )
         self._settings = settings or ModelSettings()

@@ -208,6 +208,7 @@ class HttpSession:
         "__weakref__",
         "_client",
         "_headers",
+        "_key_header",
         "_key_hold",
         "_owned",
         "_secret",
@@ -234,6 +235,7 @@ class HttpSession:
         on_request: Callable[[HttpRequestEvent], None] | None,
         on_response: Callable[[HttpResponseEvent], None] | None,
         on_error: Callable[[HttpErrorEvent], None] | None,
+        key_header: str | None = None,
     ) -> None:
         base = httpx.URL(base_url)
         if base.scheme not in ("http", "https") or not base.host:
@@ -242,6 +244,8 @@ class HttpSession:
         self.url = base.copy_with(path=base.path.rstrip("/") + path, fragment=None)
         self.endpoint = redact_url(self.url)
         self._secret = secret
+        self._key_header = key_header
+        """The header the key goes in as it is (Anthropic's `x-api-key`); `None`: a bearer token."""
         self._key_hold: weakref.finalize[[str], HttpSession] | None = None
         self.context = ErrorContext(self.endpoint, (secret.get_secret_value(),) if secret else ())
         self._headers = {"content-type": "application/json", "accept": "application/json"}
@@ -282,8 +286,12 @@ class HttpSession:
 
     def _request_headers(self) -> dict[str, str]:
         headers = dict(self._headers)
-        if self._secret is not None:
-            headers["authorization"] = f"Bearer {self._secret.get_secret_value()}"
+        secret = self._secret
+        if secret is not None:
+            if self._key_header is None:
+                headers["authorization"] = f"Bearer {secret.get_secret_value()}"
+            else:
+                headers[self._key_header] = secret.get_secret_value()
         return headers
 
     async def open(self, body: Mapping[str, Any], deadline: float | None = None) -> Exchange:

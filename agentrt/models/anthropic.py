@@ -42,7 +42,7 @@ from .._messages import (
 from ._base import HttpChatModel
 from ._decoders import _PROBLEMS, JSONChunkDecoder, MalformedPayload, json_type
 from ._failures import error_from_payload, unreadable
-from ._http import HttpSession, stream_chunks
+from ._http import stream_chunks
 from ._protocol import Capabilities, ModelSettings
 from ._sse import SSEDecoder
 
@@ -103,18 +103,6 @@ _USAGE_COUNTS: Final = (
     "cache_read_input_tokens",
     "cache_creation_input_tokens",
 )
-
-
-class _KeyHeaderSession(HttpSession):
-    """An `HttpSession` that sends the key as `x-api-key` instead of a bearer token."""
-
-    __slots__ = ()
-
-    def _request_headers(self) -> dict[str, str]:
-        headers = dict(self._headers)
-        if self._secret is not None:
-            headers["x-api-key"] = self._secret.get_secret_value()
-        return headers
 
 
 class AnthropicChatModel(HttpChatModel):
@@ -199,6 +187,7 @@ class AnthropicChatModel(HttpChatModel):
             path="/v1/messages",
             api_key=api_key,
             api_key_variable="ANTHROPIC_API_KEY",
+            key_header="x-api-key",
             settings=settings,
             capabilities=capabilities
             or (DEFAULT_CAPABILITIES if thinking is None else THINKING_CAPABILITIES),
@@ -211,9 +200,6 @@ class AnthropicChatModel(HttpChatModel):
             on_response=on_response,
             on_error=on_error,
         )
-        # The shared base builds a plain session; this one differs only in the header the key goes in
-        # (no slots of its own, so the object is the same but for its class).
-        self._session.__class__ = _KeyHeaderSession
         self._max_tokens = max_tokens
         self._thinking = thinking
         self._cache_tools = cache_tools
