@@ -20,7 +20,15 @@ import agentrt
 from agentrt import ChatModel, ToolSettings
 from agentrt.local import LocalModelServer
 from agentrt.models import ModelSettings, OpenAIChatModel
-from agentrt.rag import BM25Retriever, Document, Retrieval
+from agentrt.rag import (
+    BM25Retriever,
+    Document,
+    EmbeddingModel,
+    EmbeddingRetriever,
+    InMemoryVectorIndex,
+    Query,
+    Retrieval,
+)
 
 from .support import HANDBOOK, ModeratedSupport, OrderTools, Support, WordListModeration
 
@@ -103,7 +111,7 @@ async def remember(model: ChatModel) -> None:
         await reopened.aclose()
 
 
-async def retrieve(model: ChatModel) -> None:
+async def retrieve(model: ChatModel, embedder: EmbeddingModel | None = None) -> None:
     rule("5. retrieval: a question answered from a retrieved document (BM25 over a handbook)")
     documents = [Document(text, {"source": name}) for name, text in HANDBOOK.items()]
     handbook = BM25Retriever(documents, k=1)
@@ -118,6 +126,14 @@ async def retrieve(model: ChatModel) -> None:
     sent = answer.messages[-2]
     print(f"   the model was sent {len(sent.text or '')} characters: the question, then the document")
     print(f"   answer: {(answer.value or '')[:200]!r}")
+
+    if embedder is not None:
+        rule("5b. the same question by meaning: embeddings from the model server, cosine search")
+        by_meaning = EmbeddingRetriever(embedder, InMemoryVectorIndex(), k=1)
+        await by_meaning.add(documents)
+        question = "Is my bike allowed on the fast train?"
+        (found,) = await by_meaning.retrieve(Query(question))
+        print(f"   {question!r} -> {found.metadata['source']} (cosine {found.score:.3f})")
 
     rule("6. moderation: a flagged request is stopped while the model starts answering")
     moderated = agentrt.build(
@@ -157,7 +173,8 @@ async def main() -> None:
         async with model:
             await run(model)
             await remember(model)
-            await retrieve(model)
+            async with server.embedding_model() as embedder:
+                await retrieve(model, embedder)
     print("\nlocal model server stopped.")
 
 

@@ -342,6 +342,13 @@ def test_reciprocal_rank_fusion() -> None:
     assert [x.id for x in fused] == ["c", "b", "a"]
     assert fused[0].score == pytest.approx(0.75)
     assert reciprocal_rank_fusion([]) == []
+    # one list: as it is, with the retriever's own scores (repeats dropped)
+    scored = [
+        Content("a", score=7.5, id="a"),
+        Content("b", score=2.0, id="b"),
+        Content("a2", score=1.0, id="a"),
+    ]
+    assert reciprocal_rank_fusion([scored]) == scored[:2]
 
 
 async def test_the_injector_sends_user_text_and_contents_literally() -> None:

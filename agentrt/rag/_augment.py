@@ -69,7 +69,13 @@ def reciprocal_rank_fusion(results: Sequence[Sequence[Content]], k: int = 60) ->
     Ties keep the order of first appearance. Scores of different retrievers are not comparable;
     ranks are, which is why this is the default.
 
-    The fused contents keep their own fields; `score` is replaced by the fused score."""
+    The fused contents keep their own fields; `score` is replaced by the fused score. A single list
+    (one query, one retriever) is returned as it is, its retriever's scores kept (repeats dropped)."""
+    if len(results) == 1:
+        kept: dict[str, Content] = {}
+        for content in results[0]:
+            kept.setdefault(content.key(), content)
+        return list(kept.values())
     fused: dict[str, float] = {}
     first: dict[str, Content] = {}
     for ranked in results:
