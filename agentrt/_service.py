@@ -159,6 +159,20 @@ def _output_modes(
     return modes, answer_tools
 
 
+def _check_settings(spec: ServiceSpec, model: ChatModel, settings: ModelSettings | None) -> None:
+    """Settings the model would refuse on every request (a model's optional `check_settings`) are
+    build errors: the build's, and each method's own (laid over the build's)."""
+    check = getattr(model, "check_settings", None)
+    if not callable(check):
+        return
+    if settings is not None:
+        check(settings, spec.cls.__name__)
+    for method in spec.methods.values():
+        own = method.options.settings if method.options is not None else None
+        if own is not None:
+            check(settings.merge(own) if settings is not None else own, method.qualname)
+
+
 def _check_model(model: object) -> None:
     missing = [name for name in ("name", "capabilities", "stream") if not hasattr(model, name)]
     if missing:
@@ -352,6 +366,7 @@ def build(
         raise ConfigurationError(
             f"{cls.__name__}: settings must be an agentrt.ModelSettings, got {settings!r}"
         )
+    _check_settings(spec, model, settings)
     if memory is not None and not isinstance(memory, ChatMemory):
         if not isinstance(memory, ChatMemoryStore):
             raise ConfigurationError(
@@ -379,8 +394,10 @@ def build(
     _check_tool_choice(cls.__name__, model, tool_settings, definitions, tool_provider)
     modes, answer_tools = _output_modes(spec, output_mode, capabilities, definitions)
 
+    provider = getattr(model, "provider", None)
     runtime = Runtime(
         model=model,
+        provider=provider if isinstance(provider, str) else None,
         listeners=tuple(listeners),
         system_message=system_message,
         variables=MappingProxyType(static),

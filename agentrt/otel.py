@@ -53,6 +53,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("agentrt.otel needs OpenTelemetry's API: pip install 'agentrt[otel]'") from exc
 
 from . import __version__
+from ._errors import ToolError
 from ._events import (
     CancelledEvent,
     Completed,
@@ -87,12 +88,6 @@ _TOKEN_BUCKETS: Final = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 10
                          16777216, 67108864)  # fmt: skip
 _DURATION_BUCKETS: Final = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
                             20.48, 40.96, 81.92)  # fmt: skip
-# Best knowledge of `gen_ai.provider.name` by adapter class (a model may say so itself: `provider`).
-_PROVIDERS: Final = {
-    "OpenAIChatModel": "openai",
-    "OllamaChatModel": "ollama",
-    "AnthropicChatModel": "anthropic",
-}
 # The conventions' output-message finish reasons, where agentrt's differ.
 _OUTPUT_FINISH: Final = {"tool_calls": "tool_call"}
 
@@ -113,9 +108,10 @@ def instrument(
       configures OpenTelemetry's SDK).
     - `capture_content`: record prompts, answers, tool arguments and results, guardrail messages,
       the memory id and exception messages (off by default: they may hold personal data).
-    - `model`: the service's model (or its name), for `gen_ai.request.model` and, from the adapter,
-      `gen_ai.provider.name`; `provider` names the provider explicitly (default `_OTHER` when
-      neither says).
+    - `model`, `provider`: override the model name and provider of every span. By default each
+      invocation names its service's own (`Started.model`, `Started.provider`, as the adapter
+      declares it: `openai`, `anthropic`, `ollama`), so one listener can serve several services;
+      `_OTHER` where neither says.
     """
     return OTelListener(
         tracer_provider=tracer_provider,
@@ -130,16 +126,18 @@ class _Call:
     """What one invocation has open: its span (and the context naming it as parent), the model
     request under way, and the tool calls of the round."""
 
-    __slots__ = ("chat", "chat_attributes", "chat_started", "context", "model", "span", "tools")
+    __slots__ = ("chat", "chat_attributes", "chat_started", "context", "model", "provider", "span", "tools")
 
-    def __init__(self, span: Span, context: Context, model: str | None) -> None:
+    def __init__(self, span: Span, context: Context, model: str | None, provider: str) -> None:
         self.span = span
         self.context = context
         self.model = model
+        self.provider = provider
         self.chat: Span | None = None
         self.chat_started = 0.0
         self.chat_attributes: Attributes = {}
-        self.tools: list[tuple[str, Span]] = []
+        self.tools: list[tuple[str, Span, int]] = []
+        """Open tool spans: the call id, the span, when it started (ns since the epoch)."""
 
 
 class OTelListener:
@@ -170,7 +168,8 @@ class OTelListener:
             explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
         )
         self._model = model if isinstance(model, str) or model is None else model.name
-        self._provider = provider or _provider_of(model)
+        self._provider = provider or (_provider_of(model) if model is not None else None)
+        """The provider named by `instrument(...)`; else each service's model's (`Started.provider`)."""
         self._calls: dict[str, _Call] = {}
         self._handlers: dict[type, Callable[[Any], None]] = {
             Started: self._started,
@@ -206,9 +205,10 @@ class OTelListener:
     def _started(self, event: Started) -> None:
         # `instrument(model=...)` names the model if given; else `Started.model` (the service's model).
         model = self._model or event.model
+        provider = self._provider or event.provider or "_OTHER"
         attributes: Attributes = {
             "gen_ai.operation.name": "invoke_agent",
-            "gen_ai.provider.name": getattr(event, "provider", None) or self._provider,
+            "gen_ai.provider.name": provider,
             "gen_ai.agent.name": event.method,
             "agentrt.invocation.id": event.invocation_id,
         }
@@ -220,7 +220,7 @@ class OTelListener:
         span = self._tracer.start_span(
             f"invoke_agent {event.method}", kind=SpanKind.INTERNAL, attributes=attributes
         )
-        self._calls[event.invocation_id] = _Call(span, trace.set_span_in_context(span), model)
+        self._calls[event.invocation_id] = _Call(span, trace.set_span_in_context(span), model, provider)
 
     def _completed(self, event: Completed[Any]) -> None:
         call = self._calls.pop(event.invocation_id, None)
@@ -263,6 +263,12 @@ class OTelListener:
                 call.chat = None
                 self._fail(chat, error, kind)
                 self._record_duration(call, kind)
+            if isinstance(error, ToolError):  # the tool that failed the call: failed, not cancelled
+                for index, (call_id, span, _) in enumerate(call.tools):
+                    if call_id == error.call_id:
+                        del call.tools[index]
+                        self._fail(span, error.__cause__ or error, _error_type(error.__cause__ or error))
+                        break
             self._close_children(call, cancelled=True)
         finally:
             self._fail(call.span, error, kind)
@@ -294,7 +300,7 @@ class OTelListener:
 
     def _close_children(self, call: _Call, *, cancelled: bool) -> None:
         """End what the invocation still has open (nothing, when it went as the events promise)."""
-        open_spans = [span for _, span in call.tools]
+        open_spans = [span for _, span, _ in call.tools]
         call.tools.clear()
         if call.chat is not None:
             open_spans.insert(0, call.chat)
@@ -316,7 +322,7 @@ class OTelListener:
         model = call.model
         attributes: Attributes = {
             "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": self._provider,
+            "gen_ai.provider.name": call.provider,
         }
         if model:
             attributes["gen_ai.request.model"] = model
@@ -404,10 +410,15 @@ class OTelListener:
         }
         if self.capture_content:
             attributes["gen_ai.tool.call.arguments"] = tool.arguments
+        started = time.time_ns()
         span = self._tracer.start_span(
-            f"execute_tool {tool.name}", context=call.context, kind=SpanKind.INTERNAL, attributes=attributes
+            f"execute_tool {tool.name}",
+            context=call.context,
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            start_time=started,
         )
-        call.tools.append((tool.id, span))
+        call.tools.append((tool.id, span, started))
 
     def _tool_executed(self, event: ToolExecuted) -> None:
         call = self._calls.get(event.invocation_id)
@@ -416,10 +427,12 @@ class OTelListener:
         execution = event.execution
         tools = call.tools
         # In the model's order, so the first open span of that id (ids may repeat in a round).
-        index = next((i for i, (call_id, _) in enumerate(tools) if call_id == execution.call_id), None)
+        index = next((i for i, (call_id, _, _) in enumerate(tools) if call_id == execution.call_id), None)
         if index is None:
             return
-        _, span = tools.pop(index)
+        _, span, started = tools.pop(index)
+        # `ToolExecuted` comes when the whole round is over: the span ends when the tool did.
+        ended = min(started + int(execution.duration * 1e9), time.time_ns())
         try:
             if span.is_recording():
                 span.set_attribute("agentrt.tool.outcome", execution.outcome.value)
@@ -429,7 +442,7 @@ class OTelListener:
                 elif self.capture_content:
                     span.set_attribute("gen_ai.tool.call.result", execution.result)
         finally:
-            span.end()
+            span.end(end_time=ended)
 
     # --- span events ----------------------------------------------------------------------------
 
@@ -491,11 +504,9 @@ class OTelListener:
 # --- helpers ----------------------------------------------------------------------------------
 
 
-def _provider_of(model: object) -> str:
+def _provider_of(model: object) -> str | None:
     declared = getattr(model, "provider", None)
-    if isinstance(declared, str) and declared:
-        return declared
-    return _PROVIDERS.get(type(model).__name__, "_OTHER")
+    return declared if isinstance(declared, str) and declared else None
 
 
 def _usage(usage: Usage) -> Attributes:

@@ -367,7 +367,7 @@ async def test_every_loop_limit_raises_its_reason_with_the_partial_result(
     assert all(s.closed for s in model.streams)
 
 
-async def test_final_answer_policy_makes_exactly_one_more_request_without_tools() -> None:
+async def test_final_answer_policy_makes_exactly_one_more_request_that_rules_out_tools() -> None:
     svc, model = assistant(
         *repeating(distinct=True, rounds=2),
         "Bern is 21.5 °C.",
@@ -379,7 +379,9 @@ async def test_final_answer_policy_makes_exactly_one_more_request_without_tools(
     assert result.value == "Bern is 21.5 °C."
     assert len(model.requests) == 3
     final = model.requests[2]
-    assert final.tools == ()
+    # The tools stay defined (a transcript of tool calls without them is refused by Anthropic), and
+    # tool_choice "none" rules out another call.
+    assert final.tools == model.requests[1].tools and final.tool_choice == "none"
     assert final.messages[:-1] == model.requests[1].messages
     assert final.messages[-1] == UserMessage.of(agentrt.tools._run.FINAL_ANSWER_PROMPT)
     assert len(result.tool_executions) == 1
@@ -722,7 +724,7 @@ async def test_final_answer_after_failing_rounds_keeps_the_failed_results() -> N
 
     assert result.value == "I could not find Paris."
     final = model.requests[2]
-    assert final.tools == () and final.tool_choice is None
+    assert final.tools == model.requests[1].tools and final.tool_choice == "none"
     # The last round ran: its call and result stay, then the request for an answer.
     assert [m.role for m in final.messages[-5:]] == ["assistant", "tool", "assistant", "tool", "user"]
     assert final.messages[-1] == UserMessage.of(agentrt.tools._run.FINAL_ANSWER_PROMPT)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .._budget import BudgetLimit
     from .._events import ModelResponse, ToolExecution
     from .._messages import ToolCall
-    from ..models._protocol import ModelRequest
+    from ..models._protocol import ModelRequest, ToolSpec
     from ..tools._run import LoopLimit, ToolLoop
     from ._turn import Turn
 
@@ -163,11 +163,17 @@ def _stop_at(turn: Turn, limit: LoopLimit) -> None:
     # calls must be followed by their results, and those calls never ran.
     answer = turn.answer
     prompt = FINAL_ANSWER_PROMPT if answer is None else FINAL_ANSWER_TOOL_PROMPT
+    if answer is not None:  # in tool mode, the answer tool alone, forced
+        tools: tuple[ToolSpec, ...] = (answer.spec,)
+        choice: str | None = answer.alone
+    elif request.tools and turn.runtime.model.capabilities.tool_choice_auto:
+        # The tools stay defined, with `tool_choice` "none": a transcript with tool calls and results
+        # but no tools is refused by some providers (Anthropic), and "none" rules out another call.
+        tools, choice = request.tools, "none"
+    else:
+        tools, choice = (), None
     turn.request = replace(
-        request,
-        messages=(*request.messages, UserMessage.of(prompt)),
-        tools=(answer.spec,) if answer is not None else (),  # in tool mode, the answer tool alone
-        tool_choice=answer.alone if answer is not None else None,
+        request, messages=(*request.messages, UserMessage.of(prompt)), tools=tools, tool_choice=choice
     )
     turn.final = limit
 

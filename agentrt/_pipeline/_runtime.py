@@ -50,6 +50,8 @@ class Runtime:
     """The typed configuration of one built service, shared by all its invocations."""
 
     model: ChatModel
+    provider: str | None = None
+    """Who serves the model, as it declares (its `provider` attribute), for `Started.provider`."""
     listeners: tuple[Listener, ...] = ()
     system_message: SystemMessageProvider | None = None
     variables: Mapping[str, str] | None = None

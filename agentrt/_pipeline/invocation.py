@@ -178,7 +178,7 @@ class Invocation:
         runtime = turn.runtime
         listeners = runtime.listeners
         model = runtime.model
-        started = Started(self.id, turn.spec.qualname, turn.memory_id, model.name)
+        started = Started(self.id, turn.spec.qualname, turn.memory_id, model.name, runtime.provider)
         if listeners:
             notify(listeners, started)
         held: list[Event] | None = [started] if prime else None

@@ -89,6 +89,7 @@ _KINDS: Final[dict[str, type[ModelError]]] = {
     "invalid_request_error": BadRequestError,
     "api_error": ServerError,
     "server_error": ServerError,
+    "timeout_error": ModelTimeoutError,
     # Google status names
     "UNAUTHENTICATED": AuthenticationError,
     "PERMISSION_DENIED": PermissionDeniedError,
@@ -332,6 +333,8 @@ def _details(payload: Any) -> _Details:
         details.code = code
     if isinstance(kind, str) and kind:
         details.kind = kind
+        if details.code is None and kind.endswith("_error"):
+            details.code = kind  # Anthropic's envelope has a `type` (billing_error, ...) and no code
     metadata = error.get("metadata")
     raw = metadata.get("raw") if isinstance(metadata, dict) else None
     if isinstance(raw, str) and raw and raw not in (details.message or ""):

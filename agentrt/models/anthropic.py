@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 import orjson
 
@@ -64,6 +64,8 @@ __all__ = ["AnthropicChatModel", "MessagesMapper"]
 DEFAULT_BASE_URL: Final = "https://api.anthropic.com"
 API_VERSION: Final = "2023-06-01"
 DEFAULT_MAX_TOKENS: Final = 4096
+MIN_THINKING_BUDGET: Final = 1024
+"""The least thinking budget the Messages API takes."""
 """Sent when neither the request's nor the model's settings name `max_tokens` (the API requires one)."""
 
 DEFAULT_CAPABILITIES: Final = Capabilities(
@@ -142,6 +144,9 @@ class AnthropicChatModel(HttpChatModel):
     as HTTP 529, is `OverloadedError`), an `error` event inside a stream by its type.
     """
 
+    provider: ClassVar[str] = "anthropic"
+    """Who serves the model (OpenTelemetry's `gen_ai.provider.name`)."""
+
     def __init__(
         self,
         model: str,
@@ -171,11 +176,13 @@ class AnthropicChatModel(HttpChatModel):
         kind = type(self).__name__
         if max_tokens < 1:
             raise ConfigurationError(f"{kind}: max_tokens must be positive, got {max_tokens}")
-        limit = (settings.max_tokens if settings else None) or max_tokens
-        if isinstance(thinking, int) and not 0 < thinking < limit:
+        if isinstance(thinking, int) and thinking < MIN_THINKING_BUDGET:
             raise ConfigurationError(
-                f"{kind}: the thinking budget ({thinking} tokens) must be positive and below max_tokens"
+                f"{kind}: the thinking budget ({thinking} tokens) must be at least {MIN_THINKING_BUDGET}"
             )
+        self._max_tokens = max_tokens
+        self._thinking = thinking
+        self.check_settings(settings or ModelSettings(), kind)
         base = base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
         sent_headers = {"anthropic-version": api_version}
         if beta:
@@ -200,13 +207,29 @@ class AnthropicChatModel(HttpChatModel):
             on_response=on_response,
             on_error=on_error,
         )
-        self._max_tokens = max_tokens
-        self._thinking = thinking
         self._cache_tools = cache_tools
         self._cache_system = cache_system
         self._cache_history = cache_history
         self._parallel_tool_calls = parallel_tool_calls
         self._extra_body = dict(extra_body or {})
+
+    def check_settings(self, settings: ModelSettings, where: str) -> None:
+        """Refuse settings the Messages API would refuse on every request (`build` calls this for
+        the build's and each method's settings): with thinking on, `max_tokens` must exceed the
+        thinking budget and `temperature` may only be 1."""
+        thinking = self._thinking
+        if thinking is None:
+            return
+        limit = settings.max_tokens or self._max_tokens
+        if isinstance(thinking, int) and limit <= thinking:
+            raise ConfigurationError(
+                f"{where}: max_tokens ({limit}) must be above {type(self).__name__}'s thinking budget "
+                f"({thinking} tokens)"
+            )
+        if settings.temperature is not None and settings.temperature != 1:
+            raise ConfigurationError(
+                f"{where}: with thinking on, Anthropic takes no temperature but 1, got {settings.temperature}"
+            )
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """The response's chunks as they arrive. Closing the iterator closes the HTTP response."""
@@ -347,7 +370,7 @@ def _assistant_blocks(message: AssistantMessage, *, thinking: bool) -> list[dict
     refused."""
     blocks = _thinking_blocks(message) if thinking else []
     text = message.text or (message.refusal if not message.tool_calls else None)
-    if text:
+    if text and not text.isspace():  # the API refuses a text block of white space only
         blocks.append({"type": "text", "text": text})
     for call in message.tool_calls:
         blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call.arguments)})
@@ -637,7 +660,11 @@ class EventStreamDecoder:
         loads = orjson.loads
         for name, data in events:
             try:
-                mapper.feed(loads(data), out)
+                payload = loads(data)
+                if name == "error" and (payload.__class__ is not dict or payload.get("type") != "error"):
+                    # an `error` event is an error whatever its data says (a gateway's own shape)
+                    raise mapper.error(payload, mid_stream=True)
+                mapper.feed(payload, out)
             except ModelError as exc:
                 self.error, self.done = exc, True
                 return

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 import orjson
 
@@ -85,6 +85,9 @@ class OllamaChatModel(HttpChatModel):
     Ollama cannot force a tool call: a request with `tool_choice` `"required"` or a tool name raises
     `BadRequestError` (`Capabilities.tool_choice_required` is false); `"none"` sends no tools.
     """
+
+    provider: ClassVar[str] = "ollama"
+    """Who serves the model (OpenTelemetry's `gen_ai.provider.name`)."""
 
     def __init__(
         self,

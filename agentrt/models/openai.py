@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 import orjson
 
@@ -105,6 +105,9 @@ class OpenAIChatModel(HttpChatModel):
 
     Errors are `agentrt.ModelError` kinds; transport errors and timeouts are translated here.
     """
+
+    provider: ClassVar[str] = "openai"
+    """Who serves the model (OpenTelemetry's `gen_ai.provider.name`)."""
 
     def __init__(
         self,
