@@ -500,6 +500,11 @@ class AgUI(Encoder):
                     "role": "tool",
                 }
             ]
+        if kind is Retrieved:  # AG-UI has no event for sources: a CUSTOM one, without the text
+            assert isinstance(event, Retrieved)
+            sources = [_source_document(index, content) for index, content in enumerate(event.contents)]
+            value = [{k: v for k, v in part.items() if k not in ("type", "mediaType")} for part in sources]
+            return [{"type": "CUSTOM", "name": "sources", "value": value}]
         if kind is Reset:
             out = []
             self._close(out)

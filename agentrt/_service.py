@@ -254,9 +254,10 @@ def _moderations(
 ) -> dict[str, Moderate]:
     """How each `@moderate` method is moderated, with its model resolved; a moderated answer must be
     held until it passed, which `chunked` and `optimistic` releases do not do."""
-    if model is not None and not callable(getattr(model, "moderate", None)):
+    if model is not None and (isinstance(model, type) or not callable(getattr(model, "moderate", None))):
+        kind = "a class (pass an instance)" if isinstance(model, type) else "not a ModerationModel"
         raise ConfigurationError(
-            f"{spec.cls.__name__}: moderation_model {model!r} is not a ModerationModel (it has no moderate())"
+            f"{spec.cls.__name__}: moderation_model {model!r} is {kind}: it needs a moderate(texts) method"
         )
     resolved: dict[str, Moderate] = {}
     for name, declared in _declared(spec, MODERATE_ATTR, cast("Moderate", None)).items():

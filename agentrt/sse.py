@@ -308,6 +308,15 @@ def result_json(result: Result[Any]) -> dict[str, Any]:
     }
 
 
+def _utf8(text: str) -> str:
+    """`text` as JSON can carry it: lone surrogates (from a document decoded carelessly) replaced."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
 def _encode(event: Event, thinking: bool, tool_details: bool) -> tuple[str, dict[str, Any]] | None:
     """An event as an SSE event name and its data; `None` for events a client is not sent."""
     kind = type(event)
@@ -344,8 +353,8 @@ def _encode(event: Event, thinking: bool, tool_details: bool) -> tuple[str, dict
             "sources": [
                 {
                     "id": c.id,
-                    "text": c.text,
-                    "metadata": to_jsonable_python(dict(c.metadata), fallback=str),
+                    "text": _utf8(c.text),
+                    "metadata": to_jsonable_python(dict(c.metadata), fallback=str, bytes_mode="base64"),
                     "score": c.score,
                 }
                 for c in event.contents

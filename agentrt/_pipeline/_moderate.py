@@ -11,13 +11,17 @@ the buffered text was released, and the turn stores nothing.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._errors import ModerationError, ModerationFailedError
-from ..models._protocol import ResponseAccumulator, aclose_iterator
+from .._budget import chars_for_tokens
+from .._errors import ModelTimeoutError, ModerationError, ModerationFailedError
+from ..models._protocol import aclose_iterator
+from ..moderation._types import Moderation
+from . import _meter
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -25,9 +29,7 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
     from .._events import ModelChunk
-    from ..models._protocol import ModelRequest
     from ..moderation._declare import Moderate
-    from ..moderation._types import Moderation
     from ._turn import Turn
 
 __all__ = ["Moderated", "judge"]
@@ -39,7 +41,7 @@ async def judge(turn: Turn, settings: Moderate, text: str, flagged: str) -> None
     is `"fail"`."""
     verdict = await _verdict(turn, settings, text)
     if verdict is not None:
-        raise _flagged(turn, verdict, flagged, None)
+        raise _flagged(turn, verdict, flagged)
 
 
 async def _verdict(turn: Turn, settings: Moderate, text: str) -> Moderation | BaseException | None:
@@ -48,33 +50,31 @@ async def _verdict(turn: Turn, settings: Moderate, text: str) -> Moderation | Ba
     assert model is not None
     try:
         verdicts = await model.moderate([text])
-        if len(verdicts) != 1:
-            raise ValueError(f"moderation model {model.name} gave {len(verdicts)} verdicts for one text")
+        if not isinstance(verdicts, list | tuple) or len(verdicts) != 1:
+            raise ValueError(f"moderation model {model.name} gave {verdicts!r} for one text")
+        verdict = verdicts[0]
+        if not isinstance(verdict, Moderation):
+            raise TypeError(
+                f"moderation model {model.name} gave {verdict!r}, not an agentrt.moderation.Moderation"
+            )
     except Exception as exc:
         if settings.on_error == "allow":
             return None
         return exc
-    verdict = verdicts[0]
     return verdict if verdict.flagged else None
 
 
-def _flagged(
-    turn: Turn,
-    verdict: Moderation | BaseException,
-    flagged: str,
-    streamed: tuple[ModelRequest, list[ModelChunk]] | None,
-) -> ModerationError:
+def _flagged(turn: Turn, verdict: Moderation | BaseException, flagged: str) -> ModerationError:
     """The error for a flag (or a failure under `on_error="fail"`), with the turn so far; a response
-    that had started arriving counts in its usage (and against the budget)."""
+    that had started arriving (`turn.streaming`) counts in its usage, and against the budget."""
     response = None
-    if streamed is not None and streamed[1]:
-        request, chunks = streamed
-        accumulator = ResponseAccumulator()
-        for chunk in chunks:
-            accumulator.add(chunk)
+    accumulator = turn.streaming
+    request = turn.sent
+    if accumulator is not None and accumulator.started and request is not None:
         response = accumulator.build(request, cut=True)
         if turn.account is not None:
             turn.account.record(response.usage)
+        turn.streaming = None
     partial = turn.partial(response)
     method = turn.spec.qualname
     if isinstance(verdict, BaseException):
@@ -100,23 +100,33 @@ def _flagged(
 
 
 class Moderated:
-    """The model's first response of a moderated turn (see the module docstring)."""
+    """The model's first response of a moderated turn (see the module docstring).
 
-    __slots__ = ("_chunks", "_held", "_request", "_settings", "_text", "_turn")
+    While the verdict is pending the response is read under the turn's budget: the token allowance
+    (`allowance`, output tokens) stops the reading once spent (the pipeline's own meter then cuts the
+    response as the chunks are released), and the deadline (`deadline`, for readers no scope of the
+    caller's watches) cuts the wait. Chunks read before the race ends in an error count in the
+    turn's response so far (`turn.streaming`): what was paid for is in the partial result.
+    """
+
+    __slots__ = ("_allowance", "_chunks", "_deadline", "_held", "_settings", "_text", "_turn")
 
     def __init__(
         self,
         chunks: AsyncIterator[ModelChunk],
         turn: Turn,
         settings: Moderate,
-        request: ModelRequest,
         text: str,
+        *,
+        allowance: int | None = None,
+        deadline: float | None = None,
     ) -> None:
         self._chunks = chunks
         self._turn = turn
         self._settings = settings
-        self._request = request
         self._text = text
+        self._allowance = allowance
+        self._deadline = deadline
         self._held: deque[ModelChunk] | None = None
 
     def __aiter__(self) -> Moderated:
@@ -139,36 +149,67 @@ class Moderated:
         outcome: list[Moderation | BaseException | None] = []
         decided = anyio.Event()
         ended = False
-        failure: Exception | None = None
+        failure: BaseException | None = None
         following = self._chunks.__anext__
+        allowance = self._allowance
+        left = chars_for_tokens(allowance) if allowance is not None else 0
 
         async def verdict(group: TaskGroup) -> None:
-            found = await _verdict(self._turn, self._settings, self._text)
+            try:
+                found = await _verdict(self._turn, self._settings, self._text)
+            except anyio.get_cancelled_exc_class():
+                raise
+            except BaseException as exc:
+                found = exc
             outcome.append(found)
             decided.set()
             if found is not None:
                 group.cancel_scope.cancel()  # stop reading the model: its stream is closed below
 
-        async with anyio.create_task_group() as group:
-            group.start_soon(verdict, group)
-            try:
-                while not decided.is_set():
+        handed = False
+        try:
+            with anyio.CancelScope(
+                deadline=self._deadline if self._deadline is not None else math.inf
+            ) as scope:
+                async with anyio.create_task_group() as group:
+                    group.start_soon(verdict, group)
                     try:
-                        read.append(await following())
-                    except StopAsyncIteration:
-                        ended = True
-                        break
-                if ended:
-                    await decided.wait()
-            except Exception as exc:  # the model failed: raised after the group, not in a group
-                failure = exc
-                group.cancel_scope.cancel()
-        if outcome and outcome[0] is not None:
+                        while not decided.is_set():
+                            try:
+                                chunk = await following()
+                            except StopAsyncIteration:
+                                ended = True
+                                break
+                            read.append(chunk)
+                            if allowance is not None:
+                                left -= _meter.spend(chunk, allowance)
+                                if left < 0:
+                                    break  # the allowance is spent: read no more, the meter cuts it
+                        if not decided.is_set():
+                            await decided.wait()
+                    except Exception as exc:  # the model failed: raised after the group, not in it
+                        failure = exc
+                        group.cancel_scope.cancel()
+            found = outcome[0] if outcome else None
+            handed = found is None and failure is None and not scope.cancelled_caught
+        finally:
+            if not handed:
+                # The race ends in an error (a flag, a failure, a deadline, a cancellation from
+                # outside): what was read counts in the response so far, never shown.
+                accumulator = self._turn.streaming
+                if accumulator is not None:
+                    for chunk in read:
+                        accumulator.add(chunk)
+        if found is not None:
+            if not isinstance(found, Exception | Moderation):
+                raise found  # a BaseException of the moderation model's, bare
             with anyio.CancelScope(shield=True):
                 await aclose_iterator(self._chunks)
-            raise _flagged(self._turn, outcome[0], "input", (self._request, read))
+            raise _flagged(self._turn, found, "input")
         if failure is not None:
             raise failure
+        if scope.cancelled_caught:
+            raise ModelTimeoutError("the deadline passed while moderation was pending", mid_stream=True)
         held: deque[Any] = deque(read)
         if ended:
             held.append(None)

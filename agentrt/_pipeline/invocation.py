@@ -265,7 +265,14 @@ class Invocation:
                     if moderating:
                         assert moderation is not None
                         assert turn.user is not None
-                        chunks = _moderate.Moderated(chunks, turn, moderation, request, turn.user.text)
+                        chunks = _moderate.Moderated(
+                            chunks,
+                            turn,
+                            moderation,
+                            turn.user.text,
+                            allowance=allowance[0] if allowance is not None else None,
+                            deadline=guard,
+                        )
                         moderating = False
                     if turn.answer is not None:  # tool mode: the answer tool's arguments are the text
                         chunks = turn.answering = AnswerChunks(chunks)

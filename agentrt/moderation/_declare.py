@@ -59,8 +59,9 @@ def moderate(
         raise ConfigurationError(f"@moderate: on_error must be 'fail' or 'allow', got {on_error!r}")
     if not isinstance(answer, bool):
         raise ConfigurationError(f"@moderate: answer must be a bool, got {answer!r}")
-    if model is not None and not callable(getattr(model, "moderate", None)):
-        raise ConfigurationError(f"@moderate: {model!r} is not a ModerationModel (it has no moderate())")
+    if model is not None and (isinstance(model, type) or not callable(getattr(model, "moderate", None))):
+        kind = "a class (pass an instance)" if isinstance(model, type) else "not a ModerationModel"
+        raise ConfigurationError(f"@moderate: {model!r} is {kind}: it needs a moderate(texts) method")
     settings = Moderate(model, answer, on_error)
 
     def decorate(item: _T) -> _T:

@@ -170,7 +170,7 @@ class Retrieval:
     - `aggregator`: merges the lists of every (query, retriever) pair (default:
       `reciprocal_rank_fusion`); the first `max_results` are injected.
     - `injector`: the message the model sees (default: `inject()`); memory keeps the user's own.
-    - `when`: a predicate of the query; false skips retrieval for that call.
+    - `when`: a predicate of the query (may be async); false skips retrieval for that call.
     - `timeout`: seconds one retriever may take for one query (within the call's time budget).
     - `on_error`: `"fail"` raises `RetrievalError` when a retriever fails or times out; `"skip"` goes
       on without its contents (the `Retrieved` event lists what was skipped).
@@ -183,7 +183,7 @@ class Retrieval:
     router: Router | None = None
     aggregator: Aggregator = reciprocal_rank_fusion
     injector: Injector = _DEFAULT_INJECTOR
-    when: Callable[[Query], bool] | None = None
+    when: Callable[[Query], bool | Awaitable[bool]] | None = None
     max_results: int = 5
     timeout: float | None = None
     on_error: Literal["fail", "skip"] = "fail"
@@ -264,12 +264,12 @@ def _queries(produced: object, query: Query, where: str) -> list[Query]:
     return out
 
 
-def _contents(found: object, source: _Source) -> list[Content]:
+def _contents(found: object, who: str) -> list[Content]:
     if not isinstance(found, Sequence) or isinstance(found, str | bytes):
-        raise TypeError(f"retriever {source.name} returned {found!r}, not a list of Content")
+        raise TypeError(f"{who} returned {found!r}, not a list of Content")
     for item in found:
-        if not isinstance(item, Content):
-            raise TypeError(f"retriever {source.name} returned {item!r}, not an agentrt.rag.Content")
+        if not isinstance(item, Content) or not isinstance(item.text, str):
+            raise TypeError(f"{who} returned {item!r}, not an agentrt.rag.Content with text")
     return list(found)
 
 
@@ -287,16 +287,19 @@ async def run(
     closed, so no sibling is cancelled by another's error and no exception group reaches the caller.
     Cancellation (the call's deadline, the caller's) cancels every retriever; nothing is left running.
     """
-    if config.when is not None and not config.when(query):
-        return None
+    if config.when is not None:
+        try:
+            wanted = await _maybe(config.when(query))
+        except Exception as exc:
+            raise _stage_failed(where, "when", exc) from exc
+        if not wanted:
+            return None
     queries = [query]
     if config.transformer is not None:
         try:
             queries = _queries(await _maybe(config.transformer(query)), query, where)
         except Exception as exc:
-            raise RetrievalError(
-                f"{where}: the query transformer failed ({type(exc).__name__})", retriever="transformer"
-            ) from exc
+            raise _stage_failed(where, "transformer", exc) from exc
     pairs: list[tuple[Query, _Source]] = []
     for one in queries:
         sources: Iterable[_Source] = config._sources
@@ -308,9 +311,7 @@ async def run(
                 known = {id(s.target): s for s in config._sources}
                 sources = [known.get(id(r)) or _Source(r, f"{where}: the router") for r in chosen]
             except Exception as exc:
-                raise RetrievalError(
-                    f"{where}: the router failed ({type(exc).__name__})", retriever="router"
-                ) from exc
+                raise _stage_failed(where, "router", exc) from exc
         pairs.extend((one, source) for source in sources)
     outcomes: list[list[Content] | BaseException | str | None] = [None] * len(pairs)
     timeout = config.timeout
@@ -318,7 +319,7 @@ async def run(
     async def one_pair(index: int, one: Query, source: _Source) -> None:
         try:
             with anyio.move_on_after(timeout) as scope:
-                outcomes[index] = _contents(await _maybe(source.call(one)), source)
+                outcomes[index] = _contents(await _maybe(source.call(one)), f"retriever {source.name}")
             if scope.cancelled_caught:
                 outcomes[index] = _TIMEOUT
         except Exception as exc:  # a failure stays in its task; cancellation is not caught
@@ -348,8 +349,20 @@ async def run(
         raise RetrievalError(
             f"{where}: retriever {source.name} failed ({type(outcome).__name__})", retriever=source.name
         ) from outcome
-    contents = list(config.aggregator(ranked))[: config.max_results] if ranked else []
+    contents: list[Content] = []
+    if ranked:
+        try:
+            fused = config.aggregator(ranked)
+            contents = _contents(fused, "the aggregator")[: config.max_results]
+        except Exception as exc:
+            raise _stage_failed(where, "aggregator", exc) from exc
     return queries, contents, skipped
+
+
+def _stage_failed(where: str, stage: str, exc: Exception) -> RetrievalError:
+    """The error for a failure of a retrieval stage other than a retriever (its `retriever` names
+    the stage: `when`, `transformer`, `router`, `aggregator`, `injector`)."""
+    return RetrievalError(f"{where}: the retrieval's {stage} failed ({type(exc).__name__})", retriever=stage)
 
 
 def augmented(
@@ -358,7 +371,10 @@ def augmented(
     """The message the model sees: the injector's, checked."""
     if not contents:
         return message
-    out = config.injector(message, contents)
-    if not isinstance(out, UserMessage):
-        raise TypeError(f"{where}: the injector returned {out!r}, not an agentrt.UserMessage")
+    try:
+        out = config.injector(message, contents)
+        if not isinstance(out, UserMessage):
+            raise TypeError(f"the injector returned {out!r}, not an agentrt.UserMessage")
+    except Exception as exc:
+        raise _stage_failed(where, "injector", exc) from exc
     return out

@@ -103,7 +103,7 @@ class BM25Retriever:
         in_thread: bool | None = None,
     ) -> None:
         self._bm25s = _import_bm25s()
-        if k < 1:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigurationError(f"BM25Retriever: k must be at least 1, not {k}")
         if k1 < 0 or not 0 <= b <= 1:
             raise ConfigurationError(

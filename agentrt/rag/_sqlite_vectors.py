@@ -120,6 +120,14 @@ class SQLiteVectorIndex:
             checked = rows.check(contents, matrix)  # again: another write may have set the dimension
 
             def statements() -> None:
+                # Inside the transaction: another handle on the file (another process) may have set
+                # the dimension since this one loaded it.
+                stored = db.execute(_DIMENSION).fetchone()
+                if stored is not None and int(stored[0]) != checked.shape[1]:
+                    raise ValueError(
+                        f"{self._owner} holds {int(stored[0])}-dimensional vectors (written by another "
+                        f"handle on the file), not {checked.shape[1]}-dimensional ones"
+                    )
                 db.execute(_SET_DIMENSION, (str(checked.shape[1]),))
                 db.executemany(_UPSERT, records)
 

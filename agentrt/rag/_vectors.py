@@ -316,8 +316,8 @@ class EmbeddingRetriever:
         min_score: float | None = None,
         splitter: Splitter | None = None,
     ) -> None:
-        if k < 1:
-            raise ConfigurationError(f"EmbeddingRetriever: k must be at least 1, not {k}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigurationError(f"EmbeddingRetriever: k must be at least 1 (an int), not {k!r}")
         self.embedding_model = embedding_model
         self.index: VectorIndex = index if index is not None else InMemoryVectorIndex()
         self.k = k
