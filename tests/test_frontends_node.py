@@ -86,6 +86,11 @@ def test_use_chat_s_reader_assembles_the_answer_the_service_stored(
         ("call_1", "output-available", {"order_id": "A"}, "A: shipped"),
         ("call_2", "output-available", {"order_id": "B"}, "B: shipped"),
     ]
+    # The retrieved source, as the reader keeps it (ids and titles, never the text).
+    sources = [part for part in message["parts"] if part["type"] == "source-document"]
+    assert [(s["sourceId"], s["title"], s["filename"]) for s in sources] == [
+        ("shipping#0", "shipping.md", "shipping.md")
+    ]
     texts = [part["text"] for part in message["parts"] if part["type"] == "text"]
     # The rejected first answer was never shown: the text is held back until the chain passed.
     assert texts == ["Both shipped, please."]
@@ -108,6 +113,13 @@ def test_ag_ui_s_client_accepts_every_event_and_assembles_the_run(
         "forwardedProps": {},
     }
     run = run_client("agui_client.mjs", f"{app}/agui", body, tmp_path)
+    # The retrieved source, as a CUSTOM event the client accepts and hands to its subscribers.
+    assert run["custom"] == [
+        {
+            "name": "sources",
+            "value": [{"sourceId": "shipping#0", "title": "shipping.md", "filename": "shipping.md"}],
+        }
+    ]
     messages = run["messages"]
     assert messages[0] == {"id": "u1", "role": "user", "content": "Where are A and B?"}
     calls = next(m for m in messages if m["role"] == "assistant" and m.get("toolCalls"))

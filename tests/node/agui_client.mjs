@@ -26,7 +26,7 @@
 // ends without RUN_FINISHED/RUN_ERROR). --lenient restores library behaviour.
 //
 // stdout (success only): JSON {threadId, runId, outcome, result, state, messages,
-//                              newMessages, eventCount}
+//                              newMessages, eventCount, custom}
 // exit 0 ok | 1 usage/HTTP | 2 schema validation | 3 verifier/ordering |
 //      4 RUN_ERROR received | 5 other stream error | 6 strict-mode warning |
 //      7 strict: stream ended without RUN_FINISHED / RUN_ERROR
@@ -135,9 +135,13 @@ const agent = new ValidatingHttpAgent({
 let runError = null;
 let outcome = null;
 let finishedResult;
+const custom = []; // CUSTOM events ({name, value}) as the library delivered them
 const subscriber = {
   onRunErrorEvent: ({ event }) => {
     runError = event;
+  },
+  onCustomEvent: ({ event }) => {
+    custom.push({ name: event.name, value: event.value });
   },
   onRunFinishedEvent: params => {
     outcome = params.event.outcome ?? { type: params.outcome };
@@ -177,6 +181,7 @@ try {
     messages: agent.messages,
     newMessages,
     eventCount,
+    custom,
   };
 
   if (runError) {

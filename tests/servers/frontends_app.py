@@ -1,5 +1,6 @@
 """A test app for the frontend protocols (tests/test_frontends_node.py): one scripted conversation
-(reasoning, two tool calls in one round, a guardrail reprompt, a final answer) behind a `vercel-ui`
+(a retrieved source, reasoning, two tool calls in one round, a guardrail reprompt, a final answer)
+behind a `vercel-ui`
 and an `ag-ui` endpoint, with memory per `x-user` and conversation id. Served by uvicorn on the
 socket given as the first argument."""
 
@@ -19,6 +20,7 @@ import agentrt
 import agentrt.sse
 from agentrt import MemoryId, ModelRequest, ThinkingDelta, TokenStream, tool
 from agentrt.guardrails import output_guardrails, partial_text, reprompt, success
+from agentrt.rag import Content, Query, Retrieval
 from agentrt.testing import CallTool, FunctionModel
 
 
@@ -52,13 +54,21 @@ def answer(request: ModelRequest) -> Any:
     ]
 
 
+async def handbook(query: Query) -> list[Content]:
+    return [Content("Orders ship within two days.", {"source": "shipping.md"}, 1.0, "shipping#0")]
+
+
 def user_and_thread(request: Request, thread: str | None) -> str:
     return f"{request.headers.get('x-user', 'anonymous')}:{thread}"
 
 
 def app() -> Starlette:
     service = agentrt.build(
-        Desk, model=FunctionModel(answer), tools=[Orders()], memory=agentrt.memory.window()
+        Desk,
+        model=FunctionModel(answer),
+        tools=[Orders()],
+        memory=agentrt.memory.window(),
+        retrieval=Retrieval(retrievers=[handbook]),
     )
     options: dict[str, Any] = {
         "memory_id": user_and_thread,
