@@ -179,6 +179,11 @@ class ChatModel(Protocol):
     raise `ModelTimeoutError` there. For any other model the pipeline enforces the deadline itself:
     around every chunk it reads from a stream (a cancel scope per chunk), around the whole call when
     it is awaited.
+
+    Optional, read where present: a `provider` attribute (who serves the model, e.g. `"openai"`;
+    `Started.provider`), and `check_settings(settings, where)`, which `build` calls with the build's
+    and each method's `ModelSettings` and which raises `ConfigurationError` for settings the model
+    would refuse on every request.
     """
 
     @property
