@@ -1030,3 +1030,19 @@ async def test_structured_output_goes_through_a_forced_answer_tool(thinking: int
     else:  # a forced tool is refused with thinking on: offered, and asked for in the message
         assert "tool_choice" not in body
         assert "final_answer" in body["messages"][-1]["content"]
+
+
+def test_settings_the_api_refuses_with_thinking_are_build_errors_naming_the_method() -> None:
+    class Desk:
+        async def ask(self, question: str) -> str: ...
+
+        @agentrt.method_options(settings=ModelSettings(temperature=0.2))
+        async def creative(self, question: str) -> str: ...
+
+    model = AnthropicChatModel("claude", api_key="k", thinking=2048, max_tokens=8192)
+    with pytest.raises(ConfigurationError, match=r"Desk\.creative: with thinking on"):
+        agentrt.build(Desk, model=model)
+    with pytest.raises(ConfigurationError, match=r"Desk: max_tokens \(1024\) must be above"):
+        agentrt.build(Desk, model=model, settings=ModelSettings(max_tokens=1024))
+    # without thinking, any temperature goes
+    agentrt.build(Desk, model=AnthropicChatModel("claude", api_key="k"))
