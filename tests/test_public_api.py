@@ -11,7 +11,9 @@ import pytest
 
 import agentrt
 import agentrt.models
+import agentrt.moderation
 import agentrt.output
+import agentrt.rag
 import agentrt.sse
 import agentrt.testing
 import agentrt.tools
@@ -27,6 +29,8 @@ def _isort_order(name: str) -> tuple[int, str]:
         (agentrt, "agentrt"),
         (agentrt.guardrails, "agentrt"),
         (agentrt.models, "agentrt"),
+        (agentrt.moderation, "agentrt"),
+        (agentrt.rag, "agentrt"),
         (agentrt.output, "agentrt"),
         (agentrt.testing, "agentrt.testing"),
         (agentrt.tools, "agentrt"),
@@ -39,11 +43,16 @@ async def test_all_is_sorted_and_lists_every_public_name(module: types.ModuleTyp
         if name.startswith("_") or name == "annotations":
             continue
         if isinstance(value, types.ModuleType):
-            # `agentrt.local` and `agentrt.sse` become attributes of the package once anything
-            # imports them; they are imported on their own (`import agentrt.sse`).
+            # `agentrt.local`, `agentrt.otel` and `agentrt.sse` become attributes of the package
+            # once anything imports them; they are imported on their own (`import agentrt.sse`).
+            # The adapter modules of `agentrt.rag` and `agentrt.moderation` are reached the same way.
             if value.__name__.startswith("agentrt.") and value.__name__ not in (
                 "agentrt.local",
+                "agentrt.otel",
                 "agentrt.sse",
+                "agentrt.rag.openai",
+                "agentrt.rag.ollama",
+                "agentrt.moderation.openai",
             ):
                 public.add(name)
             continue
@@ -87,7 +96,16 @@ def test_importing_agentrt_does_not_import_the_local_server_module() -> None:
 def test_public_classes_resolve_their_annotations() -> None:
     # pydantic models with a field of one of these types, and users' own tools, call get_type_hints.
     unresolved = []
-    for module in (agentrt, agentrt.models, agentrt.output, agentrt.testing, agentrt.tools):
+    modules = (
+        agentrt,
+        agentrt.models,
+        agentrt.moderation,
+        agentrt.output,
+        agentrt.rag,
+        agentrt.testing,
+        agentrt.tools,
+    )
+    for module in modules:
         for name in module.__all__:
             value = getattr(module, name)
             if isinstance(value, type):
