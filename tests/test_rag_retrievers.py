@@ -7,6 +7,7 @@ similar texts share words), that records its calls and can be held inside `embed
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -429,7 +430,7 @@ async def test_sqlite_index_persists_across_reopen(tmp_path: Path) -> None:
     await EmbeddingRetriever(model, first).add(CORPUS)
     before = await EmbeddingRetriever(model, first, k=3).retrieve(Query("wifi password"))
     await first.aclose()
-    with sqlite3.connect(path) as raw:
+    with contextlib.closing(sqlite3.connect(path)) as raw:  # (a connection's own `with` does not close)
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     again = SQLiteVectorIndex(path)
     try:
