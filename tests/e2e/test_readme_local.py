@@ -28,6 +28,9 @@ async def test_the_local_server_block_of_the_readme_runs_as_written(
         ScriptedModel("g", "h"),
         ScriptedModel("i", "please j"),
         ScriptedModel("k. l."),
+        ScriptedModel("m"),  # Retrieval
+        ScriptedModel(["n"]),  # Moderation
+        ScriptedModel("o"),  # Tracing
     ]
     namespace: dict[str, Any] = {"__name__": "readme"}
     await run_readme(namespace, local=False, models=models)
