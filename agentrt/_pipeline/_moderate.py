@@ -11,7 +11,7 @@ the buffered text was released, and the turn stores nothing.
 
 from __future__ import annotations
 
-import math
+import contextlib
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -168,9 +168,10 @@ class Moderated:
 
         handed = False
         try:
-            with anyio.CancelScope(
-                deadline=self._deadline if self._deadline is not None else math.inf
-            ) as scope:
+            # A scope of its own only for a deadline no caller's scope watches (a scope costs more
+            # than the rest of a step).
+            scope = anyio.CancelScope(deadline=self._deadline) if self._deadline is not None else None
+            with scope if scope is not None else contextlib.nullcontext():
                 async with anyio.create_task_group() as group:
                     group.start_soon(verdict, group)
                     try:
@@ -191,7 +192,8 @@ class Moderated:
                         failure = exc
                         group.cancel_scope.cancel()
             found = outcome[0] if outcome else None
-            handed = found is None and failure is None and not scope.cancelled_caught
+            timed_out = scope is not None and scope.cancelled_caught
+            handed = found is None and failure is None and not timed_out
         finally:
             if not handed:
                 # The race ends in an error (a flag, a failure, a deadline, a cancellation from
@@ -208,7 +210,7 @@ class Moderated:
             raise _flagged(self._turn, found, "input")
         if failure is not None:
             raise failure
-        if scope.cancelled_caught:
+        if timed_out:
             raise ModelTimeoutError("the deadline passed while moderation was pending", mid_stream=True)
         held: deque[Any] = deque(read)
         if ended:
