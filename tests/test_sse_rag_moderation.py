@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from typing import Annotated, Any
 
+import anyio
 import httpx
 from pydantic import TypeAdapter
 from starlette.applications import Starlette
@@ -148,8 +149,11 @@ async def test_vercel_clients_get_source_document_parts_without_the_text() -> No
 async def test_a_flagged_request_is_refused_before_any_stream_and_closes_the_model() -> None:
     model = ScriptedModel(["I ", Hang()])
     svc = service(model)
-    async with client(agentrt.sse.endpoint(svc.moderated, memory_id=user)) as http:
-        response = await http.post("/chat", json={"question": "hate speech please"})
+    # The model hangs after its first chunk: without the flag's cancellation the request would never
+    # end, so it is bounded (a failure, not a hung suite).
+    with anyio.fail_after(10):
+        async with client(agentrt.sse.endpoint(svc.moderated, memory_id=user)) as http:
+            response = await http.post("/chat", json={"question": "hate speech please"})
     assert response.status_code == 400
     assert response.json() == {
         "error": {"type": "moderated", "message": "the request was refused by moderation"}
