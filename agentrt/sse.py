@@ -1054,10 +1054,20 @@ def _refusal(status: int, kind: str, message: str) -> JSONResponse:
 
 
 def _error_response(spec: MethodSpec, error: Exception) -> JSONResponse:
-    """An error before the stream started, as an HTTP error (logged with its details)."""
-    _, status, _ = _classify(error)
-    log = logger.warning if status < 500 else logger.exception
-    log("agentrt.sse: %s failed before its stream: %s", spec.qualname, type(error).__name__)
+    """An error before the stream started, as an HTTP error. The log record carries the error
+    itself (a `ModelError`'s text names the upstream status, endpoint and request id), and for a
+    5xx its traceback: this runs after the `except` block, so the error is passed explicitly."""
+    code, status, _ = _classify(error)
+    logger.log(
+        logging.WARNING if status < 500 else logging.ERROR,
+        "agentrt.sse: %s failed before its stream (%d %s): %s: %s",
+        spec.qualname,
+        status,
+        code,
+        type(error).__name__,
+        error,
+        exc_info=error if status >= 500 else None,
+    )
     headers = {}
     if isinstance(error, RateLimitError) and error.retry_after is not None:
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from typing import Annotated, Any
 
 import anyio
@@ -38,6 +39,7 @@ from agentrt import (
     user_message,
 )
 from agentrt.guardrails import fatal, input_guardrails
+from agentrt.models import OpenAIChatModel
 from agentrt.testing import CallTool, Hang, Raise, ScriptedModel
 
 
@@ -600,6 +602,35 @@ async def test_errors_before_the_stream_have_a_stable_code_never_a_class_name(
     body = response.json()["error"]
     assert body["type"] == code and code in agentrt.sse.ERROR_TYPES
     assert "detail-" not in response.text and type(error).__name__ not in response.text
+
+
+async def test_an_upstream_failure_before_the_stream_is_logged_with_what_identifies_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def upstream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            401,
+            json={"error": {"message": "Incorrect API key provided", "code": "invalid_api_key"}},
+            headers={"x-request-id": "req_7f3a"},
+        )
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(upstream)) as http:
+        model = OpenAIChatModel("m", base_url="https://llm.test/v1", client=http)
+        svc = agentrt.build(Capped, model=model)
+        with caplog.at_level(logging.WARNING, logger="agentrt"):
+            async with app_for(("/ask", agentrt.sse.endpoint(svc.ask))) as client:
+                response = await client.post("/ask", json={"question": "q"})
+    assert response.status_code == 502 and response.json()["error"]["type"] == "model_error"
+    [record] = [r for r in caplog.records if "before its stream" in r.getMessage()]
+    message = record.getMessage()
+    assert record.levelno == logging.ERROR
+    # The upstream status, endpoint and request id, and the client's status: enough to find it.
+    assert "Capped.ask" in message and "(502 model_error)" in message
+    assert "status 401" in message and "https://llm.test/v1/chat/completions" in message
+    assert "req_7f3a" in message
+    # The traceback is the error's own, not the "NoneType: None" of a call outside `except`.
+    assert record.exc_info is not None and isinstance(record.exc_info[1], agentrt.AuthenticationError)
+    assert "NoneType: None" not in caplog.text
 
 
 async def test_a_time_budget_before_the_first_token_is_504() -> None:
