@@ -208,6 +208,12 @@ def _source_document(index: int, content: Content) -> Chunk:
     return part
 
 
+def _agui_sources(contents: Sequence[Content]) -> list[Chunk]:
+    """Retrieved contents as AG-UI's `sources` (`sourceId`, `title`, `filename`; no text)."""
+    parts = [_source_document(index, content) for index, content in enumerate(contents)]
+    return [{k: v for k, v in part.items() if k not in ("type", "mediaType")} for part in parts]
+
+
 class VercelUI(Encoder):
     """The Vercel AI SDK UI message stream (`x-vercel-ai-ui-message-stream: v1`)."""
 
@@ -502,9 +508,7 @@ class AgUI(Encoder):
             ]
         if kind is Retrieved:  # AG-UI has no event for sources: a CUSTOM one, without the text
             assert isinstance(event, Retrieved)
-            sources = [_source_document(index, content) for index, content in enumerate(event.contents)]
-            value = [{k: v for k, v in part.items() if k not in ("type", "mediaType")} for part in sources]
-            return [{"type": "CUSTOM", "name": "sources", "value": value}]
+            return [{"type": "CUSTOM", "name": "sources", "value": _agui_sources(event.contents)}]
         if kind is Reset:
             out = []
             self._close(out)
@@ -543,7 +547,8 @@ class AgUI(Encoder):
         if self._structured:
             out.append({"type": "STATE_SNAPSHOT", "snapshot": done["value"]})
         finished: Chunk = {"type": "RUN_FINISHED", "threadId": self.thread_id, "runId": self.run_id}
-        finished["result"] = done
+        # The sources as the `sources` CUSTOM event has them: never the documents' text.
+        finished["result"] = {**done, "sources": _agui_sources(result.sources)}
         finished["outcome"] = {"type": "success"}
         out.append(finished)
         return out

@@ -14,7 +14,7 @@ the invocation's events go out as SSE events through sse-starlette's `EventSourc
 | `reset` | `{"reason", "attempt"}`: discard the text shown so far |
 | `retrieved` | `{"queries", "sources": [{"id", "text", "metadata", "score"}]}`: what retrieval injected |
 | `guardrail` | `{"guardrail", "kind", "verdict", "attempt"}` |
-| `done` | the `Result`: text, value (as JSON), usage, finish reason, tool executions, attempts |
+| `done` | the `Result`: text, value (as JSON), usage, finish reason, tool executions, sources, attempts |
 | `error` | `{"type", "message"}`: the error's type and a fixed, safe message (the error itself is logged) |
 
 Every event has an `id` (1, 2, ...). `EVENTS` maps each event's name to the shape of its data (a
@@ -106,6 +106,7 @@ if typing.TYPE_CHECKING:
     from ._events import Event
     from ._spec import MethodSpec
     from ._stream import TokenStream
+    from .rag._types import Content
 
 __all__ = [
     "ERROR_TYPES",
@@ -229,6 +230,8 @@ class _Done(TypedDict):
     usage: _Usage
     finish_reason: str | None
     tool_executions: list[_Execution]
+    sources: list[_Source]
+    """What retrieval injected (`Result.sources`), as in the `retrieved` event."""
     attempts: int
     invocation_id: str
 
@@ -287,6 +290,19 @@ def _error_json(error: BaseException) -> dict[str, Any]:
     return data
 
 
+def _sources(contents: Sequence[Content]) -> list[dict[str, Any]]:
+    """Retrieved contents as a client gets them (`retrieved`, and `done`'s `sources`)."""
+    return [
+        {
+            "id": c.id,
+            "text": _utf8(c.text),
+            "metadata": to_jsonable_python(dict(c.metadata), fallback=str, bytes_mode="base64"),
+            "score": c.score,
+        }
+        for c in contents
+    ]
+
+
 def result_json(result: Result[Any]) -> dict[str, Any]:
     """The `done` event's data: what a client needs of a `Result` (no messages, no tool values)."""
     usage = result.usage
@@ -303,6 +319,7 @@ def result_json(result: Result[Any]) -> dict[str, Any]:
         "tool_executions": [
             {"id": e.call_id, "name": e.name, "outcome": e.outcome.value} for e in result.tool_executions
         ],
+        "sources": _sources(result.sources),
         "attempts": result.attempts,
         "invocation_id": result.invocation_id,
     }
@@ -348,18 +365,7 @@ def _encode(event: Event, thinking: bool, tool_details: bool) -> tuple[str, dict
         return "reset", {"reason": event.reason.value, "attempt": event.attempt}
     if kind is Retrieved:
         assert isinstance(event, Retrieved)
-        return "retrieved", {
-            "queries": list(event.queries),
-            "sources": [
-                {
-                    "id": c.id,
-                    "text": _utf8(c.text),
-                    "metadata": to_jsonable_python(dict(c.metadata), fallback=str, bytes_mode="base64"),
-                    "score": c.score,
-                }
-                for c in event.contents
-            ],
-        }
+        return "retrieved", {"queries": list(event.queries), "sources": _sources(event.contents)}
     if kind is GuardrailVerdict:
         assert isinstance(event, GuardrailVerdict)
         return "guardrail", {

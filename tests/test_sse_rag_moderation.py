@@ -113,6 +113,41 @@ async def test_the_retrieved_event_comes_before_the_tokens() -> None:
     TypeAdapter(agentrt.sse.EVENTS["retrieved"]).validate_python(retrieved, strict=True)
 
 
+async def test_the_done_event_has_the_result_s_sources() -> None:
+    svc = service(ScriptedModel(["Half ", "fare."]))
+    async with client(agentrt.sse.endpoint(svc.chat, memory_id=user)) as http:
+        response = await http.post("/chat", json={"question": "dog fare?"})
+    events = parse_sse(response.text)
+    retrieved, done = events[0]["data"], events[-1]["data"]
+    assert events[-1]["event"] == "done"
+    # What `Result.sources` has, as the `retrieved` event sent it: a client that joins late, or
+    # keeps only the result, still knows what the answer was grounded on.
+    assert done["sources"] == retrieved["sources"]
+    assert [s["id"] for s in done["sources"]] == ["pets#0", "bicycles#0"]
+    TypeAdapter(agentrt.sse.EVENTS["done"]).validate_python(done, strict=True)
+
+
+async def test_ag_ui_s_result_has_the_sources_without_their_text() -> None:
+    svc = service(ScriptedModel(["Half fare."]))
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user, protocol="ag-ui")
+    body = {"threadId": "t", "runId": "r", "messages": [{"id": "u1", "role": "user", "content": "dog fare?"}]}
+    async with client(handler) as http:
+        response = await http.post("/chat", json=body)
+    frames = [json.loads(f[6:]) for f in response.text.split("\n\n") if f.startswith("data: ")]
+    [custom] = [f for f in frames if f["type"] == "CUSTOM"]
+    finished = frames[-1]
+    assert finished["type"] == "RUN_FINISHED"
+    assert (
+        finished["result"]["sources"]
+        == custom["value"]
+        == [
+            {"sourceId": "pets#0", "title": "pets.md", "filename": "pets.md"},
+            {"sourceId": "bicycles#0", "title": "bicycles.md", "filename": "bicycles.md"},
+        ]
+    )
+    assert "Dogs travel" not in response.text
+
+
 async def test_vercel_clients_get_source_document_parts_without_the_text() -> None:
     svc = service(ScriptedModel(["Half fare."]))
     handler = agentrt.sse.endpoint(svc.chat, memory_id=user, protocol="vercel-ui")
