@@ -53,6 +53,7 @@ from pydantic import (
 )
 from pydantic_core import to_jsonable_python
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 from typing_extensions import TypedDict
@@ -158,6 +159,8 @@ ERROR_TYPES: Final[tuple[str, ...]] = (
     "invalid_request",
     "unsupported_media_type",
     "body_too_large",
+    "no_conversation",
+    "memory_id_failed",
     "not_resumable",
     "run_not_found",
     "run_in_progress",
@@ -628,7 +631,11 @@ def endpoint(
     `service.chat`) for each request and streams its events over SSE.
 
     - `memory_id`: the conversation of a request, from the request (e.g. its authenticated user);
-      sync or async. Required when the method has a memory id: the body never supplies it.
+      sync or async; any hashable JSON value, a tuple such as `(user, chat_id)` included. Required
+      when the method has a memory id: the body never supplies it. An exception the app answers
+      itself (`HTTPException`, or a type it has a handler for) is its response; any other is a 500
+      `memory_id_failed` (logged); `None`, `""` or a tuple with one of them is a 400
+      `no_conversation` (such requests would all share one conversation).
     - `budget`: the most one request may spend, a cap on every limit of the method's own budget
       (the stricter limit applies), so that a public endpoint cannot be made to spend without bound.
     - `request_budget`: let the body carry a `"budget"` object (`Budget`'s fields) to spend less:
@@ -732,12 +739,36 @@ def endpoint(
     runs: dict[tuple[Any, str], _Run] = {}
 
     async def owner_of(request: Request, thread: str | None) -> Any:
+        """The request's memory id, from the resolver. Raises `_Refused` for a resolver that failed
+        or named no conversation; an exception the app handles itself (an `HTTPException`) goes on."""
         if spec.memory_param is None:
             return None
         assert memory_id is not None
-        conversation = memory_id(request, thread) if takes_thread else memory_id(request)  # type: ignore[call-arg]
-        if inspect.isawaitable(conversation):
-            conversation = await conversation
+        try:
+            conversation = memory_id(request, thread) if takes_thread else memory_id(request)  # type: ignore[call-arg]
+            if inspect.isawaitable(conversation):
+                conversation = await conversation
+        except Exception as error:
+            if _handled_by_app(request, error):
+                raise
+            logger.error(
+                "agentrt.sse: %s: the memory_id resolver failed: %s: %s",
+                spec.qualname,
+                type(error).__name__,
+                error,
+                exc_info=error,
+            )
+            raise _Refused(
+                500, "memory_id_failed", "the request's conversation could not be resolved"
+            ) from None
+        if _blank(conversation):
+            # Every such request would share one conversation (all clients without the header).
+            logger.warning(
+                "agentrt.sse: %s: the memory_id resolver gave %r: the request is refused",
+                spec.qualname,
+                conversation,
+            )
+            raise _Refused(400, "no_conversation", "the request names no conversation")
         return conversation
 
     async def handle(request: Request) -> Response:
@@ -785,7 +816,10 @@ def endpoint(
             if asked is not None:
                 own = Budget(**asked.model_dump(exclude_none=True))
                 cap = own.tighter(cap)
-        owner = await owner_of(request, thread)  # an HTTPException it raises is the response
+        try:
+            owner = await owner_of(request, thread)
+        except _Refused as refused:
+            return refused.response
         if spec.memory_param is not None:
             values[spec.memory_param] = owner
         positional = [values.pop(name, default) for name, default in positional_names]
@@ -867,7 +901,10 @@ def endpoint(
             asked = _StopRequest.model_validate_json(await request.body() or b"{}")
         except ValidationError as error:
             return _invalid(error)
-        owner = await owner_of(request, asked.threadId)
+        try:
+            owner = await owner_of(request, asked.threadId)
+        except _Refused as refused:
+            return refused.response
         run = runs.get((owner, asked.runId))
         if run is None:
             return _refusal(404, "run_not_found", "no such run of this user is streaming")
@@ -901,6 +938,32 @@ class _Run:
         self.stopped = True
         if self.scope is not None:
             self.scope.cancel()
+
+
+class _Refused(Exception):
+    """A request refused before its stream, with the JSON error response that says why."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.response = _refusal(status, kind, message)
+
+
+def _blank(memory_id: Any) -> bool:
+    """Whether a memory id names no one: `None`, `""`, or a tuple with such a part."""
+    if isinstance(memory_id, tuple):
+        return any(_blank(part) for part in memory_id)
+    return memory_id is None or memory_id == ""
+
+
+def _handled_by_app(request: Request, error: Exception) -> bool:
+    """Whether the app answers `error` itself: an `HTTPException`, or a type it has an exception
+    handler for (Starlette's `ExceptionMiddleware` puts its handlers in the scope)."""
+    if isinstance(error, HTTPException):
+        return True
+    handlers = request.scope.get("starlette.exception_handlers")
+    if not handlers:
+        return False
+    return any(kind in handlers[0] for kind in type(error).__mro__)
 
 
 def _positional_arity(function: Callable[..., Any]) -> int:

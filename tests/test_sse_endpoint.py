@@ -21,6 +21,7 @@ from pydantic import BaseModel, TypeAdapter
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
+from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import agentrt
@@ -796,3 +797,96 @@ async def test_a_resolver_may_read_the_body_too() -> None:
         response = await client.post("/chat", json={"question": "four"})
     assert response.status_code == 200
     assert await agentrt.memory.access(svc).read("user-4") != []
+
+
+# --- the memory id resolver ----------------------------------------------------------------------------
+
+BODIES: dict[str, dict[str, Any]] = {
+    "agentrt": {"question": "q"},
+    "vercel-ui": {
+        "id": "c1",
+        "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "q"}]}],
+    },
+    "ag-ui": {"threadId": "t1", "runId": "r1", "messages": [{"id": "u1", "role": "user", "content": "q"}]},
+}
+
+
+@pytest.mark.parametrize("protocol", list(BODIES))
+async def test_a_resolver_that_raises_is_a_json_error_logged_with_its_cause(
+    protocol: agentrt.sse.Protocol, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = ScriptedModel("never")
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, protocol=protocol)  # KeyError: no x-user
+    app = Starlette(
+        routes=[Route("/chat", handler, methods=["POST"]), Route("/stop", handler.stop, methods=["POST"])]
+    )
+    with caplog.at_level(logging.ERROR, logger="agentrt"):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            response = await client.post("/chat", json=BODIES[protocol])
+            stop = await client.post("/stop", json={"runId": "r1"})
+    # The endpoint's own JSON error, as for any failure before the stream (not Starlette's plain text).
+    error = {"type": "memory_id_failed", "message": "the request's conversation could not be resolved"}
+    assert (response.status_code, response.json()) == (500, {"error": error})
+    assert (stop.status_code, stop.json()) == (500, {"error": error})
+    assert "memory_id_failed" in agentrt.sse.ERROR_TYPES
+    assert model.requests == []
+    records = [r for r in caplog.records if "memory_id resolver failed" in r.getMessage()]
+    assert len(records) == 2 and "Chat.chat" in records[0].getMessage()
+    assert records[0].exc_info is not None and isinstance(records[0].exc_info[1], KeyError)
+
+
+@pytest.mark.parametrize("protocol", list(BODIES))
+@pytest.mark.parametrize("blank", [None, "", ("ada", ""), (None, "c1")])
+async def test_a_resolver_that_names_no_conversation_is_refused(
+    protocol: agentrt.sse.Protocol, blank: Any
+) -> None:
+    model = ScriptedModel("never")
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=lambda request: blank, protocol=protocol)
+    async with app_for(("/chat", handler)) as client:
+        response = await client.post("/chat", json=BODIES[protocol])
+    # Clients without the header would otherwise share one conversation.
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {"type": "no_conversation", "message": "the request names no conversation"}
+    }
+    assert model.requests == []
+
+
+class NotSignedIn(Exception):
+    pass
+
+
+async def test_an_exception_the_app_handles_is_the_app_s_response() -> None:
+    def signed_in(request: Request) -> str:
+        raise NotSignedIn
+
+    async def sign_in_first(request: Request, error: Exception) -> JSONResponse:
+        return JSONResponse({"sign_in": "/login"}, status_code=401)
+
+    model = ScriptedModel("never")
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    app = Starlette(
+        routes=[Route("/chat", agentrt.sse.endpoint(svc.chat, memory_id=signed_in), methods=["POST"])],
+        exception_handlers={NotSignedIn: sign_in_first},
+    )
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        response = await client.post("/chat", json={"question": "q"})
+    assert (response.status_code, response.json()) == (401, {"sign_in": "/login"})
+    assert model.requests == []
+
+
+async def test_tuple_memory_ids_keep_users_and_chats_apart() -> None:
+    # Joined with ":", user "a:b" in chat "c" and user "a" in chat "b:c" are one conversation; as
+    # tuples (a memory id is any hashable JSON value) they are two.
+    model = ScriptedModel("one", "two")
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    first = agentrt.sse.endpoint(svc.chat, memory_id=lambda request: ("a:b", "c"))
+    second = agentrt.sse.endpoint(svc.chat, memory_id=lambda request: ("a", "b:c"))
+    async with app_for(("/first", first), ("/second", second)) as client:
+        assert (await client.post("/first", json={"question": "mine"})).status_code == 200
+        assert (await client.post("/second", json={"question": "theirs"})).status_code == 200
+    conversations = agentrt.memory.access(svc)
+    assert [m.text for m in await conversations.read(("a:b", "c"))] == ["mine", "one"]
+    assert [m.text for m in await conversations.read(("a", "b:c"))] == ["theirs", "two"]
