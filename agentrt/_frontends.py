@@ -6,8 +6,9 @@
   `[DONE]`. It cannot withdraw text: a method whose stream may reset (a `chunked` output guardrail,
   a structured answer that may be repaired) has its text sent whole at the end.
 - `AgUI`: AG-UI 1.0 events: `RUN_STARTED`, `TEXT_MESSAGE_*`, `REASONING_MESSAGE_*`, `TOOL_CALL_*`,
-  `STATE_SNAPSHOT` (a structured answer's value so far), `MESSAGES_SNAPSHOT` (after a `Reset`: the
-  withdrawn message is gone by id), `RUN_FINISHED` (with its outcome) or `RUN_ERROR`.
+  `STATE_SNAPSHOT` (a structured answer's value so far), `MESSAGES_SNAPSHOT` (after a `Reset`, and
+  before `RUN_ERROR`: the withdrawn text is gone by id), `RUN_FINISHED` (with its outcome) or
+  `RUN_ERROR`.
 
 An encoder turns each event into the protocol's chunks (JSON objects); the endpoint frames them. Each
 holds the state of one response and is not shared.
@@ -511,32 +512,37 @@ class AgUI(Encoder):
             return [{"type": "CUSTOM", "name": "sources", "value": _agui_sources(event.contents)}]
         if kind is Reset:
             out = []
-            self._close(out)
-            withdrawn = self._since_reset
-            self._since_reset = []
-            if self._structured or not withdrawn:
-                return out
-            emptied: list[Chunk] = []
-            for message in withdrawn:
-                if message["role"] == "reasoning":
-                    emptied.append(message)
-                if message.get("toolCalls"):
-                    self._pieces.pop(message["id"], None)  # its tool calls stand; its text is withdrawn
-                else:
-                    self._messages.remove(message)
-                    if message is self._assistant:
-                        self._assistant = None
-            pieces = self._pieces
-            messages = [
-                {**m, "content": "".join(pieces[m["id"]])} if m["id"] in pieces else m for m in self._messages
-            ]
-            if emptied and not any(m["role"] == "reasoning" for m in messages):
-                # A client keeps its reasoning messages when a snapshot has none: withdrawn
-                # reasoning is sent emptied, so that it is replaced rather than kept.
-                messages.extend({**m, "content": ""} for m in emptied)
-            out.append({"type": "MESSAGES_SNAPSHOT", "messages": [*self.input_messages, *messages]})
+            self._withdraw(out)
             return out
         return []
+
+    def _withdraw(self, out: list[Chunk]) -> None:
+        """Close what is open and withdraw the text and reasoning released since the last reset
+        (a `MESSAGES_SNAPSHOT` without them, by id): a client keeps what it was sent otherwise."""
+        self._close(out)
+        withdrawn = self._since_reset
+        self._since_reset = []
+        if self._structured or not withdrawn:
+            return
+        emptied: list[Chunk] = []
+        for message in withdrawn:
+            if message["role"] == "reasoning":
+                emptied.append(message)
+            if message.get("toolCalls"):
+                self._pieces.pop(message["id"], None)  # its tool calls stand; its text is withdrawn
+            else:
+                self._messages.remove(message)
+                if message is self._assistant:
+                    self._assistant = None
+        pieces = self._pieces
+        messages = [
+            {**m, "content": "".join(pieces[m["id"]])} if m["id"] in pieces else m for m in self._messages
+        ]
+        if emptied and not any(m["role"] == "reasoning" for m in messages):
+            # A client keeps its reasoning messages when a snapshot has none: withdrawn
+            # reasoning is sent emptied, so that it is replaced rather than kept.
+            messages.extend({**m, "content": ""} for m in emptied)
+        out.append({"type": "MESSAGES_SNAPSHOT", "messages": [*self.input_messages, *messages]})
 
     def partial(self, value: Any) -> list[Chunk]:
         return [{"type": "STATE_SNAPSHOT", "snapshot": value}]
@@ -554,7 +560,12 @@ class AgUI(Encoder):
         return out
 
     def failed(self, error: Chunk) -> list[Chunk]:
-        return [{"type": "RUN_ERROR", "message": error["message"], "code": error["type"]}]
+        # An error voids the answer (nothing is stored): its text is withdrawn before RUN_ERROR,
+        # as a reset withdraws it. Tool calls and their results stand: they ran.
+        out: list[Chunk] = []
+        self._withdraw(out)
+        out.append({"type": "RUN_ERROR", "message": error["message"], "code": error["type"]})
+        return out
 
     def stopped(self, sent: Sent) -> list[Chunk]:
         if sent.ended:

@@ -21,7 +21,7 @@ from starlette.routing import Route
 import agentrt
 import agentrt.sse
 from agentrt import ConfigurationError, MemoryId, ThinkingDelta, TokenStream, tool, user_message
-from agentrt.guardrails import output_guardrails, partial_text, reprompt, success
+from agentrt.guardrails import fatal, output_guardrails, partial_text, reprompt, success
 from agentrt.testing import CallTool, Hang, Raise, ScriptedModel
 
 
@@ -238,8 +238,68 @@ async def test_an_error_mid_stream_ends_the_run_with_a_safe_message(protocol: st
             {"type": "error", "errorText": "internal error"},
             "[DONE]",
         ]
-    else:
-        assert sent[-1] == {"type": "RUN_ERROR", "message": "internal error", "code": "internal_error"}
+    else:  # what was shown of the failed answer is withdrawn first
+        assert sent[-3:] == [
+            {"type": "TEXT_MESSAGE_END", "messageId": "r1-m1"},
+            {"type": "MESSAGES_SNAPSHOT", "messages": AGUI_BODY["messages"]},
+            {"type": "RUN_ERROR", "message": "internal error", "code": "internal_error"},
+        ]
+
+
+@partial_text
+def no_phone_numbers(request: Any) -> Any:
+    """Passes each sentence, then refuses the whole answer."""
+    return success() if request.partial else fatal("a phone number")
+
+
+REFUSED = "the answer was refused by an output guardrail"
+
+
+class Refusing:
+    @output_guardrails(no_phone_numbers, release="chunked")
+    async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+
+async def test_an_answer_refused_after_its_first_sentences_is_withdrawn_on_ag_ui() -> None:
+    model = ScriptedModel([ThinkingDelta("Share it. "), "Call me at 555-0100. ", "Or write."])
+    svc = agentrt.build(Refusing, model=model, memory=agentrt.memory.window())
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=by_thread, protocol="ag-ui", thinking=True)
+    async with client(handler) as http:
+        response = await http.post("/chat", json=AGUI_BODY)
+    # The sentences that passed were shown; the refusal withdraws them before RUN_ERROR (the
+    # client keeps what it was sent otherwise), as a reset does.
+    assert chunks(response.text) == [
+        {"type": "RUN_STARTED", "threadId": "t1", "runId": "r1"},
+        {"type": "REASONING_MESSAGE_START", "messageId": "r1-r1", "role": "reasoning"},
+        {"type": "REASONING_MESSAGE_CONTENT", "messageId": "r1-r1", "delta": "Share it. "},
+        {"type": "REASONING_MESSAGE_END", "messageId": "r1-r1"},
+        {"type": "TEXT_MESSAGE_START", "messageId": "r1-m2", "role": "assistant"},
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": "r1-m2", "delta": "Call me at 555-0100. "},
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": "r1-m2", "delta": "Or write."},
+        {"type": "TEXT_MESSAGE_END", "messageId": "r1-m2"},
+        {
+            "type": "MESSAGES_SNAPSHOT",
+            "messages": [
+                AGUI_BODY["messages"][0],  # type: ignore[index]
+                {"id": "r1-r1", "role": "reasoning", "content": ""},
+            ],
+        },
+        {"type": "RUN_ERROR", "message": REFUSED, "code": "output_refused"},
+    ]
+    assert await agentrt.memory.access(svc).read("ada:t1") == []
+
+
+async def test_an_answer_refused_after_its_first_sentences_never_reaches_a_vercel_client() -> None:
+    model = ScriptedModel(["Call me at 555-0100. ", "Or write."])
+    svc = agentrt.build(Refusing, model=model, memory=agentrt.memory.window())
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=by_thread, protocol="vercel-ui")
+    async with client(handler) as http:
+        response = await http.post("/chat", json=VERCEL_BODY)
+    # The UI message stream cannot withdraw text: under `chunked` it is held until the whole answer
+    # passed, so the refused one was never sent.
+    sent = chunks(response.text)
+    assert sent[1:] == [{"type": "error", "errorText": REFUSED}, "[DONE]"]
+    assert "555" not in response.text
 
 
 @pytest.mark.parametrize(

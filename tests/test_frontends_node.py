@@ -140,6 +140,62 @@ def test_ag_ui_s_client_accepts_every_event_and_assembles_the_run(
     assert history[-1] == {"role": "assistant", "text": answers[0]}
 
 
+def run_failing_client(script: str, url: str, body: dict[str, Any], tmp_path: Path) -> tuple[int, str]:
+    """Run a client that is to see the run fail: its exit status and error output."""
+    request = tmp_path / "body.json"
+    request.write_text(json.dumps(body))
+    done = subprocess.run(
+        ["node", str(NODE / script), url, f"@{request}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return done.returncode, done.stderr
+
+
+def test_an_answer_refused_after_its_first_sentences_is_gone_from_the_ag_ui_client(
+    clients: Path, app: str, tmp_path: Path
+) -> None:
+    body = {
+        "threadId": "thread-refused",
+        "runId": "run-refused",
+        "state": {},
+        "messages": [{"id": "u1", "role": "user", "content": "How do I reach you?"}],
+        "tools": [],
+        "context": [],
+        "forwardedProps": {},
+    }
+    status, errors = run_failing_client("agui_client.mjs", f"{app}/agui/refusing", body, tmp_path)
+    assert status == 4, errors  # a valid stream that ends with RUN_ERROR
+    assert "the answer was refused by an output guardrail [code output_refused]" in errors
+    [partial] = [line for line in errors.splitlines() if line.startswith("partial: ")]
+    messages = json.loads(partial.removeprefix("partial: "))["messages"]
+    # The client was sent "Call me at 555-0100. " before the refusal; what it keeps has none of it.
+    assert "555-0100" not in partial
+    assert messages[0] == body["messages"][0]  # type: ignore[index]
+    assert [m for m in messages[1:] if m["role"] != "reasoning" or m["content"]] == []
+    assert stored(app, "anonymous:thread-refused") == []
+
+
+def test_an_answer_refused_after_its_first_sentences_never_reaches_use_chat_s_reader(
+    clients: Path, app: str, tmp_path: Path
+) -> None:
+    body = {
+        "id": "chat-refused",
+        "messages": [
+            {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "How do I reach you?"}]}
+        ],
+        "trigger": "submit-message",
+    }
+    status, errors = run_failing_client("vercel_client.mjs", f"{app}/vercel/refusing", body, tmp_path)
+    assert status == 4, errors  # the server's error chunk
+    assert "errorText: the answer was refused by an output guardrail" in errors
+    # Text is held back under `chunked` on this protocol (it cannot withdraw): none was sent.
+    assert "555-0100" not in errors
+    assert stored(app, "anonymous:chat-refused") == []
+
+
 # --- a stop at every point of a stream, checked by the clients -----------------------------------------
 
 

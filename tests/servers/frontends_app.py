@@ -1,8 +1,8 @@
 """A test app for the frontend protocols (tests/test_frontends_node.py): one scripted conversation
 (a retrieved source, reasoning, two tool calls in one round, a guardrail reprompt, a final answer)
-behind a `vercel-ui`
-and an `ag-ui` endpoint, with memory per `x-user` and conversation id. Served by uvicorn on the
-socket given as the first argument."""
+behind a `vercel-ui` and an `ag-ui` endpoint, and under `.../refusing` an answer whose first
+sentences pass a `chunked` guardrail that then refuses it whole; memory per `x-user` and
+conversation id. Served by uvicorn on the socket given as the first argument."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from starlette.routing import Route
 import agentrt
 import agentrt.sse
 from agentrt import MemoryId, ModelRequest, ThinkingDelta, TokenStream, tool
-from agentrt.guardrails import output_guardrails, partial_text, reprompt, success
+from agentrt.guardrails import fatal, output_guardrails, partial_text, reprompt, success
 from agentrt.rag import Content, Query, Retrieval
 from agentrt.testing import CallTool, FunctionModel
 
@@ -37,13 +37,24 @@ def polite(request: Any) -> Any:
     return reprompt("impolite", "Say please.")
 
 
+@partial_text
+def no_phone_numbers(request: Any) -> Any:
+    """Passes each sentence, then refuses the whole answer."""
+    return success() if request.partial else fatal("a phone number")
+
+
 class Desk:
     @output_guardrails(polite, release="chunked")
     async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
 
+    @output_guardrails(no_phone_numbers, release="chunked")
+    async def refusing(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
 
 def answer(request: ModelRequest) -> Any:
     last = request.messages[-1]
+    if last.text.startswith("How do I reach you?"):
+        return [ThinkingDelta("Share it. "), "Call me at 555-0100. ", "Or write."]
     if last.role == "tool":
         return [ThinkingDelta("Both are known. "), "Both ", "shipped."]
     if "Say please." in last.text:
@@ -78,6 +89,10 @@ def app() -> Starlette:
     }
     vercel = agentrt.sse.endpoint(service.chat, protocol="vercel-ui", **options)
     agui = agentrt.sse.endpoint(service.chat, protocol="ag-ui", **options)
+    refusing = {
+        protocol: agentrt.sse.endpoint(service.refusing, protocol=protocol, **options)  # type: ignore[arg-type]
+        for protocol in ("vercel-ui", "ag-ui")
+    }
 
     async def stored(request: Request) -> JSONResponse:
         messages = await agentrt.memory.access(service).read(request.query_params["id"])
@@ -87,6 +102,8 @@ def app() -> Starlette:
         routes=[
             Route("/vercel", vercel, methods=["POST"]),
             Route("/agui", agui, methods=["POST"]),
+            Route("/vercel/refusing", refusing["vercel-ui"], methods=["POST"]),
+            Route("/agui/refusing", refusing["ag-ui"], methods=["POST"]),
             Route("/stored", stored),
         ]
     )
