@@ -460,6 +460,7 @@ def _respond(
     async def frames() -> AsyncIterator[bytes]:
         pending: tuple[bytes, Any]
         out: Sequence[Any]
+        written = 0  # frames written since the event loop last had a turn
         try:
             out = encoder.opened()
             if stream is not None:
@@ -481,6 +482,10 @@ def _respond(
                                 snapshots.reset()  # the value starts over from the next answer
                     batch, out = out, ()
                     for chunk in batch:
+                        if written == _WRITES_PER_TURN:
+                            await anyio.lowlevel.checkpoint()
+                            written = 0
+                        written += 1
                         data = frame(chunk).encode()
                         if sent is not None:
                             pending = (data, chunk)
@@ -498,10 +503,16 @@ def _respond(
         if encoder.done_marker:
             out = [*out, _frontends.DONE]
         for chunk in out:
+            if written == _WRITES_PER_TURN:
+                await anyio.lowlevel.checkpoint()
+                written = 0
+            written += 1
             data = frame(chunk).encode()
             if sent is not None:
                 sent.pending = (data, chunk)
             yield data
+        # The response's end is one more write (the server's): the loop's turn first, as above.
+        await anyio.lowlevel.checkpoint()
 
     return _StreamResponse(
         stream,
@@ -608,6 +619,13 @@ class _RequestBudget(BaseModel):
     model_requests: Annotated[int, Strict(), Field(gt=0)] | None = None
     tool_calls: Annotated[int, Strict(), Field(gt=0)] | None = None
 
+
+_WRITES_PER_TURN: Final = 3
+"""Frames written in a row before the event loop gets a turn. A server learns that its client is
+gone only when its loop runs (uvicorn then drops further writes), and a stream's events may all be
+ready at once: written on without a turn, each write past the fifth to a lost connection makes
+asyncio log "socket.send() raised exception." (the loss may be seen just before a turn of ours,
+and a keep-alive ping may write in the same turn: three keeps below five)."""
 
 _BUDGET_FIELD: Final = "agentrt_budget"
 """The body model's field for a request's budget (its JSON name is `budget`)."""

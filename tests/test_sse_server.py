@@ -2,11 +2,14 @@
 (tests/servers/sse_app.py), whose model is the OpenAI-compatible test server in another
 (tests/servers/openai_app.py). A client that goes away mid-stream must make the endpoint close its
 upstream model connection; the upstream server says when its response ended (a long poll, no
-polling loop)."""
+polling loop). A client that resets the connection must not make the server write on to the dead
+socket (tests/servers/reset_app.py)."""
 
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import time
 import uuid
 from collections.abc import Iterator
@@ -86,3 +89,42 @@ async def test_a_thousand_token_stream_to_a_hundred_clients_at_once(endpoint: st
         assert events == ["token"] * 1000 + ["done"]
         ids = [line[4:] for line in body.splitlines() if line.startswith("id: ")]
         assert ids == [str(n) for n in range(1, 1002)]
+
+
+BODIES = {
+    "agentrt": {"question": "q"},
+    "vercel-ui": {
+        "id": "c1",
+        "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "q"}]}],
+    },
+    "ag-ui": {"threadId": "t1", "runId": "r1", "messages": [{"id": "u1", "role": "user", "content": "q"}]},
+}
+
+
+@pytest.mark.parametrize("protocol", list(BODIES))
+def test_a_client_that_resets_the_connection_leaves_no_socket_send_warnings(protocol: str) -> None:
+    # (No asyncio/trio split: the test drives uvicorn, asyncio's, in a child process, with sockets.)
+    with socket.socket() as control:
+        control.bind(("127.0.0.1", 0))
+        control.listen(1)
+        for base in serve(SERVERS / "reset_app.py", str(control.getsockname()[1]), protocol):
+            url = httpx.URL(base)
+            body = json.dumps(BODIES[protocol]).encode()
+            request = (
+                f"POST /chat HTTP/1.1\r\nhost: {url.host}\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\n\r\n"
+            ).encode() + body
+            with socket.create_connection((url.host, url.port or 80), timeout=20) as client:
+                client.sendall(request)
+                received = b""
+                while b"first" not in received:
+                    received += client.recv(65536)
+                # A reset, not a close: the server's next write to it fails.
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            control.settimeout(20)
+            held, _ = control.accept()  # the server waits, blocked, right after `first`
+            with held:
+                held.sendall(b"go")  # its burst of 50 tokens now meets the reset socket
+            logged = httpx.get(f"{str(url).removesuffix('/v1')}/log", timeout=20).json()
+    assert received.startswith(b"HTTP/1.1 200")
+    assert "socket.send() raised exception." not in logged, logged
