@@ -79,7 +79,8 @@ async def test_every_readme_block_runs_as_written(
 
     # The quickstart, return types, the tools block (which only builds), the budgets, memory and
     # guardrail blocks.
-    tooled = ScriptedModel(["Over ", "SSE."])  # the tools block's: its service is served over SSE below
+    # The tools block's: its service is served over SSE below, then to an AG-UI client.
+    tooled = ScriptedModel(["Over ", "SSE."], "Over AG-UI.")
     retrieving = ScriptedModel("Half the adult fare.")
     moderated = ScriptedModel(["You could ", "hide it..."])
     traced = ScriptedModel("Traced.")
@@ -96,16 +97,33 @@ async def test_every_readme_block_runs_as_written(
     assert isinstance(namespace["stream"], agentrt.TokenStream)
     await namespace["stream"].aclose()
     output = capsys.readouterr().out
-    # The FastAPI app of "Serving over SSE" serves the quickstart's stream as written.
+    # The FastAPI app of "Serving over SSE" serves the quickstart's stream as written, to the users
+    # its dependency signs in (and the frontends' routes likewise).
     transport = httpx.ASGITransport(app=namespace["app"])
+    signed_in = {"authorization": "Bearer s3cr3t-7"}
+    agui_body = {
+        "threadId": "t1",
+        "runId": "r1",
+        "messages": [{"id": "u1", "role": "user", "content": "Hey"}],
+    }
     async with httpx.AsyncClient(transport=transport, base_url="http://readme") as client:
-        served = await client.post("/chat", json={"question": "Hi"}, headers={"x-user": "user-7"})
+        anonymous = await client.post("/chat", json={"question": "Hi"}, headers={"x-user": "user-7"})
+        served = await client.post("/chat", json={"question": "Hi"}, headers=signed_in)
+        anonymous_agui = await client.post("/agent", json=agui_body)
+        stop = await client.post("/agent/stop", json={"runId": "r1"})
+        agui = await client.post("/agent", json=agui_body, headers=signed_in)
+    assert anonymous.status_code == anonymous_agui.status_code == stop.status_code == 401
+    assert anonymous.headers["www-authenticate"] == "Bearer"
     assert served.status_code == 200
     assert [line for line in served.text.splitlines() if line.startswith("data: ")][:2] == [
         'data: {"text":"Over "}',
         'data: {"text":"SSE."}',
     ]
-    assert tooled.requests[-1].messages[-1] == agentrt.UserMessage.of("Hi")
+    assert agui.status_code == 200 and '"delta":"Over AG-UI."' in agui.text
+    assert [r.messages[-1] for r in tooled.requests] == [
+        agentrt.UserMessage.of("Hi"),
+        agentrt.UserMessage.of("Hey"),
+    ]
     assert namespace["mood"] is namespace["Sentiment"].POSITIVE
     assert "1 trip(s) so far\n2 trip(s) so far\n" in output
     assert typed.requests[1].tool_choice == "final_answer"
