@@ -439,6 +439,14 @@ class _Native(_frontends.Encoder):
         return []
 
 
+_WRITES_PER_TURN: Final = 3
+"""Frames written in a row before the event loop gets a turn. A server learns that its client is
+gone only when its loop runs (uvicorn then drops further writes), and a stream's events may all be
+ready at once: written on without a turn, each write past the fifth to a lost connection makes
+asyncio log "socket.send() raised exception." (the loss may be seen just before a turn of ours,
+and a keep-alive ping may write in the same turn: three keeps below five)."""
+
+
 def _respond(
     stream: TokenStream | PartialStream[Any] | None,
     encoder: _frontends.Encoder,
@@ -619,13 +627,6 @@ class _RequestBudget(BaseModel):
     model_requests: Annotated[int, Strict(), Field(gt=0)] | None = None
     tool_calls: Annotated[int, Strict(), Field(gt=0)] | None = None
 
-
-_WRITES_PER_TURN: Final = 3
-"""Frames written in a row before the event loop gets a turn. A server learns that its client is
-gone only when its loop runs (uvicorn then drops further writes), and a stream's events may all be
-ready at once: written on without a turn, each write past the fifth to a lost connection makes
-asyncio log "socket.send() raised exception." (the loss may be seen just before a turn of ours,
-and a keep-alive ping may write in the same turn: three keeps below five)."""
 
 _BUDGET_FIELD: Final = "agentrt_budget"
 """The body model's field for a request's budget (its JSON name is `budget`)."""
