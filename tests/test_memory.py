@@ -627,6 +627,8 @@ async def test_access_refuses_histories_a_provider_would_reject() -> None:
         await access.replace("c", [SystemMessage(text="no")])
     with pytest.raises(ValueError, match="did not make"):
         await access.replace("c", [ToolResultMessage(tool_call_id="x", tool_name="t", text="orphan")])
+    with pytest.raises(ValueError, match="starts with a user message"):  # Anthropic refuses it
+        await access.replace("c", [AssistantMessage(text="Summary: ..."), UserMessage.of("go on")])
     with pytest.raises(TypeError, match="is None"):
         await access.read(None)
     assert await access.read("c") == []

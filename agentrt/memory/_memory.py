@@ -29,7 +29,7 @@ import orjson
 
 from .._errors import ConfigurationError, ConversationBusyError
 from .._messages import SystemMessage, ToolResultMessage
-from ._inmemory import InMemoryStore
+from ._inmemory import DEFAULT_MAX_CONVERSATIONS, InMemoryStore
 from ._store import ChatMemoryStore, SharedChatMemoryStore
 from ._window import TokenCounter, estimate_tokens, window_start
 
@@ -55,8 +55,9 @@ _LAST_POLL: Final = 0.1
 class ChatMemory:
     """What `build(..., memory=...)` takes: a store and a window.
 
-    - `store`: where conversations live (`InMemoryStore()` by default; `SQLiteStore`, `RedisStore`,
-      or your own `ChatMemoryStore`).
+    - `store`: where conversations live (by default an `InMemoryStore` that keeps the
+      `DEFAULT_MAX_CONVERSATIONS` (10,000) most recently used; `SQLiteStore`, `RedisStore`, or your
+      own `ChatMemoryStore`).
     - `max_messages`, `max_tokens`: the window; `None` keeps everything. What falls out of the window
       is removed from the store when the next turn is committed.
     - `counter`: counts a message's tokens for `max_tokens` (`estimate_tokens` by default).
@@ -66,7 +67,9 @@ class ChatMemory:
       before `ConversationBusyError`; `None` waits as long as the call's time budget allows.
     """
 
-    store: ChatMemoryStore = field(default_factory=InMemoryStore)
+    store: ChatMemoryStore = field(
+        default_factory=lambda: InMemoryStore(max_conversations=DEFAULT_MAX_CONVERSATIONS)
+    )
     max_messages: int | None = None
     max_tokens: int | None = None
     counter: TokenCounter = estimate_tokens
@@ -123,9 +126,14 @@ def window(
     namespace: str | None = None,
     wait: float | None = None,
 ) -> ChatMemory:
-    """A `ChatMemory` that keeps the newest `max_messages` / `max_tokens` of each conversation."""
+    """A `ChatMemory` that keeps the newest `max_messages` / `max_tokens` of each conversation.
+
+    Without `store`, conversations live in this process, at most `DEFAULT_MAX_CONVERSATIONS` (10,000)
+    of them: the least recently used is forgotten first. Pass `store=InMemoryStore(...)` for another
+    bound or a `ttl`.
+    """
     return ChatMemory(
-        store=store if store is not None else InMemoryStore(),
+        store=store if store is not None else InMemoryStore(max_conversations=DEFAULT_MAX_CONVERSATIONS),
         max_messages=max_messages,
         max_tokens=max_tokens,
         counter=counter,
@@ -297,12 +305,7 @@ class Memory:
         return memory_key(self.namespace, memory_id, where)
 
     def start(self, messages: Sequence[ChatMessage]) -> int:
-        """Where the window of `messages` starts."""
-        if self.max_messages is None and self.max_tokens is None:
-            start = 0
-            while start < len(messages) and isinstance(messages[start], ToolResultMessage):
-                start += 1
-            return start
+        """Where the window of `messages` starts (at a user message, see `window_start`)."""
         return window_start(messages, self.max_messages, self.max_tokens, self.counter)
 
     async def open(self, memory_id: Any, where: str) -> Conversation:
@@ -444,8 +447,8 @@ async def _unlock(store: SharedChatMemoryStore, key: str, owner: str) -> None:
 
 def check_history(messages: Sequence[ChatMessage], where: str) -> None:
     """A conversation written through `MemoryAccess` must be one a provider accepts: user, assistant
-    and tool result messages only (the system message is rendered per turn), and each assistant
-    message that calls tools followed at once by exactly one result per call."""
+    and tool result messages only (the system message is rendered per turn), a user message first,
+    and each assistant message that calls tools followed at once by exactly one result per call."""
     from .._messages import AssistantMessage, UserMessage
 
     # Calls of the last assistant message still without a result, counted: some servers repeat an id
@@ -470,6 +473,12 @@ def check_history(messages: Sequence[ChatMessage], where: str) -> None:
                 "(the system message is rendered for each turn)"
             )
         if isinstance(message, AssistantMessage):
+            if not index:
+                raise ValueError(
+                    f"{where}: message 0 is an assistant message; a conversation starts with a user "
+                    "message (Anthropic refuses others, and a window would skip it): write a summary as "
+                    "a user message"
+                )
             pending = Counter(call.id for call in message.tool_calls)
         elif not isinstance(message, UserMessage):
             raise TypeError(f"{where}: message {index} is not a chat message: {message!r}")
