@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import threading
+import warnings
 import weakref
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -61,8 +62,10 @@ class ChatMemory:
     - `max_messages`, `max_tokens`: the window; `None` keeps everything. What falls out of the window
       is removed from the store when the next turn is committed.
     - `counter`: counts a message's tokens for `max_tokens` (`estimate_tokens` by default).
-    - `namespace`: conversations are per service (its module and class name) unless services name
-      the same namespace here, to share them on purpose.
+    - `namespace`: the first part of every conversation's name in the store. By default the
+      service's module and class name, which a rename, a move or a run as a script (`__main__`)
+      changes: name it for a store that outlives the process (SQLite, Redis). Services that name the
+      same namespace share their conversations.
     - `wait`: the longest a turn waits for its conversation while another turn holds it, in seconds,
       before `ConversationBusyError`; `None` waits as long as the call's time budget allows.
     """
@@ -290,6 +293,22 @@ class Memory:
     )
 
     def __init__(self, config: ChatMemory, namespace: str) -> None:
+        """`namespace` is the default, the service's `module.qualname`; `build()` makes this."""
+        if (
+            config.namespace is None
+            and namespace.startswith("__main__.")
+            and not isinstance(config.store, InMemoryStore)
+        ):
+            # The same class imported from its module (by a worker, a test) gets another namespace:
+            # both would run, each on its own conversations, and nothing would say so.
+            warnings.warn(
+                f"{namespace[len('__main__.') :]} is defined in __main__, so its conversations in "
+                f"{type(config.store).__name__} are named {namespace!r}: the same class imported from "
+                "its module names other conversations. Name them: "
+                "agentrt.memory.window(namespace=..., store=...)",
+                UserWarning,
+                stacklevel=3,
+            )
         self.config = config
         self.store = config.store
         self.namespace = config.namespace or namespace
