@@ -258,14 +258,28 @@ def _tool_execution(state: dict[str, Any]) -> ToolExecution:
     return ToolExecution(**state)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class ToolCallRequested:
-    """The model asked for a tool call; `arguments_hash` stands in for the arguments."""
+    """The model asked for a tool call.
+
+    The event carries the whole `call` (its arguments too) to code in this process, as
+    `RequestIssued` carries the prompt: the SSE endpoint and the frontends need them for
+    `tool_details=True`. Whatever leaves the process shows `arguments_hash` instead unless its owner
+    opted in: the event's `repr` (what a log line prints), agentrt's logs, OTel spans (arguments with
+    `capture_content=True`), SSE and frontend streams (with `tool_details=True`).
+    """
 
     invocation_id: str
     call: ToolCall
     arguments_hash: str
     round: int
+
+    def __repr__(self) -> str:
+        call = self.call
+        return (
+            f"ToolCallRequested(invocation_id={self.invocation_id!r}, name={call.name!r}, "
+            f"call_id={call.id!r}, arguments_hash={self.arguments_hash!r}, round={self.round!r})"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,10 +24,12 @@ started with the invocation span as its explicit parent, state is kept by invoca
 
 By default no content is recorded: no prompt, answer, tool argument or result, guardrail message,
 memory id, retrieved text, nor exception message (an agentrt error's message may quote the answer,
-a provider's may echo the prompt): a failure records its exception type only. `capture_content=True`
-adds the opt-in attributes of the conventions (`gen_ai.input.messages`, `gen_ai.output.messages`,
-`gen_ai.tool.call.arguments`, `gen_ai.tool.call.result`, `gen_ai.conversation.id`, ...) as JSON
-strings, and records exceptions with their message and stack trace.
+a provider's may echo the prompt): a failure records its exception type only; a tool span carries
+`agentrt.tool.arguments_hash`, which tells equal calls apart without the arguments.
+`capture_content=True` adds the opt-in attributes of the conventions (`gen_ai.input.messages`,
+`gen_ai.output.messages`, `gen_ai.tool.call.arguments`, `gen_ai.tool.call.result`,
+`gen_ai.conversation.id`, ...) as JSON strings, and records exceptions with their message and stack
+trace.
 
 Errors (`error.type`, with status ERROR): on a failed invocation and the request under way, the
 exception's class name (`RateLimitError`, `ModelTimeoutError`, `BudgetExceededError`,
@@ -407,6 +409,8 @@ class OTelListener:
             "gen_ai.tool.call.id": tool.id,
             "gen_ai.tool.type": "function",
             "agentrt.round": event.round,
+            # Tells equal calls apart (a loop calling a tool with the same arguments) without them.
+            "agentrt.tool.arguments_hash": event.arguments_hash,
         }
         if self.capture_content:
             attributes["gen_ai.tool.call.arguments"] = tool.arguments

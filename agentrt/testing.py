@@ -16,12 +16,21 @@ called tools, else `STOP`.
         ["Hel", "lo", Usage(input_tokens=3, output_tokens=2)],
         [CallTool("order_status", {"order_id": "SO-1"})],
     )
+
+`virtual_clock(backend)` runs a test on virtual time on asyncio or trio, so that budgets, timeouts and
+`Delay`s take no real time:
+
+    @pytest.fixture(params=["asyncio", "trio"])
+    def anyio_backend(request):
+        return request.param, virtual_clock(request.param)
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
+import selectors
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +55,8 @@ __all__ = [
     "ScriptedModel",
     "Step",
     "StreamRecord",
+    "VirtualTimeEventLoop",
+    "virtual_clock",
 ]
 
 
@@ -311,3 +322,51 @@ class FunctionModel(_RecordingModel):
                 yield chunk
         finally:
             await played.aclose()
+
+
+class VirtualTimeEventLoop(asyncio.SelectorEventLoop):
+    """An asyncio event loop on virtual time: whenever it would wait for its next timer with no I/O
+    ready, its clock jumps to that timer instead. Its time starts at 0.
+
+    Sleeps, deadlines and budgets then take no real time, in the order they would have fired. The
+    loop never waits for real I/O while a timer is pending, so a test on it must not wait for a real
+    server (serve it in-process: `ScriptedModel`, `httpx.MockTransport`, an ASGI transport). With no
+    timer pending it waits for I/O as any loop does.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(selectors.DefaultSelector())
+        self._virtual_now = 0.0
+        selector: Any = self._selector  # type: ignore[attr-defined]
+        real_select = selector.select
+
+        def select(timeout: float | None = None) -> list[Any]:
+            ready: list[Any] = real_select(0)
+            if ready or timeout == 0:
+                return ready
+            if timeout is None:  # no timer: only I/O (or another thread) can wake the loop
+                return real_select(None)  # type: ignore[no-any-return]
+            self._virtual_now += timeout
+            return []
+
+        selector.select = select
+
+    def time(self) -> float:
+        return self._virtual_now
+
+
+def virtual_clock(backend: str) -> dict[str, Any]:
+    """Backend options that run on virtual time, for `backend` "asyncio" or "trio": the second item of
+    the anyio pytest plugin's `anyio_backend` fixture, or `anyio.run(..., backend_options=...)`.
+
+    asyncio gets a `VirtualTimeEventLoop`, trio a `trio.testing.MockClock(autojump_threshold=0)`
+    (which jumps to the next deadline whenever every task is blocked). Each call returns a new clock.
+    `ValueError` for another backend.
+    """
+    if backend == "asyncio":
+        return {"loop_factory": VirtualTimeEventLoop}
+    if backend == "trio":
+        from trio.testing import MockClock
+
+        return {"clock": MockClock(autojump_threshold=0)}
+    raise ValueError(f"virtual_clock: backend must be 'asyncio' or 'trio', got {backend!r}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import random
+from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
@@ -178,6 +179,38 @@ async def test_services_do_not_share_conversations_unless_they_name_a_namespace(
     assert await shared_b.chat("c", "Ada", "four") == "four#2"
     assert agentrt.memory.access(shared_a).namespace == "support"
     assert agentrt.memory.access(first).namespace == f"{__name__}.Other"
+
+
+def _as_script(cls: type) -> type:
+    """`cls` as if its module were run as a script (`python app.py`): a class of `__main__`."""
+    return type(cls.__name__, (cls,), {"__module__": "__main__", "__qualname__": cls.__qualname__})
+
+
+async def test_a_class_of_main_on_a_lasting_store_warns_that_its_conversations_are_its_own(
+    tmp_path: Path,
+) -> None:
+    """Run as a script, a class names other conversations than the same class imported (by a
+    worker, by a test): on a store that outlives the process, build() says so."""
+    store = agentrt.memory.SQLiteStore(tmp_path / "chat.db")
+    model = FunctionModel(echo)
+    with pytest.warns(
+        UserWarning, match=r"Other is defined in __main__.*'__main__\.Other'.*namespace="
+    ) as seen:
+        script = agentrt.build(_as_script(Other), model=model, memory=agentrt.memory.window(store=store))
+    assert seen[0].filename == __file__  # points at the build() call
+    imported = agentrt.build(Other, model=model, memory=agentrt.memory.window(store=store))
+    await script.chat("c", "one")
+    assert await imported.chat("c", "two") == "two#0"  # what the warning is about
+
+    # Named, they share the conversation, and nothing warns (warnings are errors in this suite).
+    memory = agentrt.memory.window(store=store, namespace="support")
+    named_script = agentrt.build(_as_script(Other), model=model, memory=memory)
+    named_imported = agentrt.build(Other, model=model, memory=memory)
+    await named_script.chat("c", "three")
+    assert await named_imported.chat("c", "four") == "four#2"
+    # Conversations that end with the process have nothing to diverge from.
+    agentrt.build(_as_script(Other), model=model, memory=agentrt.memory.window())
+    store.close()
 
 
 async def test_a_bare_store_keeps_whole_conversations() -> None:
@@ -627,6 +660,8 @@ async def test_access_refuses_histories_a_provider_would_reject() -> None:
         await access.replace("c", [SystemMessage(text="no")])
     with pytest.raises(ValueError, match="did not make"):
         await access.replace("c", [ToolResultMessage(tool_call_id="x", tool_name="t", text="orphan")])
+    with pytest.raises(ValueError, match="starts with a user message"):  # Anthropic refuses it
+        await access.replace("c", [AssistantMessage(text="Summary: ..."), UserMessage.of("go on")])
     with pytest.raises(TypeError, match="is None"):
         await access.read(None)
     assert await access.read("c") == []

@@ -165,9 +165,11 @@ async def test_a_stream_with_two_tool_rounds_is_one_tree(telemetry: Telemetry) -
     listener = telemetry.listener(model="gpt-test", provider="openai")
     svc = build(two_rounds(), listener, settings=ModelSettings(temperature=0.2, max_tokens=300))
 
-    tokens = [t async for t in await svc.stream(PROMPT)]
+    stream = await svc.stream(PROMPT)
+    tokens = [t async for t in stream]
 
     assert "".join(tokens) == "".join(ANSWER)
+    hashes = [e.arguments_hash for e in (await stream.result()).tool_executions]
     spans = telemetry.spans()
     invoke = "invoke_agent Weather.stream"
     assert tree(spans) == [
@@ -214,9 +216,12 @@ async def test_a_stream_with_two_tool_rounds_is_one_tree(telemetry: Telemetry) -
         "gen_ai.tool.call.id": "c1",
         "gen_ai.tool.type": "function",
         "agentrt.round": 1,
+        "agentrt.tool.arguments_hash": hashes[0],  # the arguments only with capture_content
         "agentrt.tool.outcome": "success",
     }
     assert [(s.attributes or {})["gen_ai.tool.call.id"] for s in (tool1, tool2, tool3)] == ["c1", "c2", "c3"]
+    assert [(s.attributes or {})["agentrt.tool.arguments_hash"] for s in (tool1, tool2, tool3)] == hashes
+    assert len(set(hashes)) == 3
     # Each model request ends before its tools start; each round's tools end before the next request.
     for before, after in ((chat1, tool1), (tool2, chat2), (chat2, tool3), (tool3, chat3)):
         assert before.end_time is not None and after.start_time is not None

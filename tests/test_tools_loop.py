@@ -191,6 +191,14 @@ async def test_listeners_see_tool_events_with_hashes_and_logs_never_show_argumen
     log = "\n".join(r.getMessage() for r in caplog.records)
     assert requested.arguments_hash in log
     assert "Bern" not in log
+    # The event carries the call to code in this process (the SSE endpoint's `tool_details` needs
+    # it); what a listener that logs its events prints shows the hash, as agentrt's logs do.
+    assert requested.call.arguments == '{"city":"Bern"}'
+    assert repr(requested) == (
+        f"ToolCallRequested(invocation_id={requested.invocation_id!r}, name='temperature', "
+        f"call_id='c1', arguments_hash={requested.arguments_hash!r}, round=1)"
+    )
+    assert "Bern" not in str(requested)
 
 
 @pytest.mark.virtual_clock

@@ -10,7 +10,7 @@ writes the user message, the tool exchanges and the answer in one atomic write, 
 from __future__ import annotations
 
 from ._access import MemoryAccess, access
-from ._inmemory import InMemoryStore
+from ._inmemory import DEFAULT_MAX_CONVERSATIONS, InMemoryStore
 from ._memory import DEFAULT_MEMORY_ID, ChatMemory, window
 from ._redis import RedisStore
 from ._sqlite import SQLiteStore
@@ -18,6 +18,7 @@ from ._store import ChatMemoryStore, SharedChatMemoryStore
 from ._window import TokenCounter, estimate_tokens
 
 __all__ = [
+    "DEFAULT_MAX_CONVERSATIONS",
     "DEFAULT_MEMORY_ID",
     "ChatMemory",
     "ChatMemoryStore",

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from .._messages import ChatMessage
 
-__all__ = ["InMemoryStore"]
+__all__ = ["DEFAULT_MAX_CONVERSATIONS", "InMemoryStore"]
+
+DEFAULT_MAX_CONVERSATIONS: Final = 10_000
+"""The bound of the store `memory.window()` makes when it is given none: the least recently used
+conversations beyond it are forgotten, so a long-running server does not keep every conversation it
+ever saw."""
+
+LARGE: Final = 100_000
+"""An unbounded store (no `max_conversations`, no `ttl`) that grows past this many conversations logs
+one warning: it is probably a server that forgets nothing."""
+
+logger = logging.getLogger("agentrt.memory")
 
 
 class InMemoryStore:
@@ -21,13 +33,17 @@ class InMemoryStore:
       evicted first.
     - `ttl`: forget a conversation not used for this many seconds.
 
+    With neither, nothing is ever forgotten: past `LARGE` (100,000) conversations the store logs one
+    warning on the `agentrt.memory` logger. (`memory.window()` without a store bounds its own at
+    `DEFAULT_MAX_CONVERSATIONS`.)
+
     Messages are immutable values, so a store keeps them as they are (no copy, no serialization): a
     turn costs a few dictionary operations. Writes are plain code with no await, so they are atomic.
     Turns are serialized by the memory's lock per conversation, within one event loop; a conversation
     evicted (by the bound or the TTL) while a turn on it runs loses its older messages.
     """
 
-    __slots__ = ("__weakref__", "_clock", "_data", "max_conversations", "ttl")
+    __slots__ = ("__weakref__", "_clock", "_data", "_warned", "max_conversations", "ttl")
 
     def __init__(self, *, max_conversations: int | None = None, ttl: float | None = None) -> None:
         if max_conversations is not None and (
@@ -41,6 +57,7 @@ class InMemoryStore:
         self.max_conversations = max_conversations
         self.ttl = ttl
         self._clock = time.monotonic
+        self._warned = False
         # key -> (messages, when it expires); ordered from least to most recently used.
         self._data: OrderedDict[str, tuple[tuple[ChatMessage, ...], float]] = OrderedDict()
 
@@ -83,6 +100,13 @@ class InMemoryStore:
         if bound is not None:
             while len(data) > bound:
                 data.popitem(last=False)
+        elif ttl is None and len(data) > LARGE and not self._warned:
+            self._warned = True
+            logger.warning(
+                "an InMemoryStore without max_conversations or ttl holds %d conversations and forgets "
+                "none of them; bound it (InMemoryStore(max_conversations=..., ttl=...))",
+                len(data),
+            )
 
     async def load(self, key: str) -> list[ChatMessage]:
         return list(self._get(key))

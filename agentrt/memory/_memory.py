@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import threading
+import warnings
 import weakref
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ import orjson
 
 from .._errors import ConfigurationError, ConversationBusyError
 from .._messages import SystemMessage, ToolResultMessage
-from ._inmemory import InMemoryStore
+from ._inmemory import DEFAULT_MAX_CONVERSATIONS, InMemoryStore
 from ._store import ChatMemoryStore, SharedChatMemoryStore
 from ._window import TokenCounter, estimate_tokens, window_start
 
@@ -55,18 +56,23 @@ _LAST_POLL: Final = 0.1
 class ChatMemory:
     """What `build(..., memory=...)` takes: a store and a window.
 
-    - `store`: where conversations live (`InMemoryStore()` by default; `SQLiteStore`, `RedisStore`,
-      or your own `ChatMemoryStore`).
+    - `store`: where conversations live (by default an `InMemoryStore` that keeps the
+      `DEFAULT_MAX_CONVERSATIONS` (10,000) most recently used; `SQLiteStore`, `RedisStore`, or your
+      own `ChatMemoryStore`).
     - `max_messages`, `max_tokens`: the window; `None` keeps everything. What falls out of the window
       is removed from the store when the next turn is committed.
     - `counter`: counts a message's tokens for `max_tokens` (`estimate_tokens` by default).
-    - `namespace`: conversations are per service (its module and class name) unless services name
-      the same namespace here, to share them on purpose.
+    - `namespace`: the first part of every conversation's name in the store. By default the
+      service's module and class name, which a rename, a move or a run as a script (`__main__`)
+      changes: name it for a store that outlives the process (SQLite, Redis). Services that name the
+      same namespace share their conversations.
     - `wait`: the longest a turn waits for its conversation while another turn holds it, in seconds,
       before `ConversationBusyError`; `None` waits as long as the call's time budget allows.
     """
 
-    store: ChatMemoryStore = field(default_factory=InMemoryStore)
+    store: ChatMemoryStore = field(
+        default_factory=lambda: InMemoryStore(max_conversations=DEFAULT_MAX_CONVERSATIONS)
+    )
     max_messages: int | None = None
     max_tokens: int | None = None
     counter: TokenCounter = estimate_tokens
@@ -123,9 +129,14 @@ def window(
     namespace: str | None = None,
     wait: float | None = None,
 ) -> ChatMemory:
-    """A `ChatMemory` that keeps the newest `max_messages` / `max_tokens` of each conversation."""
+    """A `ChatMemory` that keeps the newest `max_messages` / `max_tokens` of each conversation.
+
+    Without `store`, conversations live in this process, at most `DEFAULT_MAX_CONVERSATIONS` (10,000)
+    of them: the least recently used is forgotten first. Pass `store=InMemoryStore(...)` for another
+    bound or a `ttl`.
+    """
     return ChatMemory(
-        store=store if store is not None else InMemoryStore(),
+        store=store if store is not None else InMemoryStore(max_conversations=DEFAULT_MAX_CONVERSATIONS),
         max_messages=max_messages,
         max_tokens=max_tokens,
         counter=counter,
@@ -282,6 +293,22 @@ class Memory:
     )
 
     def __init__(self, config: ChatMemory, namespace: str) -> None:
+        """`namespace` is the default, the service's `module.qualname`; `build()` makes this."""
+        if (
+            config.namespace is None
+            and namespace.startswith("__main__.")
+            and not isinstance(config.store, InMemoryStore)
+        ):
+            # The same class imported from its module (by a worker, a test) gets another namespace:
+            # both would run, each on its own conversations, and nothing would say so.
+            warnings.warn(
+                f"{namespace[len('__main__.') :]} is defined in __main__, so its conversations in "
+                f"{type(config.store).__name__} are named {namespace!r}: the same class imported from "
+                "its module names other conversations. Name them: "
+                "agentrt.memory.window(namespace=..., store=...)",
+                UserWarning,
+                stacklevel=3,
+            )
         self.config = config
         self.store = config.store
         self.namespace = config.namespace or namespace
@@ -297,12 +324,7 @@ class Memory:
         return memory_key(self.namespace, memory_id, where)
 
     def start(self, messages: Sequence[ChatMessage]) -> int:
-        """Where the window of `messages` starts."""
-        if self.max_messages is None and self.max_tokens is None:
-            start = 0
-            while start < len(messages) and isinstance(messages[start], ToolResultMessage):
-                start += 1
-            return start
+        """Where the window of `messages` starts (at a user message, see `window_start`)."""
         return window_start(messages, self.max_messages, self.max_tokens, self.counter)
 
     async def open(self, memory_id: Any, where: str) -> Conversation:
@@ -444,8 +466,8 @@ async def _unlock(store: SharedChatMemoryStore, key: str, owner: str) -> None:
 
 def check_history(messages: Sequence[ChatMessage], where: str) -> None:
     """A conversation written through `MemoryAccess` must be one a provider accepts: user, assistant
-    and tool result messages only (the system message is rendered per turn), and each assistant
-    message that calls tools followed at once by exactly one result per call."""
+    and tool result messages only (the system message is rendered per turn), a user message first,
+    and each assistant message that calls tools followed at once by exactly one result per call."""
     from .._messages import AssistantMessage, UserMessage
 
     # Calls of the last assistant message still without a result, counted: some servers repeat an id
@@ -470,6 +492,12 @@ def check_history(messages: Sequence[ChatMessage], where: str) -> None:
                 "(the system message is rendered for each turn)"
             )
         if isinstance(message, AssistantMessage):
+            if not index:
+                raise ValueError(
+                    f"{where}: message 0 is an assistant message; a conversation starts with a user "
+                    "message (Anthropic refuses others, and a window would skip it): write a summary as "
+                    "a user message"
+                )
             pending = Counter(call.id for call in message.tool_calls)
         elif not isinstance(message, UserMessage):
             raise TypeError(f"{where}: message {index} is not a chat message: {message!r}")

@@ -1,10 +1,12 @@
 """Windows: how much of a conversation is sent to the model, and kept in its store.
 
 A window keeps the newest messages: at most `max_messages`, at most `max_tokens` (by a token counter,
-an estimate by default), or both. Whatever the limits cut, the kept part never starts with tool
-results: an assistant message that called tools is kept with all of its results or dropped with them,
-so a provider never sees a result without its call (a 400 on every later request otherwise). The
-system message is not part of a conversation: it is rendered for each turn and never stored.
+an estimate by default), or both. Whatever the limits cut, the kept part starts with a user message:
+it keeps whole turns from the oldest user message that fits, so a provider never sees a conversation
+that opens with the assistant (Anthropic refuses it) or a tool result without its call (a 400 on
+every later request otherwise). A window therefore keeps fewer messages than its limit rather than
+half a turn, and none of a turn larger than the limit. The system message is not part of a
+conversation: it is rendered for each turn and never stored, so no window drops it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from .._messages import AssistantMessage, ChatMessage, TextContent, ToolResultMessage, UserMessage
+from .._messages import AssistantMessage, ChatMessage, TextContent, UserMessage
 
 __all__ = ["TokenCounter", "estimate_tokens", "window_start"]
 
@@ -50,7 +52,8 @@ def window_start(
     max_tokens: int | None,
     counter: TokenCounter,
 ) -> int:
-    """The index of the first message the window keeps (`len(messages)` when it keeps none)."""
+    """The index of the first message the window keeps: a user message, or `len(messages)` when it
+    keeps none. With both limits `None`, the first user message."""
     end = len(messages)
     start = 0
     if max_messages is not None and end > max_messages:
@@ -64,7 +67,7 @@ def window_start(
                 break
             index -= 1
         start = index
-    # Never start with results whose call was cut off.
-    while start < end and isinstance(messages[start], ToolResultMessage):
+    # Only whole turns: never open with the answer, the calls or the results of a turn cut in two.
+    while start < end and not isinstance(messages[start], UserMessage):
         start += 1
     return start
