@@ -247,6 +247,7 @@ class Invocation:
             value: Any = NO_VALUE
             stopped: _finish.Outcome | None = None  # a chunk the chain refused: the answer stops there
             while True:  # one answer per pass; output guardrails may ask again
+                rejected: GuardrailResult | None = None  # a re-ask of text sent with tool calls
                 while True:
                     round_ += 1
                     request, allowance = _loop.before_request(turn)
@@ -417,6 +418,35 @@ class Invocation:
                         yield received
                     if step is _loop.Step.ANSWER:
                         break
+                    said = response.message.text
+                    if chain is not None and step is _loop.Step.TOOLS and said and not said.isspace():
+                        # Text sent with tool calls is not the answer, but memory stores it and
+                        # readers get it: the chain checks it as it checks answers (DESIGN §5).
+                        turn.attempts = attempt
+                        checked = _finish.output_guardrails(
+                            turn,
+                            chain,
+                            said,
+                            attempt,
+                            response.message.thinking,
+                            tool_calls=response.message.tool_calls,
+                        )
+                        if guard is not None:
+                            checked = _scoped(turn, checked, guard)
+                        outcome = await checked
+                        for verdict in turn.verdicts:
+                            yield verdict
+                        turn.verdicts.clear()
+                        if outcome.failures:
+                            if outcome.reask is None or reasks >= chain.max_retries:
+                                raise _finish.refused(turn, outcome, attempt)
+                            _loop.unspend_round(turn, response.message.tool_calls)  # they never run
+                            rejected = outcome.reask
+                            break
+                        if outcome.text != said:  # rewritten: stored, sent back and shown so
+                            response = _loop.rewrite(turn, outcome.text)
+                            if pending:
+                                pending[-1] = ResponseReceived(self.id, response, round_)
                     if released is not None:
                         # Not the answer (it calls tools): what the reader has of it is withdrawn.
                         shown_all = response.message if optimistic else None
@@ -461,7 +491,10 @@ class Invocation:
                 final = None
                 cut = False
                 again: GuardrailResult | OutputParsingError | None = None  # what asks again, if anything
-                if chain is not None:
+                if rejected is not None:
+                    again = rejected
+                    reasks += 1
+                elif chain is not None:
                     turn.attempts = attempt  # answers checked, this one included
                     cut = stopped is not None
                     if stopped is not None:

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from .._errors import ConfigurationError
 from .._events import ToolExecution
-from .._messages import ChatMessage, UserMessage
+from .._messages import ChatMessage, ToolCall, UserMessage
 from ._results import GuardrailResult
 
 __all__ = [
@@ -78,6 +78,11 @@ class OutputGuardrailRequest:
     answer so far, whose first `released` characters the reader already has. The whole answer is
     checked again when it is complete (`partial` false)."""
     released: int = 0
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Not empty for text the model sent together with these tool calls: it is not the answer (the
+    turn goes on after the calls run), but it reaches memory and readers, so the chain checks it
+    too. A guardrail that judges only answers (one that parses them) passes it; `success_with` may
+    rewrite it but give no value; a retry or reprompt asks again, and the calls do not run."""
 
     @property
     def chunk(self) -> str:
