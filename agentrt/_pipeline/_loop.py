@@ -94,8 +94,7 @@ def after_response(turn: Turn, response: ModelResponse) -> Step:
     loop = turn.loop
     if loop is None or not calls:
         return Step.ANSWER
-    answering = turn.answering
-    if answering is not None and answering.answered:
+    if turn.answered:
         return Step.ANSWER  # the answer tool was called: calls beside it do not run
     if turn.final is not None:
         if not (response.message.text or "").strip():

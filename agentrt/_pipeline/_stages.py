@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..rag._augment import Retrieval
     from ._turn import Turn
 
-__all__ = ["prepare"]
+__all__ = ["may_wait", "prepare", "reopen"]
 
 
 async def prepare(turn: Turn) -> None:
@@ -58,6 +58,23 @@ async def prepare(turn: Turn) -> None:
     else:
         select_tools(turn, runtime.tools)
     turn.request = first_request(turn, history)
+
+
+async def reopen(turn: Turn) -> None:
+    """Re-attach a restored turn's live parts: its conversation, locked again (the history the turn
+    had is in its requests), and its tools (the tool provider asked again) with the tool loop's
+    state as it was saved."""
+    runtime = turn.runtime
+    if runtime.memory is not None:
+        await load_memory(turn)
+    if runtime.tool_provider is not None:
+        await provided_tools(turn)
+    else:
+        select_tools(turn, runtime.tools)
+    saved = turn.restoring
+    turn.restoring = None
+    if saved is not None and turn.loop is not None:
+        turn.loop.restore(*saved)
 
 
 def may_wait(turn: Turn) -> bool:
