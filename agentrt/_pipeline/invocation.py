@@ -46,14 +46,14 @@ from ..guardrails._results import NO_VALUE
 from ..models._protocol import ResponseAccumulator, aclose_iterator
 from ..output._modes import AnswerChunks
 from ..tools._run import arguments_hash
-from . import _finish, _loop, _meter, _moderate, _release, _stages
+from . import _checkpoint, _finish, _loop, _meter, _moderate, _release, _stages
 from ._plan import Plan, plan
 from ._release import Mode
 from ._runtime import notify
 from ._turn import BOUNDARIES, Phase, Turn
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+    from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 
     from .._budget import Budget, BudgetLimit
     from .._events import ModelChunk, ModelResponse
@@ -128,6 +128,34 @@ class Invocation:
             self.id, runtime, spec, arguments, settings, budget, method_plan or plan(runtime, spec)
         )
         self._turn.max_repairs = runtime.max_repairs if max_repairs is None else max_repairs
+
+    @classmethod
+    def restore(
+        cls,
+        runtime: Runtime,
+        spec: MethodSpec,
+        checkpoint: Mapping[str, Any],
+        *,
+        method_plan: Plan | None = None,
+    ) -> Invocation:
+        """The invocation whose turn `checkpoint` saved (see `checkpoint`), to be read on from the step
+        it was saved at: its events continue those of the original (no second `Started`), and it
+        commits as the original would have. Raises `CheckpointError` for a checkpoint it cannot take."""
+        turn = _checkpoint.load(runtime, spec, method_plan or plan(runtime, spec), checkpoint)
+        invocation = cls.__new__(cls)
+        invocation.id = turn.id
+        invocation._turn = turn
+        return invocation
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The turn as versioned JSON data, at a step boundary (from an `on_boundary` callback, or
+        once the events stopped there). Raises `CheckpointError` elsewhere."""
+        return _checkpoint.dump(self._turn)
+
+    def on_boundary(self, callback: Callable[[Phase], None] | None) -> None:
+        """Call `callback` with the step at each step boundary, before the step runs: where the turn
+        may be checkpointed. An exception it raises ends the invocation there (nothing is stored)."""
+        self._turn.boundary = None if callback is None else (lambda turn: callback(turn.phase))
 
     async def result(self) -> Result[Any]:
         """Run to the end and return the result: the fold of `events()`.
