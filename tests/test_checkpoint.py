@@ -232,7 +232,9 @@ async def test_a_turn_restored_at_any_boundary_goes_on_as_if_never_stopped(
         saved: list[dict[str, Any]] = []
         seen = 0
 
-        def boundary(phase: Any, invocation: Invocation = invocation, saved: list[Any] = saved) -> None:
+        def boundary(
+            phase: Any, invocation: Invocation = invocation, saved: list[Any] = saved, stop_at: int = stop_at
+        ) -> None:
             nonlocal seen
             if seen == stop_at:
                 saved.append(orjson.loads(orjson.dumps(invocation.checkpoint())))  # through JSON text
@@ -266,7 +268,7 @@ async def test_a_checkpoint_is_refused_off_a_boundary_and_for_another_method() -
     events: list[Any] = []
     await drive(invocation, events)
     other = Run("result", [["Hi."]], store, Lookup(), None)
-    with pytest.raises(CheckpointError, match="is of 'Text.stream'"):
+    with pytest.raises(CheckpointError, match=r"is of 'Text\.stream'"):
         other.restored(saved[0])
     with pytest.raises(CheckpointError, match="version"):
         run.restored({**saved[0], "version": VERSION + 1})
