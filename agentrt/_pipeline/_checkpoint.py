@@ -18,6 +18,7 @@ What a checkpoint does not carry, and why:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -130,10 +131,11 @@ class _Checkpoint:
     text: str = ""
 
 
-_CHECKPOINT: Final = TypeAdapter(_Checkpoint)
-_RESPONSE: Final = TypeAdapter(ModelResponse)
-_CALL: Final = TypeAdapter(ToolCall)
-_EXECUTION: Final = TypeAdapter(ToolExecution)
+@functools.cache
+def _adapter(kind: Any) -> TypeAdapter[Any]:
+    """Built on first use: a checkpoint's adapters cost tens of milliseconds to build, which an
+    application that never saves a turn should not pay at import."""
+    return TypeAdapter(kind)
 
 
 def _no_json(value: Any) -> None:
@@ -208,7 +210,7 @@ def dump(turn: Turn) -> dict[str, Any]:
         value=_value(turn) if turn.phase is Phase.COMMIT else None,
         text=turn.text,
     )
-    data: dict[str, Any] = _CHECKPOINT.dump_python(checkpoint, mode="json", fallback=_no_json)
+    data: dict[str, Any] = _adapter(_Checkpoint).dump_python(checkpoint, mode="json", fallback=_no_json)
     return data
 
 
@@ -222,7 +224,7 @@ def load(runtime: Runtime, spec: MethodSpec, plan: Plan, data: Mapping[str, Any]
     if data.get("method") != spec.qualname:
         raise CheckpointError(f"{spec.qualname}: the checkpoint is of {data.get('method')!r}")
     try:
-        saved = _CHECKPOINT.validate_python(data)
+        saved = _adapter(_Checkpoint).validate_python(data)
         phase = Phase(saved.phase)
         if phase not in BOUNDARIES:
             raise ValueError(f"{phase} is not a step boundary")
@@ -327,20 +329,20 @@ def _event(event: Event) -> dict[str, Any]:
     if kind is ResponseReceived:
         return {
             "kind": "response",
-            "response": _RESPONSE.dump_python(event.response, mode="json", fallback=_no_json),  # type: ignore[union-attr]
+            "response": _adapter(ModelResponse).dump_python(event.response, mode="json", fallback=_no_json),  # type: ignore[union-attr]
             "round": event.round,  # type: ignore[union-attr]
         }
     if kind is ToolCallRequested:
         return {
             "kind": "call",
-            "call": _CALL.dump_python(event.call, mode="json"),  # type: ignore[union-attr]
+            "call": _adapter(ToolCall).dump_python(event.call, mode="json"),  # type: ignore[union-attr]
             "hash": event.arguments_hash,  # type: ignore[union-attr]
             "round": event.round,  # type: ignore[union-attr]
         }
     if kind is ToolExecuted:
         return {
             "kind": "executed",
-            "execution": _EXECUTION.dump_python(event.execution, mode="json", fallback=_no_json),  # type: ignore[union-attr]
+            "execution": _adapter(ToolExecution).dump_python(event.execution, mode="json", fallback=_no_json),  # type: ignore[union-attr]
         }
     raise CheckpointError(f"a turn does not hold {kind.__name__} events")  # pragma: no cover
 
@@ -349,14 +351,17 @@ def _loaded(item: Mapping[str, Any], invocation_id: str) -> Event:
     kind = item.get("kind")
     if kind == "response":
         return ResponseReceived(
-            invocation_id, _RESPONSE.validate_python(item["response"]), int(item["round"])
+            invocation_id, _adapter(ModelResponse).validate_python(item["response"]), int(item["round"])
         )
     if kind == "call":
         return ToolCallRequested(
-            invocation_id, _CALL.validate_python(item["call"]), str(item["hash"]), int(item["round"])
+            invocation_id,
+            _adapter(ToolCall).validate_python(item["call"]),
+            str(item["hash"]),
+            int(item["round"]),
         )
     if kind == "executed":
-        return ToolExecuted(invocation_id, _EXECUTION.validate_python(item["execution"]))
+        return ToolExecuted(invocation_id, _adapter(ToolExecution).validate_python(item["execution"]))
     raise ValueError(f"unknown held event {kind!r}")
 
 
