@@ -103,6 +103,7 @@ class _Checkpoint:
     round: int
     max_repairs: int
     moderating: bool
+    checking: bool
     answered: bool
     unreleased: str
     unthought: str
@@ -173,6 +174,7 @@ def dump(turn: Turn) -> dict[str, Any]:
         round=turn.round,
         max_repairs=turn.max_repairs,
         moderating=turn.moderating,
+        checking=turn.checking,
         answered=turn.answered,
         unreleased=turn.unreleased,
         unthought=turn.unthought,
@@ -240,7 +242,7 @@ def load(runtime: Runtime, spec: MethodSpec, plan: Plan, data: Mapping[str, Any]
     turn.attempt, turn.attempts = saved.attempt, saved.attempts
     turn.reasks, turn.repairs, turn.round = saved.reasks, saved.repairs, saved.round
     turn.max_repairs = saved.max_repairs
-    turn.moderating, turn.answered = saved.moderating, saved.answered
+    turn.moderating, turn.checking, turn.answered = saved.moderating, saved.checking, saved.answered
     turn.unreleased, turn.unthought = saved.unreleased, saved.unthought
     turn.system, turn.user, turn.outgoing = saved.system, saved.user, saved.outgoing
     turn.history, turn.sources = saved.history, saved.sources

@@ -45,10 +45,10 @@ async def prepare(turn: Turn) -> None:
         await provided_system_message(turn)
     history = await load_memory(turn) if runtime.memory is not None else []
     turn.history = tuple(history)
-    chain = runtime.input_guardrails.get(turn.spec.name)
-    if chain is not None:
+    chain = turn.plan.input_chain
+    if chain is not None and not getattr(chain, "parallel", False):  # (a parallel one races the model)
         await input_guardrails(turn, chain, history)
-    retrieval = runtime.retrievals.get(turn.spec.name) if runtime.retrievals else None
+    retrieval = turn.plan.retrieval
     if retrieval is not None:
         await retrieve(turn, retrieval)
     else:

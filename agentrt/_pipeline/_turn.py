@@ -83,6 +83,7 @@ class Turn:
         "attempt",
         "attempts",
         "boundary",
+        "checking",
         "conversation",
         "deadline",
         "exchange",
@@ -174,6 +175,8 @@ class Turn:
         self.release = Release(plan.release, plan.streams, chain.chunk if chain is not None else None)
         self.moderating = False
         """Moderation races the next request's first chunks (the first request's, once)."""
+        self.checking = False
+        """A parallel input chain races the next request's first chunks (the first's, once)."""
         self.received: ModelResponse | None = None
         """The response just streamed, not yet decided on (`Phase.RESPONSE`)."""
         self.answered = False

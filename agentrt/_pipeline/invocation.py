@@ -17,12 +17,13 @@ be read, and closed, by any task, the finalizer of an abandoned stream included.
 from __future__ import annotations
 
 import os
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import anyio
 
 from .._budget import chars_for_tokens
-from .._errors import BudgetExceededError, ModelTimeoutError, OutputParsingError
+from .._errors import BudgetExceededError, ModelTimeoutError
 from .._events import (
     CancelledEvent,
     Completed,
@@ -31,34 +32,28 @@ from .._events import (
     RefusalDelta,
     RequestIssued,
     Reset,
-    ResetReason,
     ResponseReceived,
     Result,
     Started,
     TextDelta,
     ThinkingDelta,
     ToolCallDelta,
-    ToolCallRequested,
-    ToolExecuted,
     Usage,
 )
-from ..guardrails._results import NO_VALUE
 from ..models._protocol import ResponseAccumulator, aclose_iterator
 from ..output._modes import AnswerChunks
-from ..tools._run import arguments_hash
-from . import _checkpoint, _finish, _loop, _meter, _moderate, _release, _stages
+from . import _checkpoint, _finish, _loop, _meter, _moderate, _release, _stages, _steps
 from ._plan import Plan, plan
 from ._release import Mode
 from ._runtime import notify
 from ._turn import BOUNDARIES, Phase, Turn
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 
     from .._budget import Budget, BudgetLimit
     from .._events import ModelChunk, ModelResponse
     from .._spec import MethodSpec
-    from ..guardrails._results import GuardrailResult
     from ..models._protocol import ModelRequest, ModelSettings
     from ._runtime import Runtime
 
@@ -70,6 +65,9 @@ _T = TypeVar("_T")
 _FORWARD: Final = frozenset({TextDelta, ThinkingDelta, RefusalDelta, Usage})
 # Chunks other than text deltas that spend an output-token allowance (see _meter).
 _METERED: Final = frozenset({ThinkingDelta, ToolCallDelta, Usage})
+
+
+_STEPS: Final = {Phase.RESPONSE: _steps.respond, Phase.TOOLS: _steps.tool_round, Phase.ANSWER: _steps.answer}
 
 
 class _Ready:
@@ -232,7 +230,7 @@ class Invocation:
                 yield started
             prepare = _stages.reopen(turn) if restored else _stages.prepare(turn)
             if guard is not None and _stages.may_wait(turn):
-                prepare = _scoped(turn, prepare, guard)
+                prepare = _steps.scoped(turn, prepare, guard)
             await prepare
             if turn.verdicts:  # the input guardrails' verdicts (listeners had them as they came)
                 for verdict in turn.verdicts:
@@ -250,24 +248,19 @@ class Invocation:
             plan = turn.plan
             chain = plan.output_chain
             moderation = plan.moderation
-            streams = plan.streams
             release = turn.release
             if not restored:
                 # Moderation: the user's message is judged while the model answers its first request.
                 turn.moderating = moderation is not None and bool(turn.user is not None and turn.user.text)
+                turn.checking = plan.input_chain is not None and getattr(plan.input_chain, "parallel", False)
                 turn.phase = Phase.REQUEST
 
-            def shown(event: ResponseReceived | ToolCallRequested | ToolExecuted) -> bool:
-                """Tell listeners of a response or tool event; whether to yield it now (False: it
-                is held with the text)."""
-                if listeners:
-                    notify(listeners, event)
-                pending = release.pending
-                if pending is None:
-                    return True
-                pending.append(event)
-                return False
-
+            if held is not None and turn.phase is not Phase.REQUEST:
+                # Restored past its request: the model accepted that long ago.
+                yield cast("Event", READY)
+                for event in held:
+                    yield event
+                held = None
             while True:
                 phase = turn.phase
                 if turn.boundary is not None and phase in BOUNDARIES:
@@ -280,9 +273,8 @@ class Invocation:
                     issued = RequestIssued(self.id, request, round_)
                     if listeners:
                         notify(listeners, issued)
-                    if (
-                        release.pending is None
-                    ):  # held back otherwise: a re-asked request carries a rejected answer
+                    # Held back with the text: a re-asked request carries a rejected answer.
+                    if release.pending is None:
                         if held is None:
                             yield issued
                         else:
@@ -295,18 +287,8 @@ class Invocation:
                     add = accumulator.add
                     append = accumulator.text_sink()  # what `add` does for a TextDelta, without the call
                     chunks = model.stream(request)
-                    if turn.moderating:
-                        assert moderation is not None
-                        assert turn.user is not None
-                        chunks = _moderate.Moderated(
-                            chunks,
-                            turn,
-                            moderation,
-                            turn.user.text,
-                            allowance=allowance[0] if allowance is not None else None,
-                            deadline=guard,
-                        )
-                        turn.moderating = False
+                    if turn.moderating or turn.checking:  # judged while the model answers
+                        chunks = _race(turn, chunks, allowance, guard)
                     answering = None
                     if turn.answer is not None:  # tool mode: the answer tool's arguments are the text
                         chunks = answering = AnswerChunks(chunks)
@@ -378,7 +360,7 @@ class Invocation:
                                     if (gate is None or text[-1:] in gate) and crossed(text):
                                         checking = _release.check(turn, chain, accumulator, released, attempt)
                                         if guard is not None:
-                                            checking = _scoped(turn, checking, guard)
+                                            checking = _steps.scoped(turn, checking, guard)
                                         outcome, out = await checking
                                         for verdict in turn.verdicts:
                                             yield verdict
@@ -446,6 +428,9 @@ class Invocation:
                         turn.stopped = stopped
                         turn.phase = Phase.ANSWER
                         continue
+                    for verdict in turn.verdicts:  # a parallel input chain's (listeners had them)
+                        yield verdict
+                    turn.verdicts.clear()
                     turn.received = accumulator.build(request)
                     turn.answered = answering is not None and answering.answered
                     if chunking:
@@ -454,229 +439,11 @@ class Invocation:
                         turn.unreleased = accumulator.text_from(released.text_at)[0]
                         turn.unthought = accumulator.thinking_from(released.thought_at)[0]
                     turn.phase = Phase.RESPONSE
-                elif phase is Phase.RESPONSE:
-                    # What the response means: the answer, a round of tool calls, or a new request.
-                    got = turn.received
-                    assert got is not None
-                    response, turn.received = got, None
-                    round_, attempt = turn.round, turn.attempt
-                    step = _loop.after_response(turn, response)
-                    received = ResponseReceived(self.id, response, round_)
-                    if shown(received):
-                        yield received
-                    if step is _loop.Step.ANSWER:
-                        turn.phase = Phase.ANSWER
-                        continue
-                    said = response.message.text
-                    if chain is not None and step is _loop.Step.TOOLS and said and not said.isspace():
-                        # Text sent with tool calls is not the answer, but memory stores it and
-                        # readers get it: the chain checks it as it checks answers (DESIGN §5).
-                        turn.attempts = attempt
-                        checked = _finish.output_guardrails(
-                            turn,
-                            chain,
-                            said,
-                            attempt,
-                            response.message.thinking,
-                            tool_calls=response.message.tool_calls,
-                        )
-                        if guard is not None:
-                            checked = _scoped(turn, checked, guard)
-                        outcome = await checked
-                        for verdict in turn.verdicts:
-                            yield verdict
-                        turn.verdicts.clear()
-                        if outcome.failures:
-                            if outcome.reask is None or turn.reasks >= chain.max_retries:
-                                raise _finish.refused(turn, outcome, attempt)
-                            _loop.unspend_round(turn, response.message.tool_calls)  # they never run
-                            turn.rejected = outcome.reask
-                            turn.phase = Phase.ANSWER
-                            continue
-                        if outcome.text != said:  # rewritten: stored, sent back and shown so
-                            response = _loop.rewrite(turn, outcome.text)
-                            if release.pending:
-                                release.pending[-1] = ResponseReceived(self.id, response, round_)
-                    released = release.released
-                    if released is not None:
-                        # Not the answer (it calls tools): what the reader has of it is withdrawn.
-                        shown_all = response.message if release.mode is Mode.OPTIMISTIC else None
-                        reset = released.withdraw(self.id, ResetReason.TOOL_CALLS, attempt, shown_all)
-                        if reset is not None:
-                            if listeners:
-                                notify(listeners, reset)
-                            yield reset
-                    turn.phase = Phase.REQUEST if step is _loop.Step.ASK else Phase.TOOLS
-                elif phase is Phase.TOOLS:
-                    assert turn.response is not None
-                    calls = turn.response.message.tool_calls
-                    round_ = turn.round
-                    for call in calls:
-                        requested = ToolCallRequested(self.id, call, arguments_hash(call.arguments), round_)
-                        if shown(requested):
-                            yield requested
-                    loop = turn.loop
-                    assert loop is not None
-                    round_run = loop.run_round(calls)
-                    if guard is not None:
-                        round_run = _scoped(turn, round_run, guard)
-                    executions = await round_run
-                    for execution in executions:
-                        executed = ToolExecuted(self.id, execution)
-                        if shown(executed):
-                            yield executed
-                    step = _loop.after_round(turn, calls, executions)
-                    turn.phase = Phase.ANSWER if step is _loop.Step.ANSWER else Phase.REQUEST
-                elif phase is Phase.ANSWER:
-                    # The answer: output guardrails (which may ask again), then parse.
-                    attempt = turn.attempt
-                    text = answered = _finish.answer_text(turn)
-                    immediate = turn.immediate is not None
-                    message = None
-                    if not immediate:
-                        assert turn.response is not None
-                        message = turn.response.message
-                        if message.tool_calls:
-                            # An answer with calls that never ran (stray calls in a final answer, a
-                            # model that called tools the service does not have, or text with calls
-                            # the chain asked again about): the answer counts, the calls do not.
-                            # Stored with them, every later request would carry an unanswered call.
-                            # A message of calls only keeps an empty text: providers reject an
-                            # assistant message with neither text nor calls.
-                            message = message.model_copy(
-                                update={"tool_calls": (), "text": message.text or ""}
-                            )
-                    final = None
-                    cut = False
-                    value: Any = NO_VALUE
-                    again: GuardrailResult | OutputParsingError | None = None  # what asks again, if anything
-                    stopped = turn.stopped
-                    if turn.rejected is not None:
-                        again, turn.rejected = turn.rejected, None
-                        turn.reasks += 1
-                    elif chain is not None:
-                        turn.attempts = attempt  # answers checked, this one included
-                        cut = stopped is not None
-                        if stopped is not None:
-                            outcome, turn.stopped = stopped, None
-                        else:
-                            if release.mode is Mode.CHUNKED and not immediate:
-                                assert release.released is not None
-                                # the answer as released so far (with any rewrites), then the rest
-                                text = release.released.text + turn.unreleased
-                            assert turn.response is not None
-                            checked = _finish.output_guardrails(
-                                turn, chain, text, attempt, turn.response.message.thinking
-                            )
-                            if guard is not None:
-                                checked = _scoped(turn, checked, guard)
-                            outcome = await checked
-                            for verdict in turn.verdicts:
-                                yield verdict
-                            turn.verdicts.clear()
-                        if (
-                            outcome.reask is not None
-                            and message is not None
-                            and turn.reasks < chain.max_retries
-                        ):
-                            again = outcome.reask
-                            turn.reasks += 1
-                        elif outcome.failures:
-                            raise _finish.refused(turn, outcome, attempt, immediate=immediate)
-                        else:
-                            text, value = outcome.text, outcome.value
-                            if value is not NO_VALUE:
-                                _finish.check_value(turn, value)  # before any text is released
-                    if again is None and value is NO_VALUE:
-                        # Parsed before the answer is accepted: one that does not parse is repaired
-                        # (asked again with what was wrong), and nothing of it is stored or released.
-                        turn.attempts = attempt
-                        try:
-                            if len(text) > _finish.OFF_LOOP:
-                                parsing = _finish.parse_off_loop(turn, text, text != answered)
-                                if guard is not None:
-                                    parsing = _scoped(turn, parsing, guard)
-                                value = await parsing
-                            else:
-                                value = _finish.parse(turn, text, text != answered)
-                        except OutputParsingError as error:
-                            if message is None or turn.repairs >= turn.max_repairs:
-                                raise _finish.unparsed(turn, error, attempt, turn.repairs) from error
-                            again = error
-                            turn.repairs += 1
-                    if again is not None:
-                        assert message is not None
-                        repairing = isinstance(again, OutputParsingError)
-                        why = ResetReason.UNPARSED if repairing else ResetReason.REJECTED
-                        pending = release.pending
-                        if pending and not cut:
-                            pending.pop()  # the rejected answer's ResponseReceived
-                        reset = None
-                        if release.released is not None:
-                            shown_all = message if release.mode is Mode.OPTIMISTIC else None
-                            reset = release.released.withdraw(self.id, why, attempt, shown_all)
-                        elif streams and release.mode is Mode.PLAIN:
-                            # A stream without output guardrails showed the answer as it came: withdrawn,
-                            # and the next one replayed stream-to-sync, its events held with it.
-                            reset = Reset(self.id, why, attempt)
-                        if reset is not None:
-                            if listeners:
-                                notify(listeners, reset)
-                            yield reset
-                        release.again()  # the next answer is replayed stream-to-sync
-                        if repairing:
-                            _finish.repair(turn, message, again)  # type: ignore[arg-type]
-                        else:
-                            _finish.reask(turn, message, again)  # type: ignore[arg-type]
-                        turn.attempt += 1
-                        turn.phase = Phase.REQUEST
-                        continue
-                    if moderation is not None and moderation.answer and text:
-                        judging = _moderate.judge(turn, moderation, text, "answer")
-                        if guard is not None:
-                            judging = _scoped(turn, judging, guard)
-                        await judging
-                    rewritten = _finish.accept(turn, message, text, answered)
-                    pending = release.pending
-                    if pending is not None:  # released once the chain passed
-                        final = pending.pop() if not immediate and pending else None
-                        if rewritten and final is not None:  # its response, as the reader gets it
-                            assert turn.response is not None
-                            final = ResponseReceived(self.id, turn.response, turn.round)
-                        for event in pending:
+                elif phase is not Phase.COMMIT:
+                    # A step after the response, closed here if the reader stops during it.
+                    async with aclosing(_STEPS[phase](turn, guard)) as step:
+                        async for event in step:
                             yield event
-                        pending.clear()
-                    if streams:
-                        if immediate:
-                            yield TextDelta(text)
-                        elif (
-                            release.mode is Mode.HOLD
-                        ):  # the accepted answer, as one delta, then its response
-                            assert turn.response is not None
-                            thinking = turn.response.message.thinking
-                            if thinking:
-                                yield ThinkingDelta(thinking)
-                            if text:
-                                yield TextDelta(text)
-                            if final is not None:
-                                yield final
-                        elif (
-                            release.released is not None
-                        ):  # the rest of the accepted answer (or a Reset, and all of it)
-                            thought = ""
-                            if release.mode is Mode.CHUNKED:
-                                thought = turn.unthought
-                            else:  # optimistic: the reader has all of the model's answer
-                                assert message is not None
-                                release.released.saw(message)
-                            for event in release.released.release(self.id, attempt, text, thought):
-                                if listeners and event.__class__ is Reset:
-                                    notify(listeners, event)
-                                yield event
-                            if final is not None:
-                                yield final
-                    turn.value, turn.text = value, text
-                    turn.phase = Phase.COMMIT
                 else:  # Phase.COMMIT
                     conversation = turn.conversation
                     if conversation is not None:
@@ -711,16 +478,31 @@ class Invocation:
                         await conversation.release()
 
 
-async def _scoped(turn: Turn, step: Awaitable[_T], deadline: float) -> _T:
-    """Await one step of the turn under its deadline: cut there with `BudgetExceededError`.
-
-    Only steps that may wait (on I/O, a tool, a user's provider) are scoped: a cancel scope costs more
-    than the rest of a plain call.
-    """
-    with anyio.CancelScope(deadline=deadline) as scope:
-        return await step
-    assert scope.cancelled_caught
-    raise turn.exceeded("seconds")
+def _race(
+    turn: Turn,
+    chunks: AsyncIterator[ModelChunk],
+    allowance: tuple[int, BudgetLimit] | None,
+    guard: float | None,
+) -> AsyncIterator[ModelChunk]:
+    """The first response, held until the checks raced against it passed: moderation and a parallel
+    input chain (each once per turn)."""
+    most = allowance[0] if allowance is not None else None
+    user = turn.user
+    assert user is not None
+    if turn.checking:
+        chain = turn.plan.input_chain
+        assert chain is not None
+        chunks = _moderate.Raced(
+            chunks, turn, _moderate.InputJudge(turn, chain), allowance=most, deadline=guard
+        )
+        turn.checking = False
+    if turn.moderating:
+        moderation = turn.plan.moderation
+        assert moderation is not None
+        judge = _moderate.ModerationJudge(turn, moderation, user.text)
+        chunks = _moderate.Raced(chunks, turn, judge, allowance=most, deadline=guard)
+        turn.moderating = False
+    return chunks
 
 
 def _cut(

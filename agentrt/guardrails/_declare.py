@@ -209,12 +209,29 @@ def _where(target: object) -> str:
     return qualname.rsplit("<locals>.", 1)[-1] if isinstance(qualname, str) else repr(target)
 
 
-def input_guardrails(*guardrails: object) -> Callable[[_T], _T]:
+class InputChain(tuple[Guardrail, ...]):
+    """An input chain: its guardrails in order, and whether they run beside the model's first
+    response (`parallel`) instead of before it."""
+
+    parallel: bool
+
+    def __new__(cls, guardrails: tuple[Guardrail, ...], parallel: bool = False) -> InputChain:
+        chain = super().__new__(cls, guardrails)
+        chain.parallel = parallel
+        return chain
+
+
+def input_guardrails(*guardrails: object, parallel: bool = False) -> Callable[[_T], _T]:
     """Declare the input guardrails of a method, or of every method of a class, run in order before
-    any model request."""
+    any model request; with `parallel`, while the model answers the first request instead (its
+    chunks are held until the chain passed; a failure cancels the request, nothing is shown or
+    stored). A parallel chain may pass or refuse the user's message, but not rewrite it."""
+    if not isinstance(parallel, bool):
+        raise ConfigurationError(f"@input_guardrails: parallel must be a bool, got {parallel!r}")
 
     def decorate(target: _T) -> _T:
-        setattr(target, INPUT_ATTR, guardrail_chain(guardrails, f"{_where(target)}: @input_guardrails"))
+        chain = guardrail_chain(guardrails, f"{_where(target)}: @input_guardrails")
+        setattr(target, INPUT_ATTR, InputChain(chain, parallel) if parallel else chain)
         return target
 
     return decorate
