@@ -309,4 +309,5 @@ class Turn:
             invocation_id=self.id,
             budget=account.budget if account is not None else None,
             spent=account.spent(now()) if account is not None else None,
+            turn=(self.user, *self.exchange) if self.user is not None else tuple(self.exchange),
         )
