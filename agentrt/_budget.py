@@ -161,20 +161,23 @@ class BudgetAccount:
         Returns the limit (other than time, which the deadline enforces) that forbids the request;
         else the output tokens its response may stream before a token limit is passed, and which
         limit that is; else `None` (no token limit binds output). `input_chars` gives the request's
-        input size, asked only for a total-token limit: its input tokens are estimated before the
-        provider reports them, and a request whose input alone would pass the total is not sent.
+        input size, asked only for an input- or total-token limit: its input tokens are estimated
+        before the provider reports them, and a request whose input alone would pass either limit is
+        not sent (nor paid for).
         """
         budget = self.budget
         if budget.model_requests is not None and self.model_requests >= budget.model_requests:
             return "model_requests"
         spent_in, spent_out = self.input_tokens, self.output_tokens
-        if budget.input_tokens is not None and spent_in >= budget.input_tokens:
+        estimate = 0
+        if budget.input_tokens is not None or budget.total_tokens is not None:
+            estimate = -(-input_chars() // _CHARS_PER_TOKEN)
+        if budget.input_tokens is not None and spent_in + max(estimate, 1) > budget.input_tokens:
             return "input_tokens"
         allowance: tuple[int, BudgetLimit] | None = None
         if budget.output_tokens is not None:
             allowance = (budget.output_tokens - spent_out, "output_tokens")
         if budget.total_tokens is not None:
-            estimate = -(-input_chars() // _CHARS_PER_TOKEN)
             left = budget.total_tokens - spent_in - estimate - spent_out
             if allowance is None or left < allowance[0]:
                 allowance = (left, "total_tokens")

@@ -367,11 +367,17 @@ class Result(Generic[T]):
     attempts: int = 1
     model: str | None = None
     messages: tuple[ChatMessage, ...] = field(default=(), repr=False)
+    """The transcript of the last request and its answer, as the model saw it: with format
+    instructions and retrieved text, and with any rejected answer and its reprompt (or a repair's).
+    Keep `turn` instead if you store conversations yourself."""
     invocation_id: str = field(default="", compare=False)
     budget: Budget | None = None
     """The invocation's effective budget (call > method > build), when it had one."""
     spent: Spent | None = field(default=None, compare=False)
     """What the invocation spent against each limit of `budget` (set when it had one)."""
+    turn: tuple[ChatMessage, ...] = field(default=(), repr=False)
+    """This turn as chat memory stores it: the user's own message, the tool exchanges, the accepted
+    answer; never a rejected answer, a reprompt, format instructions or retrieved text."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from ._budget import Budget
 from ._errors import ConfigurationError
 from ._options import CURRENT_OPTIONS, CallOptions, check_mode, check_repairs
 from ._pipeline import READY, Invocation, Listener, Runtime, SystemMessageProvider, ToolProvider
+from ._pipeline._plan import plan
 from ._spec import MethodSpec, OutputKind, ServiceSpec, service_spec
 from ._stream import PartialStream, TokenStream
 from .guardrails._declare import INPUT_ATTR, OUTPUT_ATTR, OutputChain, guardrail_chain, output_chain
@@ -59,6 +60,7 @@ def _implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
     if spec.options is not None:
         base = spec.options.over(base)
     fixed = not spec.option_params
+    method_plan = plan(runtime, spec)
 
     def invocation(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Invocation:
         arguments = bind(args, kwargs)
@@ -77,6 +79,7 @@ def _implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
             settings=options.settings,
             budget=options.final_budget(),
             max_repairs=options.max_repairs,
+            method_plan=method_plan,
         )
 
     method: Callable[..., Any]

@@ -18,7 +18,7 @@ from ..guardrails._results import NO_VALUE, GuardrailResult, Verdict
 from ._runtime import notify
 
 if TYPE_CHECKING:
-    from .._messages import ChatMessage
+    from .._messages import ChatMessage, ToolCall
     from ..guardrails._declare import OutputChain
     from ._turn import Turn
 
@@ -77,9 +77,11 @@ async def output_guardrails(
     thinking: str | None,
     *,
     released: int | None = None,
+    tool_calls: tuple[ToolCall, ...] = (),
 ) -> Outcome:
     """Run the output chain over the answer `text` (attempt 1, then 2 after a re-ask, ...), or over
-    the answer so far, whose first `released` characters were released (a `chunked` stream's check).
+    the answer so far, whose first `released` characters were released (a `chunked` stream's check),
+    or over text the model sent with `tool_calls` (not the answer, but stored and shown all the same).
 
     `success_with` rewrites the text later guardrails see (and may give the method's value, but not
     for part of an answer); failures accumulate to the end of the chain; `fatal` stops it; a retry or
@@ -100,6 +102,7 @@ async def output_guardrails(
         parse=turn.spec.parser.parse,
         partial=partial,
         released=released or 0,
+        tool_calls=tool_calls,
     )
     outcome = Outcome(text)
     clock = time.perf_counter
@@ -128,6 +131,11 @@ async def output_guardrails(
             assert result.text is not None
             outcome.text = result.text
             if result.value is not NO_VALUE:
+                if tool_calls:
+                    raise TypeError(
+                        f"{turn.spec.qualname}: output guardrail {guardrail.name} gave a value for text "
+                        "that came with tool calls; give values when request.tool_calls is empty"
+                    )
                 if partial:
                     raise TypeError(
                         f"{turn.spec.qualname}: output guardrail {guardrail.name} gave a value for part "

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..tools._run import LoopLimit, ToolLoop
     from ._turn import Turn
 
-__all__ = ["Step", "after_response", "after_round", "before_request", "record"]
+__all__ = ["Step", "after_response", "after_round", "before_request", "record", "rewrite", "unspend_round"]
 
 logger = logging.getLogger("agentrt")
 
@@ -94,8 +94,7 @@ def after_response(turn: Turn, response: ModelResponse) -> Step:
     loop = turn.loop
     if loop is None or not calls:
         return Step.ANSWER
-    answering = turn.answering
-    if answering is not None and answering.answered:
+    if turn.answered:
         return Step.ANSWER  # the answer tool was called: calls beside it do not run
     if turn.final is not None:
         if not (response.message.text or "").strip():
@@ -114,6 +113,25 @@ def after_response(turn: Turn, response: ModelResponse) -> Step:
             raise turn.exceeded(over, cause=f"before a round of {len(calls)} tool call(s)")
         account.tool_calls += len(calls)  # counted as they start: a round cut short spent them
     return Step.TOOLS
+
+
+def unspend_round(turn: Turn, calls: tuple[ToolCall, ...]) -> None:
+    """Give back the tool calls `after_response` counted for a round that will not run (the chain
+    asked again about the text that came with them)."""
+    account = turn.account
+    if account is not None:
+        account.tool_calls -= len(calls)
+
+
+def rewrite(turn: Turn, text: str) -> ModelResponse:
+    """Replace the text of the latest response (a guardrail rewrote it): what the exchange stores,
+    the next request carries and the reader is shown."""
+    response = turn.response
+    assert response is not None
+    response = replace(response, message=response.message.model_copy(update={"text": text}))
+    turn.response = response
+    turn.since_sent[-1] = response.message
+    return response
 
 
 def after_round(turn: Turn, calls: tuple[ToolCall, ...], executions: list[ToolExecution]) -> Step:

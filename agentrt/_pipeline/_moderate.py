@@ -1,38 +1,117 @@
-"""Moderation, raced against the model: the user's message is judged while the model answers.
+"""Checks raced against the model: the user's message is judged while the model answers.
 
-The first model response of a moderated turn is read through `Moderated`. Its first read opens a task
-group (and closes it before returning: nothing is held across the pipeline's `yield`): one task asks
-the moderation model, and this task reads the model's chunks into a buffer meanwhile. A pass ends the
-race at the next chunk (the chunks read so far, then the rest, flow on as if nothing happened: the
-reader waits for no more than the model's own first chunk, or the verdict, whichever comes later). A
-flag cancels the read at once, which closes the model's stream, and raises `ModerationError`: none of
-the buffered text was released, and the turn stores nothing.
+Moderation (`ModerationJudge`) and input guardrails declared `parallel` (`InputJudge`) judge the
+user's message during the first model response, which is read through `Raced`. Its first read opens a
+task group (and closes it before returning: nothing is held across the pipeline's `yield`): one task
+asks the judge, and this task reads the model's chunks into a buffer meanwhile. A pass ends the race
+at the next chunk (the chunks read so far, then the rest, flow on as if nothing happened: the reader
+waits for no more than the model's own first chunk, or the verdict, whichever comes later). A refusal
+cancels the read at once, which closes the model's stream, and raises the judge's error
+(`ModerationError`, `InputGuardrailError`): none of the buffered text was released, and the turn
+stores nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
 from .._budget import chars_for_tokens
-from .._errors import ModelTimeoutError, ModerationError, ModerationFailedError
+from .._errors import InputGuardrailError, ModelTimeoutError, ModerationError, ModerationFailedError
+from ..guardrails._run import run_input
 from ..models._protocol import aclose_iterator
 from ..moderation._types import Moderation
 from . import _meter
+from ._runtime import notify
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from anyio.abc import TaskGroup
 
-    from .._events import ModelChunk
+    from .._events import GuardrailVerdict, ModelChunk
+    from ..guardrails._declare import Guardrail
     from ..moderation._declare import Moderate
     from ._turn import Turn
 
-__all__ = ["Moderated", "judge"]
+__all__ = ["InputJudge", "Judge", "ModerationJudge", "Raced", "judge"]
+
+
+class Judge(Protocol):
+    """What `Raced` races the model against."""
+
+    async def verdict(self) -> object | None:
+        """`None` when the message may go on; else what refuses it (given to `error`)."""
+        ...
+
+    def error(self, found: object) -> BaseException:
+        """The error to raise for what `verdict` found (or raised), once the race is over."""
+        ...
+
+
+class ModerationJudge:
+    """The moderation model on the user's message (`Moderate`)."""
+
+    __slots__ = ("_settings", "_text", "_turn")
+
+    def __init__(self, turn: Turn, settings: Moderate, text: str) -> None:
+        self._turn, self._settings, self._text = turn, settings, text
+
+    async def verdict(self) -> object | None:
+        return await _verdict(self._turn, self._settings, self._text)
+
+    def error(self, found: object) -> BaseException:
+        if not isinstance(found, Exception | Moderation):
+            assert isinstance(found, BaseException)
+            return found  # a BaseException of the moderation model's, bare
+        return _flagged(self._turn, found, "input")
+
+
+class InputJudge:
+    """Input guardrails declared `parallel`: the chain over the user's message, which the model
+    already has, so a guardrail may pass or refuse it but not rewrite it."""
+
+    __slots__ = ("_chain", "_turn")
+
+    def __init__(self, turn: Turn, chain: tuple[Guardrail, ...]) -> None:
+        self._turn, self._chain = turn, chain
+
+    async def verdict(self) -> object | None:
+        turn = self._turn
+        user = turn.user
+        assert user is not None
+        listeners = turn.runtime.listeners
+
+        def report(verdict: GuardrailVerdict) -> None:
+            turn.verdicts.append(verdict)
+            if listeners:
+                notify(listeners, verdict)
+
+        try:
+            checked = await run_input(
+                self._chain,
+                user,
+                invocation_id=turn.id,
+                method=turn.spec.qualname,
+                memory_id=turn.memory_id,
+                history=turn.history,
+                report=report,
+            )
+        except InputGuardrailError as error:
+            return error
+        if checked != user:
+            return TypeError(
+                f"{turn.spec.qualname}: a parallel input guardrail rewrote the user's message, which "
+                "the model already has; rewrite in a chain that is not parallel"
+            )
+        return None
+
+    def error(self, found: object) -> BaseException:
+        assert isinstance(found, BaseException)
+        return found
 
 
 async def judge(turn: Turn, settings: Moderate, text: str, flagged: str) -> None:
@@ -99,8 +178,8 @@ def _flagged(turn: Turn, verdict: Moderation | BaseException, flagged: str) -> M
     )
 
 
-class Moderated:
-    """The model's first response of a moderated turn (see the module docstring).
+class Raced:
+    """The model's first response of a turn judged while it streams (see the module docstring).
 
     While the verdict is pending the response is read under the turn's budget: the token allowance
     (`allowance`, output tokens) stops the reading once spent (the pipeline's own meter then cuts the
@@ -109,27 +188,25 @@ class Moderated:
     turn's response so far (`turn.streaming`): what was paid for is in the partial result.
     """
 
-    __slots__ = ("_allowance", "_chunks", "_deadline", "_held", "_settings", "_text", "_turn")
+    __slots__ = ("_allowance", "_chunks", "_deadline", "_held", "_judge", "_turn")
 
     def __init__(
         self,
         chunks: AsyncIterator[ModelChunk],
         turn: Turn,
-        settings: Moderate,
-        text: str,
+        judge: Judge,
         *,
         allowance: int | None = None,
         deadline: float | None = None,
     ) -> None:
         self._chunks = chunks
         self._turn = turn
-        self._settings = settings
-        self._text = text
+        self._judge = judge
         self._allowance = allowance
         self._deadline = deadline
         self._held: deque[ModelChunk] | None = None
 
-    def __aiter__(self) -> Moderated:
+    def __aiter__(self) -> Raced:
         return self
 
     async def __anext__(self) -> ModelChunk:
@@ -146,7 +223,7 @@ class Moderated:
     async def _race(self) -> deque[Any]:
         """Read chunks until the verdict is in; the chunks read (`None` marks the stream's end)."""
         read: list[ModelChunk] = []
-        outcome: list[Moderation | BaseException | None] = []
+        outcome: list[object | None] = []
         decided = anyio.Event()
         ended = False
         failure: BaseException | None = None
@@ -156,7 +233,7 @@ class Moderated:
 
         async def verdict(group: TaskGroup) -> None:
             try:
-                found = await _verdict(self._turn, self._settings, self._text)
+                found = await self._judge.verdict()
             except anyio.get_cancelled_exc_class():
                 raise
             except BaseException as exc:
@@ -203,11 +280,11 @@ class Moderated:
                     for chunk in read:
                         accumulator.add(chunk)
         if found is not None:
-            if not isinstance(found, Exception | Moderation):
-                raise found  # a BaseException of the moderation model's, bare
-            with anyio.CancelScope(shield=True):
-                await aclose_iterator(self._chunks)
-            raise _flagged(self._turn, found, "input")
+            error = self._judge.error(found)
+            if isinstance(error, Exception):  # (a bare BaseException goes at once)
+                with anyio.CancelScope(shield=True):
+                    await aclose_iterator(self._chunks)
+            raise error
         if failure is not None:
             raise failure
         if timed_out:

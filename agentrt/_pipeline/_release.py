@@ -9,6 +9,7 @@ response turned out to call tools), a `Reset` withdraws it.
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING, Final
 
 from .._events import Reset, ResetReason, TextDelta, ThinkingDelta
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from ..models._protocol import ResponseAccumulator
     from ._turn import Turn
 
-__all__ = ["MAY_END", "Released", "check"]
+__all__ = ["MAY_END", "Mode", "Release", "Released", "check"]
 
 # A chunk ends with a text delta that ends a sentence or a line (a number's "3." ends one too: a
 # chunk boundary is only where a check runs), in Latin or CJK punctuation.
@@ -29,6 +30,45 @@ _ENDS: Final = frozenset(".!?\n\u2026\u3002\uff01\uff1f")
 _SPACE: Final = frozenset(" \t\r\n")
 MAY_END: Final = _ENDS | _SPACE
 """The last characters of a text delta that may end a sentence (a gate before `crossed`)."""
+
+
+class Mode(enum.Enum):
+    """How the text of a turn's current answer reaches a stream's reader."""
+
+    PLAIN = "plain"
+    """As it comes (no output guardrails; and every awaited call, whose reader gets the value)."""
+    HOLD = "buffer"
+    """Held until the chain passed the answer, then released with its events."""
+    CHUNKED = "chunked"
+    """Released chunk by chunk, each once the chain passed the answer so far."""
+    OPTIMISTIC = "optimistic"
+    """Released at once; withdrawn with a `Reset` when the chain refuses it."""
+
+
+class Release:
+    """The release state of one turn: its mode, what the reader has (`released`, for `chunked` and
+    `optimistic`), and the response and tool events held with the text (`pending`, while held).
+
+    Part of the turn's data: a checkpoint saves it."""
+
+    __slots__ = ("mode", "pending", "released", "streams")
+
+    def __init__(self, policy: str, streams: bool, every: int | None) -> None:
+        self.streams = streams
+        self.mode = Mode(policy) if policy != "plain" else Mode.PLAIN
+        mode = self.mode
+        self.released = Released(every) if mode is Mode.CHUNKED or mode is Mode.OPTIMISTIC else None
+        self.pending: list[Event] | None = [] if mode is Mode.HOLD or mode is Mode.CHUNKED else None
+
+    def again(self) -> None:
+        """The answer was asked for again: the next one is replayed stream-to-sync (held until it
+        passed), unless the policy shows answers at once and withdraws them (`optimistic`)."""
+        mode = self.mode
+        if mode is Mode.CHUNKED:
+            self.mode = Mode.HOLD
+        elif mode is Mode.PLAIN and self.streams:
+            self.mode = Mode.HOLD
+            self.pending = []
 
 
 class Released:

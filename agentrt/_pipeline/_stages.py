@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..rag._augment import Retrieval
     from ._turn import Turn
 
-__all__ = ["prepare"]
+__all__ = ["may_wait", "prepare", "reopen"]
 
 
 async def prepare(turn: Turn) -> None:
@@ -45,10 +45,10 @@ async def prepare(turn: Turn) -> None:
         await provided_system_message(turn)
     history = await load_memory(turn) if runtime.memory is not None else []
     turn.history = tuple(history)
-    chain = runtime.input_guardrails.get(turn.spec.name)
-    if chain is not None:
+    chain = turn.plan.input_chain
+    if chain is not None and not getattr(chain, "parallel", False):  # (a parallel one races the model)
         await input_guardrails(turn, chain, history)
-    retrieval = runtime.retrievals.get(turn.spec.name) if runtime.retrievals else None
+    retrieval = turn.plan.retrieval
     if retrieval is not None:
         await retrieve(turn, retrieval)
     else:
@@ -58,6 +58,23 @@ async def prepare(turn: Turn) -> None:
     else:
         select_tools(turn, runtime.tools)
     turn.request = first_request(turn, history)
+
+
+async def reopen(turn: Turn) -> None:
+    """Re-attach a restored turn's live parts: its conversation, locked again (the history the turn
+    had is in its requests), and its tools (the tool provider asked again) with the tool loop's
+    state as it was saved."""
+    runtime = turn.runtime
+    if runtime.memory is not None:
+        await load_memory(turn)
+    if runtime.tool_provider is not None:
+        await provided_tools(turn)
+    else:
+        select_tools(turn, runtime.tools)
+    saved = turn.restoring
+    turn.restoring = None
+    if saved is not None and turn.loop is not None:
+        turn.loop.restore(*saved)
 
 
 def may_wait(turn: Turn) -> bool:

@@ -1,36 +1,66 @@
-"""The state of one turn: what the stages of an invocation read and write, in one explicit place.
+"""The state of one turn: what the steps of an invocation read and write, in one explicit place.
 
 A turn starts with the call's arguments and ends with a `Result`. In between it holds the rendered
 user message (what memory stores) and the outgoing one (what the model sees: augmented, with format
 instructions), the request to send next, this turn's exchange (assistant messages and tool results,
-in order), the usage and the budget account. Because the whole state is here, the model ⇄ tools loop
-can be run again from it (a retry, a reprompt, a repair) without re-running the stages before it.
+in order), the usage, the budget account, the step it is at (`phase`), its attempts, re-asks, repairs
+and rounds, and its release state. Because the whole state is here, the model ⇄ tools loop can be run
+again from it (a retry, a reprompt, a repair) without re-running the stages before it, and between
+steps the turn can be saved as data and restored (`_checkpoint`).
 """
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING, Any, Final
 
 from .._budget import Budget, BudgetAccount, BudgetLimit, now
 from .._errors import BudgetExceededError, ConversationBusyError
 from .._events import Result, Usage
+from ..guardrails._results import NO_VALUE
 from ..memory._memory import DEFAULT_MEMORY_ID
+from ._release import Release
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from .._events import GuardrailVerdict, ModelResponse, Retrieved, ToolExecution
     from .._messages import ChatMessage, UserMessage
     from .._spec import MethodSpec
+    from ..guardrails._results import GuardrailResult
     from ..memory._memory import Conversation
     from ..models._protocol import ModelRequest, ModelSettings, ResponseAccumulator
-    from ..output._modes import AnswerChunks, AnswerTool
+    from ..output._modes import AnswerTool
     from ..rag._types import Content
     from ..tools._declare import ToolDefinition
     from ..tools._run import LoopLimit, ToolLoop
+    from ._finish import Outcome
+    from ._plan import Plan
     from ._runtime import Runtime
 
-__all__ = ["DEFAULT_MEMORY_ID", "Turn"]
+__all__ = ["BOUNDARIES", "DEFAULT_MEMORY_ID", "Phase", "Turn"]
+
+
+class Phase(enum.Enum):
+    """The step a turn is at: what the driver (`Invocation.events`) does next."""
+
+    PREPARE = "prepare"
+    """Render, memory, input guardrails, retrieval, tools, output format."""
+    REQUEST = "request"
+    """Send `turn.request` and stream its response into `turn.received`."""
+    RESPONSE = "response"
+    """Decide what `turn.received` is: the answer, a round of tool calls, or a new request."""
+    TOOLS = "tools"
+    """Run the tool calls of `turn.response`."""
+    ANSWER = "answer"
+    """Output guardrails and parse: accept, ask again, repair or refuse."""
+    COMMIT = "commit"
+    """Store the turn and complete."""
+
+
+BOUNDARIES: Final = frozenset({Phase.REQUEST, Phase.RESPONSE, Phase.TOOLS, Phase.COMMIT})
+"""The steps a turn may be checkpointed before: before a model request (after a tool round), after a
+response (before its tool calls run), and before the commit."""
 
 _LIMIT_TEXT: Final[dict[str, str]] = {
     "seconds": "its time budget of {} s",
@@ -48,9 +78,12 @@ class Turn:
     __slots__ = (
         "account",
         "answer",
-        "answering",
+        "answered",
         "arguments",
+        "attempt",
         "attempts",
+        "boundary",
+        "checking",
         "conversation",
         "deadline",
         "exchange",
@@ -61,22 +94,37 @@ class Turn:
         "loop",
         "max_repairs",
         "memory_id",
+        "moderating",
         "opening",
         "outgoing",
+        "phase",
+        "plan",
+        "reasks",
+        "received",
+        "rejected",
+        "release",
+        "repairs",
         "request",
         "response",
+        "restoring",
         "retrieved",
+        "round",
         "runtime",
         "sent",
         "settings",
         "since_sent",
         "sources",
         "spec",
+        "stopped",
         "streaming",
         "system",
+        "text",
         "tools",
+        "unreleased",
+        "unthought",
         "usage",
         "user",
+        "value",
         "verdicts",
         "watched",
     )
@@ -89,10 +137,15 @@ class Turn:
         arguments: dict[str, Any],
         settings: ModelSettings | None,
         budget: Budget | None,
+        plan: Plan,
     ) -> None:
         self.id = invocation_id
         self.runtime = runtime
         self.spec = spec
+        self.plan = plan
+        self.phase = Phase.PREPARE
+        self.boundary: Callable[[Turn], None] | None = None
+        """Called at each step boundary (`BOUNDARIES`), where the turn may be checkpointed."""
         self.arguments = arguments
         self.settings = settings
         self.account = BudgetAccount(budget, now()) if budget is not None else None
@@ -112,6 +165,34 @@ class Turn:
         """Whether the memory stage is waiting for the conversation (its lock, its store)."""
         self.attempts = 1
         """Answers checked so far (1, then 2 after a re-ask or a repair, ...)."""
+        self.attempt = 1
+        """The answer under way: 1, then one more per re-ask or repair."""
+        self.reasks = 0
+        self.repairs = 0
+        self.round = 0
+        """Model requests sent so far (each response's round)."""
+        chain = plan.output_chain
+        self.release = Release(plan.release, plan.streams, chain.chunk if chain is not None else None)
+        self.moderating = False
+        """Moderation races the next request's first chunks (the first request's, once)."""
+        self.checking = False
+        """A parallel input chain races the next request's first chunks (the first's, once)."""
+        self.received: ModelResponse | None = None
+        """The response just streamed, not yet decided on (`Phase.RESPONSE`)."""
+        self.answered = False
+        """In tool mode, whether `received` called the answer tool."""
+        self.unreleased = ""
+        self.unthought = ""
+        """A `chunked` stream's text and thinking of `received` not released yet."""
+        self.stopped: Outcome | None = None
+        """The chain refused a chunk of the response under way: the answer stops there."""
+        self.rejected: GuardrailResult | None = None
+        """The chain asked again about text sent with tool calls."""
+        self.restoring: Any = None
+        """A restored turn's tool-loop state, until its tools are attached again."""
+        self.value: Any = NO_VALUE
+        self.text = ""
+        """The accepted answer's value and text (`Phase.COMMIT`)."""
         self.max_repairs = runtime.max_repairs
         """How often an answer that does not parse may be asked for again."""
         self.history: tuple[ChatMessage, ...] = ()
@@ -142,10 +223,8 @@ class Turn:
         self.final: LoopLimit | None = None
         """The loop limit that made the next request the last one (no tools), if any."""
         self.immediate: list[ToolExecution] | None = None
-        self.answer: AnswerTool | None = runtime.answer_tools.get(spec.name) if runtime.answer_tools else None
+        self.answer: AnswerTool | None = plan.answer
         """The method's `final_answer` tool, in tool mode."""
-        self.answering: AnswerChunks | None = None
-        """In tool mode, the response under way as read (whether it called the answer tool)."""
 
     # --- budget --------------------------------------------------------------------------------
 
@@ -230,4 +309,5 @@ class Turn:
             invocation_id=self.id,
             budget=account.budget if account is not None else None,
             spent=account.spent(now()) if account is not None else None,
+            turn=(self.user, *self.exchange) if self.user is not None else tuple(self.exchange),
         )

@@ -17,12 +17,13 @@ be read, and closed, by any task, the finalizer of an abandoned stream included.
 from __future__ import annotations
 
 import os
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import anyio
 
 from .._budget import chars_for_tokens
-from .._errors import BudgetExceededError, ModelTimeoutError, OutputParsingError
+from .._errors import BudgetExceededError, ModelTimeoutError
 from .._events import (
     CancelledEvent,
     Completed,
@@ -31,33 +32,28 @@ from .._events import (
     RefusalDelta,
     RequestIssued,
     Reset,
-    ResetReason,
     ResponseReceived,
     Result,
     Started,
     TextDelta,
     ThinkingDelta,
     ToolCallDelta,
-    ToolCallRequested,
-    ToolExecuted,
     Usage,
 )
-from .._spec import OutputKind
-from ..guardrails._results import NO_VALUE
 from ..models._protocol import ResponseAccumulator, aclose_iterator
 from ..output._modes import AnswerChunks
-from ..tools._run import arguments_hash
-from . import _finish, _loop, _meter, _moderate, _release, _stages
+from . import _checkpoint, _finish, _loop, _meter, _moderate, _release, _stages, _steps
+from ._plan import Plan, plan
+from ._release import Mode
 from ._runtime import notify
-from ._turn import Turn
+from ._turn import BOUNDARIES, Phase, Turn
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 
     from .._budget import Budget, BudgetLimit
     from .._events import ModelChunk, ModelResponse
     from .._spec import MethodSpec
-    from ..guardrails._results import GuardrailResult
     from ..models._protocol import ModelRequest, ModelSettings
     from ._runtime import Runtime
 
@@ -69,7 +65,9 @@ _T = TypeVar("_T")
 _FORWARD: Final = frozenset({TextDelta, ThinkingDelta, RefusalDelta, Usage})
 # Chunks other than text deltas that spend an output-token allowance (see _meter).
 _METERED: Final = frozenset({ThinkingDelta, ToolCallDelta, Usage})
-_STREAMS: Final = frozenset({OutputKind.STREAM, OutputKind.PARTIAL})
+
+
+_STEPS: Final = {Phase.RESPONSE: _steps.respond, Phase.TOOLS: _steps.tool_round, Phase.ANSWER: _steps.answer}
 
 
 class _Ready:
@@ -121,10 +119,41 @@ class Invocation:
         settings: ModelSettings | None = None,
         budget: Budget | None = None,
         max_repairs: int | None = None,
+        method_plan: Plan | None = None,
     ) -> None:
         self.id = os.urandom(16).hex()  # as random as uuid4().hex, without building a UUID
-        self._turn = Turn(self.id, runtime, spec, arguments, settings, budget)
+        self._turn = Turn(
+            self.id, runtime, spec, arguments, settings, budget, method_plan or plan(runtime, spec)
+        )
         self._turn.max_repairs = runtime.max_repairs if max_repairs is None else max_repairs
+
+    @classmethod
+    def restore(
+        cls,
+        runtime: Runtime,
+        spec: MethodSpec,
+        checkpoint: Mapping[str, Any],
+        *,
+        method_plan: Plan | None = None,
+    ) -> Invocation:
+        """The invocation whose turn `checkpoint` saved (see `checkpoint`), to be read on from the step
+        it was saved at: its events continue those of the original (no second `Started`), and it
+        commits as the original would have. Raises `CheckpointError` for a checkpoint it cannot take."""
+        turn = _checkpoint.load(runtime, spec, method_plan or plan(runtime, spec), checkpoint)
+        invocation = cls.__new__(cls)
+        invocation.id = turn.id
+        invocation._turn = turn
+        return invocation
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The turn as versioned JSON data, at a step boundary (from an `on_boundary` callback, or
+        once the events stopped there). Raises `CheckpointError` elsewhere."""
+        return _checkpoint.dump(self._turn)
+
+    def on_boundary(self, callback: Callable[[Phase], None] | None) -> None:
+        """Call `callback` with the step at each step boundary, before the step runs: where the turn
+        may be checkpointed. An exception it raises ends the invocation there (nothing is stored)."""
+        self._turn.boundary = None if callback is None else (lambda turn: callback(turn.phase))
 
     async def result(self) -> Result[Any]:
         """Run to the end and return the result: the fold of `events()`.
@@ -169,6 +198,11 @@ class Invocation:
     async def events(self, *, prime: bool = False) -> AsyncGenerator[Event, None]:
         """The invocation's events, ending with `Completed`; errors are raised, not yielded.
 
+        A loop over the turn's steps (`Phase`): prepare → request → response → tools → answer →
+        commit. Each step reads and writes the turn; between steps (at `BOUNDARIES`) the turn is
+        whole data and may be checkpointed (`checkpoint()`), and a restored turn starts at the step it
+        was saved at.
+
         With `prime`, the first item is `READY`, yielded once the model accepted the first request
         (its first chunk arrived), before any event: a caller that takes it has seen every error up
         to that point raised (a bad argument, a connection error, 401, 429, an exceeded context). The
@@ -178,21 +212,25 @@ class Invocation:
         runtime = turn.runtime
         listeners = runtime.listeners
         model = runtime.model
-        started = Started(self.id, turn.spec.qualname, turn.memory_id, model.name, runtime.provider)
-        if listeners:
-            notify(listeners, started)
-        held: list[Event] | None = [started] if prime else None
+        restored = turn.phase is not Phase.PREPARE
+        held: list[Event] | None = [] if prime else None
+        if not restored:
+            started = Started(self.id, turn.spec.qualname, turn.memory_id, model.name, runtime.provider)
+            if listeners:
+                notify(listeners, started)
+            if held is not None:
+                held.append(started)
         deadline = turn.deadline  # fixed for the invocation; None without a time budget
         # Steps that may wait are put under the deadline here, unless `result()` holds a scope at it
         # around the whole invocation (`watched`).
         guard = None if turn.watched else deadline
         done = False
         try:
-            if held is None:
+            if held is None and not restored:
                 yield started
-            prepare = _stages.prepare(turn)
+            prepare = _stages.reopen(turn) if restored else _stages.prepare(turn)
             if guard is not None and _stages.may_wait(turn):
-                prepare = _scoped(turn, prepare, guard)
+                prepare = _steps.scoped(turn, prepare, guard)
             await prepare
             if turn.verdicts:  # the input guardrails' verdicts (listeners had them as they came)
                 for verdict in turn.verdicts:
@@ -207,81 +245,60 @@ class Invocation:
                 else:
                     held.append(turn.retrieved)
                 turn.retrieved = None
-            # Moderation: the user's message is judged while the model answers its first request.
-            moderation = runtime.moderations.get(turn.spec.name) if runtime.moderations else None
-            moderating = moderation is not None and bool(turn.user is not None and turn.user.text)
-            chain = runtime.output_guardrails.get(turn.spec.name) if runtime.output_guardrails else None
-            streams = turn.spec.output_kind in _STREAMS
-            policy = chain.release if chain is not None and streams else None
-            # How this attempt's text reaches a stream's reader: held until the chain passed the
-            # answer (`buffer`, and every re-ask of a `chunked` stream: stream-to-sync), released
-            # chunk by chunk as each passes (`chunked`), or at once (`optimistic`; a rejection then
-            # withdraws it with a `Reset`). `released` is what the reader has of it.
-            # An answer that is moderated too is held until it passed, like `buffer`.
-            hold = policy == "buffer" or (
-                streams and policy is None and moderation is not None and moderation.answer
-            )
-            chunking = policy == "chunked"
-            optimistic = policy == "optimistic"
-            released = None
-            if chain is not None and (chunking or optimistic):
-                released = _release.Released(chain.chunk)
-            # Held or chunked, responses and tool events wait with the text: released with the
-            # accepted answer or chunk (a rejected answer's response never is, nor are requests, which
-            # may carry one); listeners get every event as it happens.
-            pending: list[Event] | None = [] if hold or chunking else None
+            plan = turn.plan
+            chain = plan.output_chain
+            moderation = plan.moderation
+            release = turn.release
+            if not restored:
+                # Moderation: the user's message is judged while the model answers its first request.
+                turn.moderating = moderation is not None and bool(turn.user is not None and turn.user.text)
+                turn.checking = plan.input_chain is not None and getattr(plan.input_chain, "parallel", False)
+                turn.phase = Phase.REQUEST
 
-            def shown(event: ResponseReceived | ToolCallRequested | ToolExecuted) -> bool:
-                """Tell listeners of a response or tool event; whether to yield it now (False: it
-                is held with the text)."""
-                if listeners:
-                    notify(listeners, event)
-                if pending is None:
-                    return True
-                pending.append(event)
-                return False
-
-            attempt = 1  # answers so far: 1, then one more per re-ask or repair
-            reasks = repairs = 0
-            round_ = 0
-            value: Any = NO_VALUE
-            stopped: _finish.Outcome | None = None  # a chunk the chain refused: the answer stops there
-            while True:  # one answer per pass; output guardrails may ask again
-                while True:
-                    round_ += 1
+            if held is not None and turn.phase is not Phase.REQUEST:
+                # Restored past its request: the model accepted that long ago.
+                yield cast("Event", READY)
+                for event in held:
+                    yield event
+                held = None
+            while True:
+                phase = turn.phase
+                if turn.boundary is not None and phase in BOUNDARIES:
+                    turn.boundary(turn)
+                if phase is Phase.REQUEST:
+                    turn.round += 1
+                    round_ = turn.round
+                    attempt = turn.attempt
                     request, allowance = _loop.before_request(turn)
                     issued = RequestIssued(self.id, request, round_)
                     if listeners:
                         notify(listeners, issued)
-                    if pending is None:  # held back otherwise: a re-asked request carries a rejected answer
+                    # Held back with the text: a re-asked request carries a rejected answer.
+                    if release.pending is None:
                         if held is None:
                             yield issued
                         else:
                             held.append(issued)
+                    hold = release.mode is Mode.HOLD
+                    chunking = release.mode is Mode.CHUNKED
+                    released = release.released
+                    pending = release.pending
                     accumulator = turn.streaming = ResponseAccumulator()
                     add = accumulator.add
                     append = accumulator.text_sink()  # what `add` does for a TextDelta, without the call
                     chunks = model.stream(request)
-                    if moderating:
-                        assert moderation is not None
-                        assert turn.user is not None
-                        chunks = _moderate.Moderated(
-                            chunks,
-                            turn,
-                            moderation,
-                            turn.user.text,
-                            allowance=allowance[0] if allowance is not None else None,
-                            deadline=guard,
-                        )
-                        moderating = False
+                    if turn.moderating or turn.checking:  # judged while the model answers
+                        chunks = _race(turn, chunks, allowance, guard)
+                    answering = None
                     if turn.answer is not None:  # tool mode: the answer tool's arguments are the text
-                        chunks = turn.answering = AnswerChunks(chunks)
+                        chunks = answering = AnswerChunks(chunks)
                     if guard is not None and not runtime.handles_deadline:
                         chunks = _Deadline(chunks, guard)
                     # A token limit: the allowance in characters, spent chunk by chunk (see _meter); the
                     # response stops within one chunk of it.
                     left = chars_for_tokens(allowance[0]) if allowance is not None else 0
                     carried = None
+                    stopped: _finish.Outcome | None = None  # a chunk the chain refused
                     try:
                         if held is not None:
                             # Primed: wait for the model to accept the request, then hand over.
@@ -343,7 +360,7 @@ class Invocation:
                                     if (gate is None or text[-1:] in gate) and crossed(text):
                                         checking = _release.check(turn, chain, accumulator, released, attempt)
                                         if guard is not None:
-                                            checking = _scoped(turn, checking, guard)
+                                            checking = _steps.scoped(turn, checking, guard)
                                         outcome, out = await checking
                                         for verdict in turn.verdicts:
                                             yield verdict
@@ -401,193 +418,48 @@ class Invocation:
                     finally:
                         with anyio.CancelScope(shield=True):
                             await aclose_iterator(chunks)
+                    turn.streaming = None
                     if stopped is not None:
                         # Refused part way: the response ends where it was cut, and is not shown.
                         response = accumulator.build(request, cut=True)
-                        turn.streaming = None
                         _loop.record(turn, response)
                         if listeners:
                             notify(listeners, ResponseReceived(self.id, response, round_))
-                        break
-                    response = accumulator.build(request)
-                    turn.streaming = None
-                    step = _loop.after_response(turn, response)
-                    received = ResponseReceived(self.id, response, round_)
-                    if shown(received):
-                        yield received
-                    if step is _loop.Step.ANSWER:
-                        break
-                    if released is not None:
-                        # Not the answer (it calls tools): what the reader has of it is withdrawn.
-                        shown_all = response.message if optimistic else None
-                        reset = released.withdraw(self.id, ResetReason.TOOL_CALLS, attempt, shown_all)
-                        if reset is not None:
-                            if listeners:
-                                notify(listeners, reset)
-                            yield reset
-                    if step is _loop.Step.ASK:
+                        turn.stopped = stopped
+                        turn.phase = Phase.ANSWER
                         continue
-                    calls = response.message.tool_calls
-                    for call in calls:
-                        requested = ToolCallRequested(self.id, call, arguments_hash(call.arguments), round_)
-                        if shown(requested):
-                            yield requested
-                    loop = turn.loop
-                    assert loop is not None
-                    round_run = loop.run_round(calls)
-                    if guard is not None:
-                        round_run = _scoped(turn, round_run, guard)
-                    executions = await round_run
-                    for execution in executions:
-                        executed = ToolExecuted(self.id, execution)
-                        if shown(executed):
-                            yield executed
-                    if _loop.after_round(turn, calls, executions) is _loop.Step.ANSWER:
-                        break
-                # the answer: output guardrails (which may ask again), then parse
-                text = answered = _finish.answer_text(turn)
-                immediate = turn.immediate is not None
-                message = None
-                if not immediate:
-                    assert turn.response is not None
-                    message = turn.response.message
-                    if message.tool_calls:
-                        # An answer with calls that never ran (stray calls in a final answer, or a
-                        # model that called tools the service does not have): the answer counts, the
-                        # calls do not. Stored with them, every later request would carry an
-                        # unanswered call. A message of calls only keeps an empty text: providers
-                        # reject an assistant message with neither text nor calls.
-                        message = message.model_copy(update={"tool_calls": (), "text": message.text or ""})
-                final = None
-                cut = False
-                again: GuardrailResult | OutputParsingError | None = None  # what asks again, if anything
-                if chain is not None:
-                    turn.attempts = attempt  # answers checked, this one included
-                    cut = stopped is not None
-                    if stopped is not None:
-                        outcome, stopped = stopped, None
-                    else:
-                        if chunking and not immediate:
-                            assert released is not None
-                            # the answer as released so far (with any rewrites), then the rest
-                            text = released.text + accumulator.text_from(released.text_at)[0]
-                        assert turn.response is not None
-                        checked = _finish.output_guardrails(
-                            turn, chain, text, attempt, turn.response.message.thinking
-                        )
-                        if guard is not None:
-                            checked = _scoped(turn, checked, guard)
-                        outcome = await checked
-                        for verdict in turn.verdicts:
-                            yield verdict
-                        turn.verdicts.clear()
-                    if outcome.reask is not None and message is not None and reasks < chain.max_retries:
-                        again = outcome.reask
-                        reasks += 1
-                    elif outcome.failures:
-                        raise _finish.refused(turn, outcome, attempt, immediate=immediate)
-                    else:
-                        text, value = outcome.text, outcome.value
-                        if value is not NO_VALUE:
-                            _finish.check_value(turn, value)  # before any text is released
-                if again is None and value is NO_VALUE:
-                    # Parsed before the answer is accepted: one that does not parse is repaired (asked
-                    # again with what was wrong), and nothing of it is stored or released.
-                    turn.attempts = attempt
-                    try:
-                        if len(text) > _finish.OFF_LOOP:
-                            parsing = _finish.parse_off_loop(turn, text, text != answered)
-                            if guard is not None:
-                                parsing = _scoped(turn, parsing, guard)
-                            value = await parsing
-                        else:
-                            value = _finish.parse(turn, text, text != answered)
-                    except OutputParsingError as error:
-                        if message is None or repairs >= turn.max_repairs:
-                            raise _finish.unparsed(turn, error, attempt, repairs) from error
-                        again = error
-                        repairs += 1
-                if again is not None:
-                    assert message is not None
-                    repairing = isinstance(again, OutputParsingError)
-                    why = ResetReason.UNPARSED if repairing else ResetReason.REJECTED
-                    if pending and not cut:
-                        pending.pop()  # the rejected answer's ResponseReceived
-                    reset = None
-                    if released is not None:
-                        shown_all = message if optimistic else None
-                        reset = released.withdraw(self.id, why, attempt, shown_all)
-                    elif streams and not hold:
-                        # A stream without output guardrails showed the answer as it came: withdrawn,
-                        # and the next one replayed stream-to-sync, its events held with it.
-                        reset = Reset(self.id, why, attempt)
-                        hold = True
-                        pending = []
-                    if reset is not None:
-                        if listeners:
-                            notify(listeners, reset)
-                        yield reset
-                    if chunking:  # asked again, the answer is replayed stream-to-sync: held until it passed
-                        chunking = False
-                        hold = True
-                    if isinstance(again, OutputParsingError):
-                        _finish.repair(turn, message, again)
-                    else:
-                        _finish.reask(turn, message, again)
-                    attempt += 1
-                    continue
-                if moderation is not None and moderation.answer and text:
-                    judging = _moderate.judge(turn, moderation, text, "answer")
-                    if guard is not None:
-                        judging = _scoped(turn, judging, guard)
-                    await judging
-                rewritten = _finish.accept(turn, message, text, answered)
-                if pending is not None:  # released once the chain passed
-                    final = pending.pop() if not immediate and pending else None
-                    if rewritten and final is not None:  # its response, as the reader gets it
-                        assert turn.response is not None
-                        final = ResponseReceived(self.id, turn.response, round_)
-                    for event in pending:
-                        yield event
-                    pending.clear()
-                if streams:
-                    if immediate:
-                        yield TextDelta(text)
-                    elif hold:  # the accepted answer, as one delta, then its response
-                        assert turn.response is not None
-                        thinking = turn.response.message.thinking
-                        if thinking:
-                            yield ThinkingDelta(thinking)
-                        if text:
-                            yield TextDelta(text)
-                        if final is not None:
-                            yield final
-                    elif released is not None:  # the rest of the accepted answer (or a Reset, and all of it)
-                        thought = ""
-                        if chunking:
-                            thought = accumulator.thinking_from(released.thought_at)[0]
-                        else:  # optimistic: the reader has all of the model's answer
-                            assert message is not None
-                            released.saw(message)
-                        for event in released.release(self.id, attempt, text, thought):
-                            if listeners and event.__class__ is Reset:
-                                notify(listeners, event)
+                    for verdict in turn.verdicts:  # a parallel input chain's (listeners had them)
+                        yield verdict
+                    turn.verdicts.clear()
+                    turn.received = accumulator.build(request)
+                    turn.answered = answering is not None and answering.answered
+                    if chunking:
+                        assert released is not None
+                        # what the reader has not been released yet, for the answer's check
+                        turn.unreleased = accumulator.text_from(released.text_at)[0]
+                        turn.unthought = accumulator.thinking_from(released.thought_at)[0]
+                    turn.phase = Phase.RESPONSE
+                elif phase is not Phase.COMMIT:
+                    # A step after the response, closed here if the reader stops during it.
+                    async with aclosing(_STEPS[phase](turn, guard)) as step:
+                        async for event in step:
                             yield event
-                        if final is not None:
-                            yield final
-                break
-            conversation = turn.conversation
-            if conversation is not None:
-                # The turn is done: store it, and let the next turn on the conversation start now,
-                # not when this stream's reader gets to its end.
-                with anyio.CancelScope(shield=True):
-                    await _finish.commit(turn)
-                    await conversation.release()
-            completed: Completed[Any] = Completed(self.id, turn.result(value, text, attempt))
-            if listeners:
-                notify(listeners, completed)
-            done = True
-            yield completed
+                else:  # Phase.COMMIT
+                    conversation = turn.conversation
+                    if conversation is not None:
+                        # The turn is done: store it, and let the next turn on the conversation start
+                        # now, not when this stream's reader gets to its end.
+                        with anyio.CancelScope(shield=True):
+                            await _finish.commit(turn)
+                            await conversation.release()
+                    completed: Completed[Any] = Completed(
+                        self.id, turn.result(turn.value, turn.text, turn.attempt)
+                    )
+                    if listeners:
+                        notify(listeners, completed)
+                    done = True
+                    yield completed
+                    return
         except BaseException as exc:
             # A reader that stops at Completed and closes the stream is not a cancellation.
             if listeners and not done:
@@ -606,16 +478,31 @@ class Invocation:
                         await conversation.release()
 
 
-async def _scoped(turn: Turn, step: Awaitable[_T], deadline: float) -> _T:
-    """Await one step of the turn under its deadline: cut there with `BudgetExceededError`.
-
-    Only steps that may wait (on I/O, a tool, a user's provider) are scoped: a cancel scope costs more
-    than the rest of a plain call.
-    """
-    with anyio.CancelScope(deadline=deadline) as scope:
-        return await step
-    assert scope.cancelled_caught
-    raise turn.exceeded("seconds")
+def _race(
+    turn: Turn,
+    chunks: AsyncIterator[ModelChunk],
+    allowance: tuple[int, BudgetLimit] | None,
+    guard: float | None,
+) -> AsyncIterator[ModelChunk]:
+    """The first response, held until the checks raced against it passed: moderation and a parallel
+    input chain (each once per turn)."""
+    most = allowance[0] if allowance is not None else None
+    user = turn.user
+    assert user is not None
+    if turn.checking:
+        chain = turn.plan.input_chain
+        assert chain is not None
+        chunks = _moderate.Raced(
+            chunks, turn, _moderate.InputJudge(turn, chain), allowance=most, deadline=guard
+        )
+        turn.checking = False
+    if turn.moderating:
+        moderation = turn.plan.moderation
+        assert moderation is not None
+        judge = _moderate.ModerationJudge(turn, moderation, user.text)
+        chunks = _moderate.Raced(chunks, turn, judge, allowance=most, deadline=guard)
+        turn.moderating = False
+    return chunks
 
 
 def _cut(

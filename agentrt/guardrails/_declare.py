@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from .._errors import ConfigurationError
 from .._events import ToolExecution
-from .._messages import ChatMessage, UserMessage
+from .._messages import ChatMessage, ToolCall, UserMessage
 from ._results import GuardrailResult
 
 __all__ = [
@@ -78,6 +78,11 @@ class OutputGuardrailRequest:
     answer so far, whose first `released` characters the reader already has. The whole answer is
     checked again when it is complete (`partial` false)."""
     released: int = 0
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Not empty for text the model sent together with these tool calls: it is not the answer (the
+    turn goes on after the calls run), but it reaches memory and readers, so the chain checks it
+    too. A guardrail that judges only answers (one that parses them) passes it; `success_with` may
+    rewrite it but give no value; a retry or reprompt asks again, and the calls do not run."""
 
     @property
     def chunk(self) -> str:
@@ -204,12 +209,29 @@ def _where(target: object) -> str:
     return qualname.rsplit("<locals>.", 1)[-1] if isinstance(qualname, str) else repr(target)
 
 
-def input_guardrails(*guardrails: object) -> Callable[[_T], _T]:
+class InputChain(tuple[Guardrail, ...]):
+    """An input chain: its guardrails in order, and whether they run beside the model's first
+    response (`parallel`) instead of before it."""
+
+    parallel: bool
+
+    def __new__(cls, guardrails: tuple[Guardrail, ...], parallel: bool = False) -> InputChain:
+        chain = super().__new__(cls, guardrails)
+        chain.parallel = parallel
+        return chain
+
+
+def input_guardrails(*guardrails: object, parallel: bool = False) -> Callable[[_T], _T]:
     """Declare the input guardrails of a method, or of every method of a class, run in order before
-    any model request."""
+    any model request; with `parallel`, while the model answers the first request instead (its
+    chunks are held until the chain passed; a failure cancels the request, nothing is shown or
+    stored). A parallel chain may pass or refuse the user's message, but not rewrite it."""
+    if not isinstance(parallel, bool):
+        raise ConfigurationError(f"@input_guardrails: parallel must be a bool, got {parallel!r}")
 
     def decorate(target: _T) -> _T:
-        setattr(target, INPUT_ATTR, guardrail_chain(guardrails, f"{_where(target)}: @input_guardrails"))
+        chain = guardrail_chain(guardrails, f"{_where(target)}: @input_guardrails")
+        setattr(target, INPUT_ATTR, InputChain(chain, parallel) if parallel else chain)
         return target
 
     return decorate

@@ -39,6 +39,8 @@ class JsonExtractor:
         self.prompt = prompt
 
     def validate(self, request: OutputGuardrailRequest) -> GuardrailResult:
+        if request.tool_calls or request.partial:
+            return success()  # not the answer (yet): nothing to read
         try:
             value = request.parse(request.text)
         except OutputParsingError as error:

@@ -346,6 +346,23 @@ class ToolLoop:
                 return LoopLimit.REPEATED_CALL
         return None
 
+    def snapshot(self) -> dict[str, Any]:
+        """What has run so far, as data (a turn's checkpoint; executions are saved with the turn)."""
+        return {
+            "rounds": self.rounds,
+            "calls": self._calls,
+            "failed_rounds": self._failed_rounds,
+            "identical": [[name, arguments, count] for (name, arguments), count in self._identical.items()],
+        }
+
+    def restore(self, state: Mapping[str, Any], executions: Sequence[ToolExecution]) -> None:
+        """Continue from a `snapshot` and the executions saved with it."""
+        self.rounds = state["rounds"]
+        self._calls = state["calls"]
+        self._failed_rounds = state["failed_rounds"]
+        self._identical = Counter({(name, arguments): count for name, arguments, count in state["identical"]})
+        self.executions = list(executions)
+
     def limit_after(self) -> LoopLimit | None:
         """The limit the round that just ran broke, if any."""
         if self._failed_rounds >= self.settings.max_failed_rounds:

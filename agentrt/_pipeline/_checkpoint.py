@@ -1,0 +1,385 @@
+"""A turn as versioned JSON data, and back.
+
+At a step boundary (`BOUNDARIES`: before a model request, after a response, before a tool round,
+before the commit) everything a turn knows is data: the messages so far, this turn's exchange, the
+attempts, re-asks, repairs and rounds, the release state with the events it holds, the budget account,
+the tool loop's history. `dump` writes it as a JSON-ready dict; `load` rebuilds the turn for a fresh
+`build()` of the same class, and the driver re-attaches its live parts when it starts (the
+conversation, locked again; the tools, with the loop's state; a new deadline).
+
+What a checkpoint does not carry, and why:
+- the call's arguments: rendering is done (the messages are saved), and the memory id is saved;
+- the model stream, the lock, listeners: live parts, re-attached;
+- time: the seconds the turn had spent are saved, and a restored turn's clock starts from them, so
+  time between save and restore (a human deciding, a worker restarting) is not spent;
+- a tool's Python return value (`ToolExecution.value`) is saved only as JSON data: an immediate
+  tool's answer is parsed again from its result text when its value does not round-trip.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from pydantic import TypeAdapter
+
+from .._budget import Budget, now
+from .._events import (
+    ModelResponse,
+    ResponseReceived,
+    ToolCallRequested,
+    ToolExecuted,
+    ToolExecution,
+    Usage,
+)
+from .._messages import ChatMessage, ToolCall, UserMessage
+from ..models._protocol import JsonObjectFormat, JsonSchemaFormat, ModelRequest, ModelSettings, ToolSpec
+from ..output._parsers import NoneParser, TextParser, TypeParser
+from ..rag._types import Content
+from ..tools._run import LoopLimit
+from ._release import Mode, Released
+from ._turn import BOUNDARIES, Phase, Turn
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from .._events import Event
+    from .._spec import MethodSpec
+    from ._plan import Plan
+    from ._runtime import Runtime
+
+__all__ = ["VERSION", "CheckpointError", "dump", "load"]
+
+VERSION: Final = 1
+"""The checkpoint format; `load` refuses others."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be restored here: another format version, another method, or data
+    that does not validate."""
+
+
+@dataclass(slots=True)
+class _Request:
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: str | None = None
+    response_format: dict[str, Any] | None = None
+    settings: ModelSettings | None = None
+
+
+@dataclass(slots=True)
+class _Account:
+    budget: Budget
+    seconds: float
+    input_tokens: int
+    output_tokens: int
+    model_requests: int
+    tool_calls: int
+    estimated: bool
+
+
+@dataclass(slots=True)
+class _Released:
+    text: str
+    thinking: str
+    text_at: int
+    thought_at: int
+    size: int
+
+
+@dataclass(slots=True)
+class _Checkpoint:
+    version: int
+    id: str
+    method: str
+    phase: str
+    memory_id: Any
+    attempt: int
+    attempts: int
+    reasks: int
+    repairs: int
+    round: int
+    max_repairs: int
+    moderating: bool
+    checking: bool
+    answered: bool
+    unreleased: str
+    unthought: str
+    system: str | None
+    user: UserMessage | None
+    outgoing: UserMessage | None
+    history: tuple[ChatMessage, ...]
+    sources: tuple[Content, ...]
+    request: _Request | None
+    sent: _Request | None
+    since_sent: list[ChatMessage]
+    exchange: list[ChatMessage]
+    response: ModelResponse | None
+    received: ModelResponse | None
+    usage: Usage
+    final: str | None
+    immediate: list[ToolExecution] | None
+    account: _Account | None
+    settings: ModelSettings | None
+    mode: str
+    released: _Released | None
+    pending: list[dict[str, Any]] | None
+    loop: dict[str, Any] | None
+    executions: list[ToolExecution] = field(default_factory=list)
+    value: Any = None
+    text: str = ""
+
+
+@functools.cache
+def _adapter(kind: Any) -> TypeAdapter[Any]:
+    """Built on first use: a checkpoint's adapters cost tens of milliseconds to build, which an
+    application that never saves a turn should not pay at import."""
+    return TypeAdapter(kind)
+
+
+def _no_json(value: Any) -> None:
+    """What a value that is not JSON data is saved as (see the module docstring)."""
+    return None
+
+
+def dump(turn: Turn) -> dict[str, Any]:
+    """The turn at a step boundary as JSON-ready data (`orjson.dumps` takes it as it is).
+
+    Raises `CheckpointError` off a boundary, where part of the turn is a live stream."""
+    if turn.phase not in BOUNDARIES:
+        raise CheckpointError(
+            f"{turn.spec.qualname}: a turn is saved at a step boundary, not at {turn.phase}"
+        )
+    assert turn.stopped is None
+    assert turn.rejected is None
+    assert not turn.verdicts
+    assert turn.retrieved is None
+    account = turn.account
+    release = turn.release
+    released = release.released
+    loop = turn.loop
+    memory_id = turn.memory_id
+    checkpoint = _Checkpoint(
+        version=VERSION,
+        id=turn.id,
+        method=turn.spec.qualname,
+        phase=turn.phase.value,
+        memory_id=list(memory_id) if isinstance(memory_id, tuple) else memory_id,
+        attempt=turn.attempt,
+        attempts=turn.attempts,
+        reasks=turn.reasks,
+        repairs=turn.repairs,
+        round=turn.round,
+        max_repairs=turn.max_repairs,
+        moderating=turn.moderating,
+        checking=turn.checking,
+        answered=turn.answered,
+        unreleased=turn.unreleased,
+        unthought=turn.unthought,
+        system=turn.system,
+        user=turn.user,
+        outgoing=turn.outgoing,
+        history=turn.history,
+        sources=turn.sources,
+        request=_request(turn.request),
+        sent=_request(turn.sent),
+        since_sent=list(turn.since_sent),
+        exchange=list(turn.exchange),
+        response=turn.response,
+        received=turn.received,
+        usage=turn.usage,
+        final=turn.final.value if turn.final is not None else None,
+        immediate=turn.immediate,
+        account=_Account(
+            budget=account.budget,
+            seconds=max(0.0, now() - account.started),
+            input_tokens=account.input_tokens,
+            output_tokens=account.output_tokens,
+            model_requests=account.model_requests,
+            tool_calls=account.tool_calls,
+            estimated=account.estimated,
+        )
+        if account is not None
+        else None,
+        settings=turn.settings,
+        mode=release.mode.value,
+        released=_saved_release(released),
+        pending=[_event(event) for event in release.pending] if release.pending is not None else None,
+        loop=loop.snapshot() if loop is not None else None,
+        executions=list(loop.executions) if loop is not None else [],
+        value=_value(turn) if turn.phase is Phase.COMMIT else None,
+        text=turn.text,
+    )
+    data: dict[str, Any] = _adapter(_Checkpoint).dump_python(checkpoint, mode="json", fallback=_no_json)
+    return data
+
+
+def load(runtime: Runtime, spec: MethodSpec, plan: Plan, data: Mapping[str, Any]) -> Turn:
+    """The turn saved in `data`, for `spec` under `runtime` (a fresh build of the same class).
+
+    Raises `CheckpointError` for another format version or method, or data that does not validate."""
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        found = data.get("version") if isinstance(data, dict) else type(data).__name__
+        raise CheckpointError(f"{spec.qualname}: a checkpoint of version {VERSION} is needed, not {found!r}")
+    if data.get("method") != spec.qualname:
+        raise CheckpointError(f"{spec.qualname}: the checkpoint is of {data.get('method')!r}")
+    try:
+        saved = _adapter(_Checkpoint).validate_python(data)
+        phase = Phase(saved.phase)
+        if phase not in BOUNDARIES:
+            raise ValueError(f"{phase} is not a step boundary")
+        mode = Mode(saved.mode)
+        pending = [_loaded(item, saved.id) for item in saved.pending] if saved.pending is not None else None
+    except ValueError as error:  # pydantic's ValidationError is one
+        raise CheckpointError(f"{spec.qualname}: the checkpoint does not validate: {error}") from error
+    memory_id = tuple(saved.memory_id) if isinstance(saved.memory_id, list) else saved.memory_id
+    arguments = {spec.memory_param: memory_id} if spec.memory_param else {}
+    budget = saved.account.budget if saved.account is not None else None
+    turn = Turn(saved.id, runtime, spec, arguments, saved.settings, budget, plan)
+    turn.phase = phase
+    turn.attempt, turn.attempts = saved.attempt, saved.attempts
+    turn.reasks, turn.repairs, turn.round = saved.reasks, saved.repairs, saved.round
+    turn.max_repairs = saved.max_repairs
+    turn.moderating, turn.checking, turn.answered = saved.moderating, saved.checking, saved.answered
+    turn.unreleased, turn.unthought = saved.unreleased, saved.unthought
+    turn.system, turn.user, turn.outgoing = saved.system, saved.user, saved.outgoing
+    turn.history, turn.sources = saved.history, saved.sources
+    turn.request = _model_request(saved.request, turn)
+    turn.sent = _model_request(saved.sent, turn)
+    turn.since_sent, turn.exchange = saved.since_sent, saved.exchange
+    turn.response, turn.received, turn.usage = saved.response, saved.received, saved.usage
+    turn.final = LoopLimit(saved.final) if saved.final is not None else None
+    turn.immediate = saved.immediate
+    if saved.account is not None:
+        account = turn.account
+        assert account is not None
+        # The clock goes on from what the turn had spent: time between save and restore is not spent.
+        account.started = now() - saved.account.seconds
+        if account.deadline is not None and budget is not None and budget.seconds is not None:
+            account.deadline = account.started + budget.seconds
+        turn.deadline = account.deadline
+        account.input_tokens = saved.account.input_tokens
+        account.output_tokens = saved.account.output_tokens
+        account.model_requests = saved.account.model_requests
+        account.tool_calls = saved.account.tool_calls
+        account.estimated = saved.account.estimated
+    release = turn.release
+    release.mode = mode
+    if saved.released is not None:
+        if release.released is None:
+            raise CheckpointError(f"{spec.qualname}: the checkpoint's release state is not this method's")
+        r = saved.released
+        release.released.text, release.released.thinking = r.text, r.thinking
+        release.released.text_at, release.released.thought_at, release.released.size = (
+            r.text_at,
+            r.thought_at,
+            r.size,
+        )
+    release.pending = pending
+    if saved.loop is not None:
+        turn.restoring = (saved.loop, saved.executions)
+    if phase is Phase.COMMIT:
+        turn.value, turn.text = _revalue(spec, saved.value, saved.text), saved.text
+    return turn
+
+
+def _saved_release(released: Released | None) -> _Released | None:
+    if released is None:
+        return None
+    return _Released(released.text, released.thinking, released.text_at, released.thought_at, released.size)
+
+
+def _request(request: ModelRequest | None) -> _Request | None:
+    if request is None:
+        return None
+    form = request.response_format
+    response_format: dict[str, Any] | None = None
+    if isinstance(form, JsonSchemaFormat):
+        response_format = {"kind": "schema", "name": form.name, "schema": form.schema, "strict": form.strict}
+    elif isinstance(form, JsonObjectFormat):
+        response_format = {"kind": "object", "schema": form.schema}
+    return _Request(request.messages, request.tools, request.tool_choice, response_format, request.settings)
+
+
+def _model_request(saved: _Request | None, turn: Turn) -> ModelRequest | None:
+    if saved is None:
+        return None
+    form = saved.response_format
+    response_format: JsonSchemaFormat | JsonObjectFormat | None = None
+    if form is not None:
+        kind = form.get("kind")
+        if kind == "schema":
+            response_format = JsonSchemaFormat(form["name"], form["schema"], bool(form.get("strict")))
+        elif kind == "object":
+            response_format = JsonObjectFormat(form.get("schema"))
+        else:
+            raise CheckpointError(f"{turn.spec.qualname}: unknown response format {kind!r} in the checkpoint")
+    return ModelRequest(
+        messages=saved.messages,
+        tools=saved.tools,
+        tool_choice=saved.tool_choice,
+        response_format=response_format,
+        settings=saved.settings,
+        deadline=turn.deadline,
+    )
+
+
+def _event(event: Event) -> dict[str, Any]:
+    kind = type(event)
+    if kind is ResponseReceived:
+        return {
+            "kind": "response",
+            "response": _adapter(ModelResponse).dump_python(event.response, mode="json", fallback=_no_json),  # type: ignore[union-attr]
+            "round": event.round,  # type: ignore[union-attr]
+        }
+    if kind is ToolCallRequested:
+        return {
+            "kind": "call",
+            "call": _adapter(ToolCall).dump_python(event.call, mode="json"),  # type: ignore[union-attr]
+            "hash": event.arguments_hash,  # type: ignore[union-attr]
+            "round": event.round,  # type: ignore[union-attr]
+        }
+    if kind is ToolExecuted:
+        return {
+            "kind": "executed",
+            "execution": _adapter(ToolExecution).dump_python(event.execution, mode="json", fallback=_no_json),  # type: ignore[union-attr]
+        }
+    raise CheckpointError(f"a turn does not hold {kind.__name__} events")  # pragma: no cover
+
+
+def _loaded(item: Mapping[str, Any], invocation_id: str) -> Event:
+    kind = item.get("kind")
+    if kind == "response":
+        return ResponseReceived(
+            invocation_id, _adapter(ModelResponse).validate_python(item["response"]), int(item["round"])
+        )
+    if kind == "call":
+        return ToolCallRequested(
+            invocation_id,
+            _adapter(ToolCall).validate_python(item["call"]),
+            str(item["hash"]),
+            int(item["round"]),
+        )
+    if kind == "executed":
+        return ToolExecuted(invocation_id, _adapter(ToolExecution).validate_python(item["execution"]))
+    raise ValueError(f"unknown held event {kind!r}")
+
+
+def _value(turn: Turn) -> Any:
+    """The accepted value as JSON data (by the method's return type)."""
+    value = turn.value
+    parser = turn.spec.parser
+    if isinstance(parser, TypeParser):
+        return parser.adapter.dump_python(value, mode="json")
+    return value
+
+
+def _revalue(spec: MethodSpec, data: Any, text: str) -> Any:
+    parser = spec.parser
+    if isinstance(parser, TypeParser):
+        return parser.adapter.validate_python(data)
+    if isinstance(parser, TextParser | NoneParser):
+        return data
+    return parser.parse(text)  # pragma: no cover - every parser is one of the above

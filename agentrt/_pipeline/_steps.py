@@ -1,0 +1,310 @@
+"""The steps of a turn after a model request, each one async generator over the `Turn`.
+
+The driver (`Invocation.events`) runs the request step inline, since its chunk loops are the per-token
+path and another generator there costs about 900 instructions a token (+8%, callgrind); the steps after
+a response yield a few events each and live here:
+
+    respond   what a response is: the answer, a round of tool calls (its text checked first), or a
+              new request
+    tool_round  run the response's tool calls
+    answer    output guardrails, `decide`, parse; accept (release the text), ask again, repair, refuse
+
+Each step reads and writes the turn and sets `turn.phase` to the next one, so the turn is whole data at
+every step boundary.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+
+from .._errors import OutputParsingError
+from .._events import (
+    Reset,
+    ResetReason,
+    ResponseReceived,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallRequested,
+    ToolExecuted,
+)
+from ..guardrails._results import NO_VALUE
+from ..tools._run import arguments_hash
+from . import _finish, _loop, _moderate
+from ._decide import Decision, after_chain, after_parse
+from ._release import Mode
+from ._runtime import notify
+from ._turn import Phase
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator, Awaitable
+
+    from .._events import Event
+    from ..guardrails._results import GuardrailResult
+    from ._turn import Turn
+
+__all__ = ["answer", "respond", "scoped", "shown", "tool_round"]
+
+_T = TypeVar("_T")
+
+
+async def scoped(turn: Turn, step: Awaitable[_T], deadline: float) -> _T:
+    """Await one step of the turn under its deadline: cut there with `BudgetExceededError`.
+
+    Only steps that may wait (on I/O, a tool, a user's provider) are scoped: a cancel scope costs more
+    than the rest of a plain call.
+    """
+    with anyio.CancelScope(deadline=deadline) as scope:
+        return await step
+    assert scope.cancelled_caught
+    raise turn.exceeded("seconds")
+
+
+def shown(turn: Turn, event: ResponseReceived | ToolCallRequested | ToolExecuted) -> bool:
+    """Tell listeners of a response or tool event; whether to yield it now (False: it is held with
+    the text)."""
+    listeners = turn.runtime.listeners
+    if listeners:
+        notify(listeners, event)
+    pending = turn.release.pending
+    if pending is None:
+        return True
+    pending.append(event)
+    return False
+
+
+async def respond(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]:
+    """`Phase.RESPONSE`: what the response just streamed (`turn.received`) is."""
+    listeners = turn.runtime.listeners
+    chain = turn.plan.output_chain
+    release = turn.release
+    # What the response means: the answer, a round of tool calls, or a new request.
+    got = turn.received
+    assert got is not None
+    response, turn.received = got, None
+    round_, attempt = turn.round, turn.attempt
+    step = _loop.after_response(turn, response)
+    received = ResponseReceived(turn.id, response, round_)
+    if shown(turn, received):
+        yield received
+    if step is _loop.Step.ANSWER:
+        turn.phase = Phase.ANSWER
+        return
+    said = response.message.text
+    if chain is not None and step is _loop.Step.TOOLS and said and not said.isspace():
+        # Text sent with tool calls is not the answer, but memory stores it and
+        # readers get it: the chain checks it as it checks answers (DESIGN §5).
+        turn.attempts = attempt
+        checked = _finish.output_guardrails(
+            turn,
+            chain,
+            said,
+            attempt,
+            response.message.thinking,
+            tool_calls=response.message.tool_calls,
+        )
+        if guard is not None:
+            checked = scoped(turn, checked, guard)
+        outcome = await checked
+        for verdict in turn.verdicts:
+            yield verdict
+        turn.verdicts.clear()
+        decision = after_chain(outcome, askable=True, reasks=turn.reasks, max_retries=chain.max_retries)
+        if decision is not Decision.ACCEPT:
+            if decision is Decision.REFUSE:
+                raise _finish.refused(turn, outcome, attempt)
+            _loop.unspend_round(turn, response.message.tool_calls)  # they never run
+            turn.rejected = outcome.reask
+            turn.phase = Phase.ANSWER
+            return
+        if outcome.text != said:  # rewritten: stored, sent back and shown so
+            response = _loop.rewrite(turn, outcome.text)
+            if release.pending:
+                release.pending[-1] = ResponseReceived(turn.id, response, round_)
+    released = release.released
+    if released is not None:
+        # Not the answer (it calls tools): what the reader has of it is withdrawn.
+        shown_all = response.message if release.mode is Mode.OPTIMISTIC else None
+        reset = released.withdraw(turn.id, ResetReason.TOOL_CALLS, attempt, shown_all)
+        if reset is not None:
+            if listeners:
+                notify(listeners, reset)
+            yield reset
+    turn.phase = Phase.REQUEST if step is _loop.Step.ASK else Phase.TOOLS
+
+
+async def tool_round(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]:
+    """`Phase.TOOLS`: run the tool calls of `turn.response`, concurrently, under the deadline."""
+    assert turn.response is not None
+    calls = turn.response.message.tool_calls
+    round_ = turn.round
+    for call in calls:
+        requested = ToolCallRequested(turn.id, call, arguments_hash(call.arguments), round_)
+        if shown(turn, requested):
+            yield requested
+    loop = turn.loop
+    assert loop is not None
+    round_run = loop.run_round(calls)
+    if guard is not None:
+        round_run = scoped(turn, round_run, guard)
+    executions = await round_run
+    for execution in executions:
+        executed = ToolExecuted(turn.id, execution)
+        if shown(turn, executed):
+            yield executed
+    step = _loop.after_round(turn, calls, executions)
+    turn.phase = Phase.ANSWER if step is _loop.Step.ANSWER else Phase.REQUEST
+
+
+async def answer(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]:
+    """`Phase.ANSWER`: check the answer (output guardrails, then parse) and `decide`: accept it and
+    release its text (then `Phase.COMMIT`), or ask again or repair (then `Phase.REQUEST`); a refusal
+    or an answer that cannot be repaired raises."""
+    listeners = turn.runtime.listeners
+    plan = turn.plan
+    chain, streams, moderation = plan.output_chain, plan.streams, plan.moderation
+    release = turn.release
+    # The answer: output guardrails (which may ask again), then parse.
+    attempt = turn.attempt
+    text = answered = _finish.answer_text(turn)
+    immediate = turn.immediate is not None
+    message = None
+    if not immediate:
+        assert turn.response is not None
+        message = turn.response.message
+        if message.tool_calls:
+            # An answer with calls that never ran (stray calls in a final answer, a
+            # model that called tools the service does not have, or text with calls
+            # the chain asked again about): the answer counts, the calls do not.
+            # Stored with them, every later request would carry an unanswered call.
+            # A message of calls only keeps an empty text: providers reject an
+            # assistant message with neither text nor calls.
+            message = message.model_copy(update={"tool_calls": (), "text": message.text or ""})
+    final = None
+    cut = False
+    value: Any = NO_VALUE
+    again: GuardrailResult | OutputParsingError | None = None  # what asks again, if anything
+    stopped = turn.stopped
+    if turn.rejected is not None:
+        again, turn.rejected = turn.rejected, None
+        turn.reasks += 1
+    elif chain is not None:
+        turn.attempts = attempt  # answers checked, this one included
+        cut = stopped is not None
+        if stopped is not None:
+            outcome, turn.stopped = stopped, None
+        else:
+            if release.mode is Mode.CHUNKED and not immediate:
+                assert release.released is not None
+                # the answer as released so far (with any rewrites), then the rest
+                text = release.released.text + turn.unreleased
+            assert turn.response is not None
+            checked = _finish.output_guardrails(turn, chain, text, attempt, turn.response.message.thinking)
+            if guard is not None:
+                checked = scoped(turn, checked, guard)
+            outcome = await checked
+            for verdict in turn.verdicts:
+                yield verdict
+            turn.verdicts.clear()
+        decision = after_chain(
+            outcome, askable=message is not None, reasks=turn.reasks, max_retries=chain.max_retries
+        )
+        if decision is Decision.REASK:
+            again = outcome.reask
+            turn.reasks += 1
+        elif decision is Decision.REFUSE:
+            raise _finish.refused(turn, outcome, attempt, immediate=immediate)
+        else:
+            text, value = outcome.text, outcome.value
+            if value is not NO_VALUE:
+                _finish.check_value(turn, value)  # before any text is released
+    if again is None and value is NO_VALUE:
+        # Parsed before the answer is accepted: one that does not parse is repaired
+        # (asked again with what was wrong), and nothing of it is stored or released.
+        turn.attempts = attempt
+        try:
+            if len(text) > _finish.OFF_LOOP:
+                parsing = _finish.parse_off_loop(turn, text, text != answered)
+                if guard is not None:
+                    parsing = scoped(turn, parsing, guard)
+                value = await parsing
+            else:
+                value = _finish.parse(turn, text, text != answered)
+        except OutputParsingError as error:
+            decision = after_parse(
+                True, askable=message is not None, repairs=turn.repairs, max_repairs=turn.max_repairs
+            )
+            if decision is Decision.UNPARSED:
+                raise _finish.unparsed(turn, error, attempt, turn.repairs) from error
+            again = error
+            turn.repairs += 1
+    if again is not None:
+        assert message is not None
+        repairing = isinstance(again, OutputParsingError)
+        why = ResetReason.UNPARSED if repairing else ResetReason.REJECTED
+        pending = release.pending
+        if pending and not cut:
+            pending.pop()  # the rejected answer's ResponseReceived
+        reset = None
+        if release.released is not None:
+            shown_all = message if release.mode is Mode.OPTIMISTIC else None
+            reset = release.released.withdraw(turn.id, why, attempt, shown_all)
+        elif streams and release.mode is Mode.PLAIN:
+            # A stream without output guardrails showed the answer as it came: withdrawn,
+            # and the next one replayed stream-to-sync, its events held with it.
+            reset = Reset(turn.id, why, attempt)
+        if reset is not None:
+            if listeners:
+                notify(listeners, reset)
+            yield reset
+        release.again()  # the next answer is replayed stream-to-sync
+        if repairing:
+            _finish.repair(turn, message, again)  # type: ignore[arg-type]
+        else:
+            _finish.reask(turn, message, again)  # type: ignore[arg-type]
+        turn.attempt += 1
+        turn.phase = Phase.REQUEST
+        return
+    if moderation is not None and moderation.answer and text:
+        judging = _moderate.judge(turn, moderation, text, "answer")
+        if guard is not None:
+            judging = scoped(turn, judging, guard)
+        await judging
+    rewritten = _finish.accept(turn, message, text, answered)
+    pending = release.pending
+    if pending is not None:  # released once the chain passed
+        final = pending.pop() if not immediate and pending else None
+        if rewritten and final is not None:  # its response, as the reader gets it
+            assert turn.response is not None
+            final = ResponseReceived(turn.id, turn.response, turn.round)
+        for event in pending:
+            yield event
+        pending.clear()
+    if streams:
+        if immediate:
+            yield TextDelta(text)
+        elif release.mode is Mode.HOLD:  # the accepted answer, as one delta, then its response
+            assert turn.response is not None
+            thinking = turn.response.message.thinking
+            if thinking:
+                yield ThinkingDelta(thinking)
+            if text:
+                yield TextDelta(text)
+            if final is not None:
+                yield final
+        elif release.released is not None:  # the rest of the accepted answer (or a Reset, and all of it)
+            thought = ""
+            if release.mode is Mode.CHUNKED:
+                thought = turn.unthought
+            else:  # optimistic: the reader has all of the model's answer
+                assert message is not None
+                release.released.saw(message)
+            for event in release.released.release(turn.id, attempt, text, thought):
+                if listeners and event.__class__ is Reset:
+                    notify(listeners, event)
+                yield event
+            if final is not None:
+                yield final
+    turn.value, turn.text = value, text
+    turn.phase = Phase.COMMIT
