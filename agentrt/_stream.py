@@ -177,6 +177,11 @@ class _View(Generic[T]):
         if getattr(events, "ag_frame", None) is None:
             _open.discard(events)  # finished or closed: nothing to clean up
             return
+        conversation = self._conversation
+        if conversation is not None:
+            conversation.abandon()
+        _close_later(events, self._home)
+        # Last: under an "error" warnings filter the warning is raised (and reported as unraisable).
         if self._result is None:  # read up to `Completed`, it holds nothing: no need to warn
             warnings.warn(
                 f"{self._where}: a stream was collected without being closed or read to its end; "
@@ -185,10 +190,6 @@ class _View(Generic[T]):
                 stacklevel=1,
                 source=self,
             )
-        conversation = self._conversation
-        if conversation is not None:
-            conversation.abandon()
-        _close_later(events, self._home)
 
     def __aiter__(self) -> Self:
         self._claim()
