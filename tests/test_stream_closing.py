@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -339,3 +341,24 @@ async def test_closed_finished_and_completed_streams_do_not_warn() -> None:
     await closed.aclose()
     del finished, completed, closed
     gc.collect()
+
+
+async def test_a_warning_raised_as_an_error_does_not_keep_the_stream_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Under an "error" filter (this suite's own), the finalizer's warning is raised: the stream is
+    # closed and its conversation handed on all the same.
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    svc, model = service(["one ", Hang()], "second turn")
+    stream = await svc.stream("c", "hi")
+    assert await stream.__anext__() == "one "
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        del stream
+
+    assert [type(u.exc_value) for u in unraisable] == [ResourceWarning]
+    with anyio.fail_after(5):
+        assert await svc.chat("c", "next") == "second turn"
+    assert model.streams[0].closed
