@@ -21,6 +21,7 @@ import inspect
 import logging
 import math
 import os
+import sys
 import threading
 import weakref
 from collections import Counter, deque
@@ -197,14 +198,19 @@ async def complete(operation: Coroutine[Any, Any, _T]) -> _T:
     raise AssertionError("unreachable: a shielded scope with no deadline is never cancelled")
 
 
-def _current_task() -> object:
-    """The running task (asyncio's or trio's), compared by identity only."""
+def _current_task() -> object | None:
+    """The running task (asyncio's or trio's), compared by identity only; `None` outside of one."""
     task = _asyncio_task()
     if task is not None:
         return task
-    import trio  # not asyncio: anyio's other backend
-
-    return trio.lowlevel.current_task()
+    trio = sys.modules.get("trio")  # anyio's other backend: imported if it runs
+    if trio is None:
+        return None
+    try:
+        current: object = trio.lowlevel.current_task()
+    except RuntimeError:
+        return None
+    return current
 
 
 class _Holder:
@@ -350,7 +356,7 @@ class Memory:
         if queue is None:
             table[key] = _Queue(holder)  # free: taken without an await
         else:
-            if queue.holder.task is holder.task:
+            if holder.task is not None and queue.holder.task is holder.task:
                 raise ConversationReentryError(
                     f"{where}: conversation {memory_id!r} is held by a turn of this same task "
                     f"({queue.holder.where}), most likely a stream it has not closed; waiting for it "
