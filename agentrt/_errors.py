@@ -26,6 +26,10 @@ it stays the backend's own cancellation exception.
     │   └── ToolExecutionError      the tool raised (the original exception is the __cause__)
     ├── ToolLoopLimitError          a limit of the tool loop was reached (carries `reason` and `partial`)
     ├── BudgetExceededError         a limit of the invocation's Budget was reached (`limit`, `partial`)
+    ├── ChatMemoryError             chat memory could not serve a turn; nothing of it was stored
+    │   ├── ConversationBusyError   another turn held the conversation past the memory's `wait`
+    │   ├── ConversationLockLostError  a shared store's lock expired or was taken mid-turn
+    │   └── ConversationReentryError   the task's own unclosed stream holds the conversation
     ├── RetrievalError              a retriever (or an embedding model behind it) failed (`retriever`)
     ├── ModerationError             the moderation model flagged the call (`categories`, `partial`)
     │   └── ModerationFailedError   the moderation model itself failed and the policy says "fail"
@@ -53,6 +57,7 @@ __all__ = [
     "ContextLengthExceededError",
     "ConversationBusyError",
     "ConversationLockLostError",
+    "ConversationReentryError",
     "GuardrailError",
     "InputGuardrailError",
     "ModelConnectionError",
@@ -334,6 +339,21 @@ class ConversationLockLostError(ChatMemoryError):
     """A shared store's lock on the conversation expired or was taken while the turn ran (the holder
     stopped renewing it, e.g. a paused process): the turn was not stored, so no other turn's messages
     were overwritten or interleaved."""
+
+
+class ConversationReentryError(ChatMemoryError):
+    """A task started a turn on a conversation that a turn of its own still holds: most likely a
+    stream it broke out of and kept, neither closed nor read to its end. Only that task could close
+    it, so waiting would never end; raised at once instead, before anything is sent or stored.
+    `memory_id` names the conversation, `holder` the method (`Class.method`) whose turn holds it.
+
+    Close the stream first, best by construction: `async with await svc.stream(...) as tokens:`.
+    """
+
+    def __init__(self, message: str, *, memory_id: Any, holder: str) -> None:
+        super().__init__(message)
+        self.memory_id = memory_id
+        self.holder = holder
 
 
 class GuardrailError(AgentError):

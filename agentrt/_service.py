@@ -82,18 +82,26 @@ def _implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
             method_plan=method_plan,
         )
 
+    # A stream names its method when it warns that it was collected unclosed, and carries its
+    # turn's conversation, which follows the task that reads the stream (see `_stream`).
+    where = spec.qualname
     method: Callable[..., Any]
     if spec.output_kind == OutputKind.STREAM:
 
         async def method(self: Any, /, *args: Any, **kwargs: Any) -> TokenStream:
-            return TokenStream(await _primed(invocation(args, kwargs)))
+            started = invocation(args, kwargs)
+            events = await _primed(started)
+            return TokenStream(events, where=where, conversation=started._turn.conversation)
 
     elif spec.output_kind == OutputKind.PARTIAL:
         parser = spec.parser
         assert isinstance(parser, TypeParser)
 
         async def method(self: Any, /, *args: Any, **kwargs: Any) -> PartialStream[Any]:
-            return PartialStream(await _primed(invocation(args, kwargs)), Snapshots(parser))
+            started = invocation(args, kwargs)
+            events = await _primed(started)
+            conversation = started._turn.conversation
+            return PartialStream(events, Snapshots(parser), where=where, conversation=conversation)
 
     elif spec.output_kind == OutputKind.RESULT:
 

@@ -1,19 +1,27 @@
 """`TokenStream` and `PartialStream`: the streaming views of one invocation.
 
 The invocation's events are an async generator driven by whoever reads the stream, in the reader's own
-task: no task group or cancel scope is held across a `yield` to the reader (DESIGN §3), so nothing needs
-an enclosing `async with`. Closing rules:
+task: no task group or cancel scope is held across a `yield` to the reader (DESIGN §3), so any task may
+read or close it. The form to use closes it by construction, whatever ends the block:
+
+    async with await svc.stream(...) as tokens:
+        async for token in tokens: ...
+
+Closing rules:
 
 - the stream is read to its end, or raises: the model stream is already closed;
-- `await stream.aclose()` or `async with stream:`: closes at once;
+- `await stream.aclose()` or leaving `async with stream:`: closes at once;
 - the reading task is cancelled: the cancellation unwinds the pipeline, which closes the model stream
   before the cancellation reaches the reader; the stream is then finished;
-- `break` out of `async for` leaves the stream open where it stopped, like a file: read on, call
-  `result()`, or close it. A stream nobody holds any more (`async for t in await svc.stream(): break`,
-  or one dropped unfinished) is closed from a fresh task of the event loop it was made in as soon as
-  it is collected, in whatever thread the collector runs, as the loops' own async-generator
-  finalizers do, but without relying on them (trio warns when it has to). Since nothing else can
-  reach a collected stream, that close never races a reader.
+- `break` out of `async for` leaves the stream open where it stopped, like a file (no Python async
+  iterator is closed by `break`): read on, call `result()`, or close it. Until then its turn holds
+  its conversation; the task that holds it gets `ConversationReentryError` for a turn on that
+  conversation instead of waiting forever.
+- a stream collected unclosed (dropped, or left in a reference cycle) warns with a `ResourceWarning`
+  naming its method, and is closed from a fresh task of the event loop it was made in, in whatever
+  thread the collector runs. Its pipeline is kept reachable from this module until then, so that
+  the loop's own async-generator finalizer never sees it: it is closed exactly once, by agentrt.
+  Since nothing else can reach a collected stream, that close never races a reader.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Final, Generic, Self, TypeVar
 
@@ -29,6 +38,7 @@ from ._events import Completed, Event, Reset, Result, TextDelta, ThinkingDelta, 
 if TYPE_CHECKING:
     from types import TracebackType
 
+    from .memory._memory import Conversation
     from .output._partial import Snapshots
 
 __all__ = ["RESET", "PartialStream", "TokenStream"]
@@ -40,12 +50,22 @@ logger = logging.getLogger("agentrt")
 # Closing tasks started from finalizers: asyncio keeps only weak references to tasks.
 _closing: set[asyncio.Task[None]] = set()
 
+# The pipelines of streams not closed yet. A stream left in a reference cycle would otherwise take
+# its pipeline into the same garbage, and the collector would run both the stream's finalizer and
+# the loop's async-generator finalizer: two closes of one generator, the second failing with
+# "aclose(): asynchronous generator is already running" at every level of the model stream (and
+# trio warning for each). Held here, the pipeline is closed once, by the stream's finalizer, then
+# dropped. (A loop that shuts down first closes it itself: it knows every live async generator.)
+_open: set[AsyncGenerator[Event, None]] = set()
+
 
 async def _close_quietly(events: AsyncGenerator[Event, None]) -> None:
     try:
         await events.aclose()
     except Exception:
         logger.exception("closing an abandoned agentrt stream failed")
+    finally:
+        _open.discard(events)
 
 
 Schedule = Callable[[Callable[[], object]], object]
@@ -66,8 +86,9 @@ def _home() -> Schedule | None:
 def _close_later(events: AsyncGenerator[Event, None], home: Schedule | None) -> None:
     """Close an abandoned pipeline from a fresh task of the event loop it was made in (from
     `__del__`, which may run in any thread: the garbage collector runs where it runs)."""
-    if home is None or getattr(events, "ag_frame", None) is None:
-        return  # finished, or never started: nothing to clean up
+    if home is None:
+        _open.discard(events)
+        return  # made outside an event loop: nothing to clean up with
 
     def start() -> None:
         trio = sys.modules.get("trio")
@@ -81,7 +102,9 @@ def _close_later(events: AsyncGenerator[Event, None], home: Schedule | None) -> 
     try:
         home(start)
     except RuntimeError:
-        return  # the loop is closed (trio's RunFinishedError is a RuntimeError): nothing to clean up with
+        # The loop is closed (trio's RunFinishedError is a RuntimeError): it closed its live async
+        # generators as it shut down. Nothing to clean up with.
+        _open.discard(events)
 
 
 class _ResetToken(str):
@@ -105,6 +128,7 @@ class _Events(AsyncIterator[Event]):
 
     def __init__(self, stream: _View[Any]) -> None:
         self._stream = stream
+        stream._claim()
 
     async def __anext__(self) -> Event:
         stream = self._stream
@@ -125,18 +149,57 @@ class _Events(AsyncIterator[Event]):
 
 class _View(Generic[T]):
     """What the streaming views share: the invocation's events, read once; `events()`, `result()`,
-    `aclose()`, `async with`, and the close of an abandoned stream."""
+    `aclose()`, `async with`, and the close of an abandoned stream.
 
-    __slots__ = ("__weakref__", "_error", "_events", "_home", "_result")
+    `where` names the method (`Class.method`) in the warning for a stream collected unclosed;
+    `conversation` is the one its turn holds, if any: it follows the task that reads the stream.
+    """
 
-    def __init__(self, events: AsyncGenerator[Event, None]) -> None:
+    __slots__ = ("__weakref__", "_conversation", "_error", "_events", "_home", "_result", "_where")
+
+    def __init__(
+        self,
+        events: AsyncGenerator[Event, None],
+        *,
+        where: str = "an agentrt stream",
+        conversation: Conversation | None = None,
+    ) -> None:
         self._events = events
         self._result: Result[T] | None = None
         self._error: Exception | None = None
         self._home = _home()
+        self._where = where
+        self._conversation = conversation
+        _open.add(events)
 
     def __del__(self) -> None:
-        _close_later(self._events, self._home)
+        events = self._events
+        if getattr(events, "ag_frame", None) is None:
+            _open.discard(events)  # finished or closed: nothing to clean up
+            return
+        conversation = self._conversation
+        if conversation is not None:
+            conversation.abandon()
+        _close_later(events, self._home)
+        # Last: under an "error" warnings filter the warning is raised (and reported as unraisable).
+        if self._result is None:  # read up to `Completed`, it holds nothing: no need to warn
+            warnings.warn(
+                f"{self._where}: a stream was collected without being closed or read to its end; "
+                "closing it now. Use `async with await service.method(...) as stream:`",
+                ResourceWarning,
+                stacklevel=1,
+                source=self,
+            )
+
+    def __aiter__(self) -> Self:
+        self._claim()
+        return self
+
+    def _claim(self) -> None:
+        """The running task reads the stream: its turn's conversation is that task's to close."""
+        conversation = self._conversation
+        if conversation is not None and conversation.held:
+            conversation.claim()
 
     def events(self) -> AsyncIterator[Event]:
         """Every remaining event, in order (the last one is `Completed`)."""
@@ -158,11 +221,14 @@ class _View(Generic[T]):
         return self._result
 
     async def aclose(self) -> None:
-        """Stop the invocation and close the model stream. Idempotent.
+        """Stop the invocation, close the model stream and release the conversation. Idempotent.
 
         Must not be called while another task is reading the stream: cancel that task instead.
         """
-        await self._events.aclose()
+        try:
+            await self._events.aclose()
+        finally:
+            _open.discard(self._events)
 
     async def __aenter__(self) -> Self:
         return self
@@ -178,6 +244,13 @@ class _View(Generic[T]):
 
 class TokenStream(_View[str], AsyncIterator[str]):
     """The text of an answer as it is released, over the invocation's full event stream.
+
+    Read it in `async with`, which closes it however the block ends (`break` included) and so
+    releases the model stream and the conversation at once::
+
+        async with await svc.stream(...) as tokens:
+            async for token in tokens:
+                ...
 
     Iterate it for text deltas (and `RESET`, under a `chunked` or `optimistic` output guardrail
     release, or when an answer that did not parse is asked for again: discard the text so far), or
@@ -259,13 +332,21 @@ class PartialStream(_View[T], AsyncIterator[T]):
     `(await stream.result()).value`. After a `Reset` (an answer that did not parse is asked for again,
     and replayed whole) and after a response that called tools, the snapshots start over from the
     next answer. `events()`, `result()`,
-    `aclose()` and `async with` are as on `TokenStream`.
+    `aclose()` and `async with` are as on `TokenStream`: read it as
+    `async with await svc.method(...) as values:`.
     """
 
     __slots__ = ("_snapshots",)
 
-    def __init__(self, events: AsyncGenerator[Event, None], snapshots: Snapshots) -> None:
-        super().__init__(events)
+    def __init__(
+        self,
+        events: AsyncGenerator[Event, None],
+        snapshots: Snapshots,
+        *,
+        where: str = "an agentrt stream",
+        conversation: Conversation | None = None,
+    ) -> None:
+        super().__init__(events, where=where, conversation=conversation)
         self._snapshots = snapshots
 
     @property

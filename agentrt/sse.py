@@ -877,18 +877,25 @@ def endpoint(
                 del runs[key]
 
         stream = failure = None
-        async with anyio.create_task_group() as group:
-            # The model may take long to accept the request (a busy conversation, a slow first
-            # token): a client that leaves meanwhile, or a stop, cancels it.
-            group.start_soon(_cancel_on_disconnect, request, group.cancel_scope)
-            if run is not None:
-                run.scope = group.cancel_scope
-            try:
-                with call_options(budget_cap=cap) if cap is not None else contextlib.nullcontext():
-                    stream = await method(*positional, **values)
-            except Exception as error:  # raised here, not from the task group (no exception group)
-                failure = error
-            group.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as group:
+                # The model may take long to accept the request (a busy conversation, a slow first
+                # token): a client that leaves meanwhile, or a stop, cancels it.
+                group.start_soon(_cancel_on_disconnect, request, group.cancel_scope)
+                if run is not None:
+                    run.scope = group.cancel_scope
+                try:
+                    with call_options(budget_cap=cap) if cap is not None else contextlib.nullcontext():
+                        stream = await method(*positional, **values)
+                except Exception as error:  # raised here, not from the task group (no exception group)
+                    failure = error
+                group.cancel_scope.cancel()
+        except BaseException:
+            # Cancelled from outside as the task group closed: the stream was made, and is nobody's.
+            if stream is not None:
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()
+            raise
         if run is not None:
             run.scope = None
         if failure is not None:

@@ -42,14 +42,16 @@ def rule(title: str) -> None:
 async def run(model: ChatModel) -> None:
     support = agentrt.build(Support, model=model, variables=SHOP)
 
-    rule("1. tokens streaming (await support.stream(...), then async for)")
+    rule("1. tokens streaming (async with await support.stream(...), then async for)")
     started = time.perf_counter()
-    stream = await support.stream("user-42", "Hello! Can you help me with my order?")
     stamps: list[float] = []
-    async for token in stream:
-        stamps.append(time.perf_counter() - started)
-        print(token, end="", flush=True)
-    result = await stream.result()
+    # `async with` closes the stream however the block ends (a `break`, an error), which releases
+    # the model's stream and the conversation at once.
+    async with await support.stream("user-42", "Hello! Can you help me with my order?") as stream:
+        async for token in stream:
+            stamps.append(time.perf_counter() - started)
+            print(token, end="", flush=True)
+        result = await stream.result()
     print(
         f"\n   {len(stamps)} text deltas; first after {stamps[0] * 1000:.0f} ms, last after "
         f"{stamps[-1] * 1000:.0f} ms"
@@ -140,12 +142,13 @@ async def retrieve(model: ChatModel, embedder: EmbeddingModel | None = None) -> 
         ModeratedSupport, model=model, variables=SHOP, moderation_model=WordListModeration("weapon")
     )
     try:
-        await moderated.stream("user-9", "How do I smuggle a weapon onto the train?")
+        async with await moderated.stream("user-9", "How do I smuggle a weapon onto the train?"):
+            pass  # not reached: the flag is raised by the await
     except agentrt.ModerationError as error:
         print(f"   ModerationError: flagged {error.flagged} for {', '.join(error.categories)}")
         print("   the model's stream was closed; no token was shown, nothing was stored")
-    stream = await moderated.stream("user-9", "Is there Wi-Fi on board?")
-    text = "".join([token async for token in stream])
+    async with await moderated.stream("user-9", "Is there Wi-Fi on board?") as stream:
+        text = "".join([token async for token in stream])
     print(f"   an unflagged request streams as usual: {text[:80]!r}")
 
 

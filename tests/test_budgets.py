@@ -8,7 +8,8 @@ Time limits run on the virtual clock (tests/conftest.py): deadlines and sleeps t
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 import anyio
 import pytest
@@ -31,6 +32,8 @@ from agentrt import (
 )
 from agentrt.models import TextDelta
 from agentrt.testing import CallTool, Delay, FunctionModel, Hang, ScriptedModel
+
+_T = TypeVar("_T")
 
 
 class Chat:
@@ -633,11 +636,24 @@ class Remembering:
     async def ask(self, conversation: Annotated[str, agentrt.MemoryId], question: str) -> str: ...
 
 
+async def in_another_task(start: Callable[[], Awaitable[_T]]) -> _T:
+    """Await `start()` in a task of its own: a conversation left held there is another task's, which
+    this task's turns wait for (a turn on a conversation its own kept stream holds is refused)."""
+    done: list[_T] = []
+
+    async def run() -> None:
+        done.append(await start())
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run)
+    return done[0]
+
+
 @pytest.mark.parametrize("view", ["stream", "ask"])
 async def test_a_time_budget_spent_waiting_for_the_conversation_says_it_was_busy(view: str) -> None:
     model = ScriptedModel(["first", Hang()], "never asked")
     service = agentrt.build(Remembering, model=model, memory=agentrt.memory.window())
-    holding = await service.chat("ada", "q1")  # holds the conversation until closed
+    holding = await in_another_task(lambda: service.chat("ada", "q1"))  # held until closed
     try:
         call = service.chat("ada", "q2") if view == "stream" else service.ask("ada", "q2")
         with call_options(budget=Budget(seconds=0.05)), pytest.raises(BudgetExceededError) as caught:

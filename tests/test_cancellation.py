@@ -12,6 +12,7 @@ from agentrt import CancelledEvent, LifecycleEvent, TokenStream
 from agentrt.testing import Delay, Hang, ScriptedModel
 
 SCRIPT = ["one ", "two ", Hang()]
+UNCLOSED = r"^Service\.stream: a stream was collected without being closed or read to its end"
 
 
 class Service:
@@ -29,12 +30,14 @@ def service(*responses: object) -> tuple[Service, ScriptedModel, list[LifecycleE
 async def test_break_out_of_an_unheld_stream_closes_the_model_stream() -> None:
     svc, model, events = service(SCRIPT)
 
-    async for token in await svc.stream("hi"):
-        assert token == "one "
-        break
+    async def read_one() -> None:
+        async for token in await svc.stream("hi"):
+            assert token == "one "
+            break
 
-    # Nothing holds the stream any more: it is closed from a fresh task once collected.
-    gc.collect()
+    # Nothing holds the stream any more: it warns, and is closed from a fresh task once collected.
+    with pytest.warns(ResourceWarning, match=UNCLOSED):
+        await read_one()
     with anyio.fail_after(5):
         await model.streams[0].wait_closed()
     assert not model.streams[0].completed
@@ -181,11 +184,13 @@ async def test_an_error_mid_stream_closes_the_model_stream() -> None:
 async def test_break_out_of_the_events_of_an_unheld_stream_closes_it() -> None:
     svc, model, _ = service(SCRIPT)
 
-    async for event in (await svc.stream("hi")).events():
-        if isinstance(event, agentrt.TextDelta):
-            break
+    async def read_to_text() -> None:
+        async for event in (await svc.stream("hi")).events():
+            if isinstance(event, agentrt.TextDelta):
+                break
 
-    gc.collect()
+    with pytest.warns(ResourceWarning, match=UNCLOSED):
+        await read_to_text()
     with anyio.fail_after(5):
         await model.streams[0].wait_closed()
     assert not model.streams[0].completed
@@ -196,8 +201,8 @@ async def test_dropping_an_unfinished_stream_closes_it() -> None:
     stream = await svc.stream("hi")
     assert await stream.__anext__() == "one "
 
-    del stream
-    gc.collect()
+    with pytest.warns(ResourceWarning, match=UNCLOSED):
+        del stream
 
     with anyio.fail_after(5):
         await model.streams[0].wait_closed()
@@ -216,7 +221,8 @@ async def test_a_stream_dropped_in_a_worker_thread_is_closed_in_its_own_loop() -
         holder.pop()
         gc.collect()
 
-    await anyio.to_thread.run_sync(drop)
+    with pytest.warns(ResourceWarning, match=UNCLOSED):
+        await anyio.to_thread.run_sync(drop)
 
     with anyio.fail_after(5):
         await model.streams[0].wait_closed()

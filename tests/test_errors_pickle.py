@@ -39,6 +39,7 @@ from agentrt._errors import (
     ContextLengthExceededError,
     ConversationBusyError,
     ConversationLockLostError,
+    ConversationReentryError,
     GuardrailError,
     InputGuardrailError,
     ModelConnectionError,
@@ -224,6 +225,11 @@ SAMPLES: dict[type[AgentError], Callable[[], AgentError]] = {
         "Assistant.chat: conversation 'ada' stayed busy with another turn for 2 s", memory_id="ada"
     ),
     ConversationLockLostError: lambda: ConversationLockLostError("the lock of 'x' is not owner 'o''s"),
+    ConversationReentryError: lambda: ConversationReentryError(
+        "Assistant.chat: conversation 'ada' is held by a turn of this same task (Assistant.stream)",
+        memory_id="ada",
+        holder="Assistant.stream",
+    ),
     LocalModelError: lambda: LocalModelError("the local model server did not start within 60 s"),
     TenantQuotaError: lambda: TenantQuotaError("acme", 1001, 1000),
     SlottedToolError: lambda: SlottedToolError(3),

@@ -568,11 +568,12 @@ async def test_streams_half_cancelled_at_random_points_leave_whole_turns_only() 
             return
         with anyio.CancelScope() as scope:
             read = 0
-            async for _ in await streams.stream("c", question):
-                read += 1
-                if read == stop_after:
-                    scope.cancel()
-                    await anyio.lowlevel.checkpoint()
+            async with await streams.stream("c", question) as tokens:
+                async for _ in tokens:
+                    read += 1
+                    if read == stop_after:
+                        scope.cancel()
+                        await anyio.lowlevel.checkpoint()
 
     async with anyio.create_task_group() as group:
         for index in range(200):
@@ -587,10 +588,14 @@ async def test_an_abandoned_stream_releases_its_conversation() -> None:
     model = ScriptedModel(["one ", "two ", Hang()], "second turn")
     svc = agentrt.build(Concierge, model=model, memory=agentrt.memory.window())
 
-    async for token in await svc.stream("c", "Ada", "hi"):
-        assert token == "one "
-        break
-    gc.collect()  # nothing holds the stream: its finalizer closes it from another task
+    async def read_one() -> None:
+        async for token in await svc.stream("c", "Ada", "hi"):
+            assert token == "one "
+            break
+
+    # Nothing holds the stream: it warns, and its finalizer closes it from another task.
+    with pytest.warns(ResourceWarning, match=r"^Concierge\.stream: a stream was collected"):
+        await read_one()
 
     with anyio.fail_after(5):
         assert await svc.chat("c", "Ada", "next") == "second turn"
@@ -609,7 +614,8 @@ async def test_a_stream_dropped_without_reading_releases_its_conversation() -> N
         holder.pop()
         gc.collect()
 
-    await anyio.to_thread.run_sync(drop)  # collected in a worker thread: closed in its own loop
+    with pytest.warns(ResourceWarning, match=r"^Concierge\.stream: a stream was collected"):
+        await anyio.to_thread.run_sync(drop)  # collected in a worker thread: closed in its own loop
 
     with anyio.fail_after(5):
         assert await svc.chat("c", "Ada", "next") == "second turn"

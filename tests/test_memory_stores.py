@@ -8,9 +8,9 @@ was written, not what one object remembers.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import anyio
 import pytest
@@ -33,6 +33,7 @@ from agentrt.models import ModelRequest
 from agentrt.testing import FunctionModel
 
 Factory = Callable[[], ChatMemoryStore]
+_T = TypeVar("_T")
 """Makes another store on the same data (another process's view, for shared stores)."""
 
 STORES = ["memory", "sqlite", "redis"]
@@ -209,9 +210,23 @@ async def test_turns_on_one_conversation_are_serialized_across_store_instances(s
         assert answer.text == f"{user.text}#{position}"  # each turn saw every turn before it
 
 
+async def in_another_task(start: Callable[[], Awaitable[_T]]) -> _T:
+    """Await `start()` in a task of its own: a conversation left held there is another task's, which
+    this task's turns wait for (a turn on a conversation its own kept stream holds is refused)."""
+    done: list[_T] = []
+
+    async def run() -> None:
+        done.append(await start())
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run)
+    return done[0]
+
+
 async def test_a_conversation_held_elsewhere_makes_a_turn_wait_within_its_limits(stores: Factory) -> None:
     # Held through another instance of the store: for shared stores, another process's turn.
-    holder = await Memory(ChatMemory(stores(), namespace="held"), "holder").open("c", "holder")
+    held = Memory(ChatMemory(stores(), namespace="held"), "holder")
+    holder = await in_another_task(lambda: held.open("c", "holder"))
     try:
         model = FunctionModel(counting)
         busy = agentrt.build(Chat, model=model, memory=ChatMemory(stores(), namespace="held", wait=0.2))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -42,6 +43,8 @@ from agentrt import (
 from agentrt.guardrails import fatal, input_guardrails
 from agentrt.models import OpenAIChatModel
 from agentrt.testing import CallTool, Hang, Raise, ScriptedModel
+
+_T = TypeVar("_T")
 
 
 class Chat:
@@ -507,11 +510,24 @@ def test_request_budget_with_a_parameter_named_budget_is_a_configuration_error()
         agentrt.sse.endpoint(svc.plan, request_budget=True)
 
 
+async def in_another_task(start: Callable[[], Awaitable[_T]]) -> _T:
+    """Await `start()` in a task of its own: a conversation left held there is another task's, which
+    this task's turns wait for (a turn on a conversation its own kept stream holds is refused)."""
+    done: list[_T] = []
+
+    async def run() -> None:
+        done.append(await start())
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run)
+    return done[0]
+
+
 async def test_a_time_budget_spent_waiting_for_a_busy_conversation_is_409() -> None:
     model = ScriptedModel(["first", Hang()], "never asked")
     svc = agentrt.build(Capped, model=model, memory=agentrt.memory.window())
     handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, budget=Budget(seconds=0.2))
-    holding = await svc.chat("ada", "q1")  # holds the conversation of "ada" until closed
+    holding = await in_another_task(lambda: svc.chat("ada", "q1"))  # holds "ada" until closed
     try:
         async with app_for(("/chat", handler)) as client:
             response = await client.post("/chat", json={"question": "q2"}, headers={"x-user": "ada"})

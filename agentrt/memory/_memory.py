@@ -7,8 +7,11 @@ on different conversations never wait for each other.
 
 The lock within a process is a FIFO queue per conversation that any task may release: the task that
 closes a stream is not always the one that opened it (a stream abandoned by its reader is closed by
-its finalizer), and an `anyio.Lock` must be released by its owner. Across processes, a shared store
-adds its own lease (see `SharedChatMemoryStore`).
+its finalizer), and an `anyio.Lock` must be released by its owner. Like a lock re-acquired by its
+owner, a task that starts a turn on a conversation a turn of its own still holds (a stream it broke
+out of and kept) gets `ConversationReentryError` at once: nothing else would ever close that stream,
+so waiting would never end. Across processes, a shared store adds its own lease (see
+`SharedChatMemoryStore`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import inspect
 import logging
 import math
 import os
+import sys
 import threading
 import warnings
 import weakref
@@ -28,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import anyio
 import orjson
 
-from .._errors import ConfigurationError, ConversationBusyError
+from .._errors import ConfigurationError, ConversationBusyError, ConversationReentryError
 from .._messages import SystemMessage, ToolResultMessage
 from ._inmemory import DEFAULT_MAX_CONVERSATIONS, InMemoryStore
 from ._store import ChatMemoryStore, SharedChatMemoryStore
@@ -205,13 +209,42 @@ async def complete(operation: Coroutine[Any, Any, _T]) -> _T:
     raise AssertionError("unreachable: a shielded scope with no deadline is never cancelled")
 
 
+def _current_task() -> object | None:
+    """The running task (asyncio's or trio's), compared by identity only; `None` outside of one."""
+    task = _asyncio_task()
+    if task is not None:
+        return task
+    trio = sys.modules.get("trio")  # anyio's other backend: imported if it runs
+    if trio is None:
+        return None
+    try:
+        current: object = trio.lowlevel.current_task()
+    except RuntimeError:
+        return None
+    return current
+
+
+class _Holder:
+    """One turn's claim on a conversation's lock: the task that may still close it, if any, and the
+    method that opened it (for the error)."""
+
+    __slots__ = ("task", "where")
+
+    def __init__(self, task: object, where: str) -> None:
+        self.task: object | None = task
+        """The task that opened the turn or last started reading its stream; `None` once the turn
+        is closed from a stream's finalizer (another task then releases the lock)."""
+        self.where = where
+
+
 class _Queue:
-    """Who holds one conversation's lock (implicit: whoever was handed it) and who waits, in order."""
+    """Who holds one conversation's lock and who waits for it, in order."""
 
-    __slots__ = ("waiters",)
+    __slots__ = ("holder", "waiters")
 
-    def __init__(self) -> None:
-        self.waiters: deque[anyio.Event] = deque()
+    def __init__(self, holder: _Holder) -> None:
+        self.holder = holder
+        self.waiters: deque[tuple[anyio.Event, _Holder]] = deque()
 
 
 class _Locks:
@@ -250,21 +283,21 @@ def _locks_for(store: ChatMemoryStore) -> _Locks:
     return locks
 
 
-async def _acquire(table: dict[str, _Queue], key: str) -> None:
+async def _acquire(table: dict[str, _Queue], key: str, holder: _Holder) -> None:
     """Wait for the lock of `key`; a waiter that is cancelled after it was handed the lock passes it on."""
     queue = table.get(key)
     if queue is None:
-        table[key] = _Queue()
+        table[key] = _Queue(holder)
         return
-    event = anyio.Event()
-    queue.waiters.append(event)
+    waiter = (anyio.Event(), holder)
+    queue.waiters.append(waiter)
     try:
-        await event.wait()
+        await waiter[0].wait()
     except BaseException:
-        if event.is_set():
+        if waiter[0].is_set():
             _release(table, key)
         else:
-            queue.waiters.remove(event)
+            queue.waiters.remove(waiter)
         raise
 
 
@@ -272,7 +305,10 @@ def _release(table: dict[str, _Queue], key: str) -> None:
     """Hand the lock of `key` to the next waiter, or free it."""
     queue = table[key]
     if queue.waiters:
-        queue.waiters.popleft().set()
+        # The holder changes now, not when the waiter wakes: the task that released may start its
+        # next turn on the conversation before then, and must wait, not be told it holds the lock.
+        event, queue.holder = queue.waiters.popleft()
+        event.set()
     else:
         del table[key]
 
@@ -328,22 +364,37 @@ class Memory:
         return window_start(messages, self.max_messages, self.max_tokens, self.counter)
 
     async def open(self, memory_id: Any, where: str) -> Conversation:
-        """Lock the conversation of `memory_id` (waiting for the turn that holds it) and load it."""
+        """Lock the conversation of `memory_id` (waiting for the turn that holds it) and load it.
+
+        Raises `ConversationReentryError` at once if a turn of the calling task holds it (see the
+        module's docstring), `ConversationBusyError` after the memory's `wait`.
+        """
         key = self.key(memory_id, where)
         wait = self.config.wait
         give_up = math.inf if wait is None else anyio.current_time() + wait
         table = self.locks.table()
-        if key not in table:
-            table[key] = _Queue()  # free: taken without an await
+        holder = _Holder(_current_task(), where)
+        queue = table.get(key)
+        if queue is None:
+            table[key] = _Queue(holder)  # free: taken without an await
         else:
+            if holder.task is not None and queue.holder.task is holder.task:
+                raise ConversationReentryError(
+                    f"{where}: conversation {memory_id!r} is held by a turn of this same task "
+                    f"({queue.holder.where}), most likely a stream it has not closed; waiting for it "
+                    "would never end. Close the stream first (`async with await svc.stream(...) as "
+                    "tokens:`), or read it to its end",
+                    memory_id=memory_id,
+                    holder=queue.holder.where,
+                )
             with anyio.CancelScope(deadline=give_up) as scope:
-                await _acquire(table, key)
+                await _acquire(table, key, holder)
             if scope.cancelled_caught:
                 raise ConversationBusyError(
                     f"{where}: conversation {memory_id!r} stayed busy with another turn for {wait} s",
                     memory_id=memory_id,
                 )
-        conversation = Conversation(self, table, key, memory_id)
+        conversation = Conversation(self, table, key, memory_id, holder)
         try:
             if self.shared:
                 await conversation.lease(where, give_up)
@@ -358,11 +409,14 @@ class Memory:
 class Conversation:
     """One conversation, locked for one turn (or one write through `MemoryAccess`)."""
 
-    __slots__ = ("_table", "held", "key", "memory", "memory_id", "owner", "stored")
+    __slots__ = ("_holder", "_table", "held", "key", "memory", "memory_id", "owner", "stored")
 
-    def __init__(self, memory: Memory, table: dict[str, _Queue], key: str, memory_id: Any) -> None:
+    def __init__(
+        self, memory: Memory, table: dict[str, _Queue], key: str, memory_id: Any, holder: _Holder
+    ) -> None:
         self.memory = memory
         self._table = table
+        self._holder = holder
         self.key = key
         self.memory_id = memory_id
         self.held = True
@@ -424,6 +478,16 @@ class Conversation:
     async def delete(self) -> None:
         await complete(self.memory.store.delete(self.key, owner=self.owner))
         self.stored = []
+
+    def claim(self) -> None:
+        """The running task reads the turn's stream from now on: it holds the conversation (a stream
+        handed to another task is that task's to close)."""
+        self._holder.task = _current_task()
+
+    def abandon(self) -> None:
+        """The turn's stream was collected unclosed and is being closed from another task: no task
+        holds the conversation, so a turn started meanwhile waits for that close. Any thread."""
+        self._holder.task = None
 
     def release_local(self) -> None:
         """Release the lock within the process (the whole lock, for a store that is not shared)."""
