@@ -1,19 +1,27 @@
-"""Finding JSON in answers (`agentrt.output._extract`): what a model wraps its JSON in, adversarial
-inputs that used to take seconds, and random text (hypothesis).
+"""Finding JSON in answers (`agentrt.output._extract`): what a model wraps its JSON in, reasoning
+that is never the answer, adversarial inputs that used to take seconds, and random text (hypothesis).
 
-These are synchronous: extraction is plain computation, no event loop involved. How fast it is, and
-that 10 MB take about ten times as long as 1 MB, is measured by benchmarks/bench_extract.py, not here.
+Most are synchronous: extraction is plain computation, no event loop involved. How fast it is, that
+10 MB take about ten times as long as 1 MB, and how long a parse in a worker thread stops the event
+loop, is measured by benchmarks/bench_extract.py and benchmarks/bench_parse_gap.py, not here.
 """
 
 from __future__ import annotations
 
+import json
+from typing import Annotated, Any
+
+import httpx
 import orjson
 import pytest
+from cassettes import Parts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from agentrt import OutputParsingError
+import agentrt
+from agentrt import AssistantMessage, MemoryId, OutputParsingError, Result
+from agentrt.models import OpenAIChatModel, RetryPolicy
 from agentrt.output import parser_for
 from agentrt.output._extract import candidates, strip_thinking
 
@@ -35,12 +43,16 @@ def test_leading_think_blocks_are_dropped_even_unclosed_ones() -> None:
     [
         ('{"a": 1}', ['{"a": 1}']),
         ('```json\n{"a": 1}\n```\nThanks', ['```json\n{"a": 1}\n```\nThanks', '{"a": 1}']),
-        ("a {b} c [1] d", ["a {b} c [1] d", "{b}", "[1]"]),
+        ("a {b} c [1] d", ["a {b} c [1] d", "[1]"]),  # JSON has no "{b}"
         ('x {"s": "} ]"} y', ['x {"s": "} ]"} y', '{"s": "} ]"}']),
         ('{"s": "\\\\"} {"t": "\\""}', ['{"s": "\\\\"} {"t": "\\""}', '{"s": "\\\\"}', '{"t": "\\""}']),
         ("[[[[{}", ["[[[[{}", "{}"]),
         ("}}]] [2]", ["}}]] [2]", "[2]"]),
-        ("{[}]", ["{[}]", "{[}"]),  # the stray "[" is unwound: "{[}" balances its braces
+        ("{[}]", ["{[}]"]),  # neither "{[" nor "[}" can be JSON
+        # A bracket JSON cannot have ends the spans open around it; those closed inside are found.
+        ('[{"a": 1}, {b} {"c": [2]}', ['[{"a": 1}, {b} {"c": [2]}', '{"a": 1}', '{"c": [2]}']),
+        ('{"a": [1}, "b": 2}', ['{"a": [1}, "b": 2}']),
+        ('x {"k": "v"} and a}b{c]d [ ]', ['x {"k": "v"} and a}b{c]d [ ]', '{"k": "v"}', "[ ]"]),
     ],
 )
 def test_candidates_in_order(text: str, expected: list[str]) -> None:
@@ -125,3 +137,84 @@ def test_think_markers_inside_the_json_are_text(marker: str, around: str) -> Non
     ticket = Ticket(title=marker, tags=["a"])
     text = around.replace("{}", orjson.dumps(ticket.model_dump()).decode())
     assert parser_for(Ticket).parse(text) == ticket
+
+
+# --- reasoning is never the answer ---------------------------------------------------------------------
+
+
+class Trip(BaseModel):
+    origin: str
+    destination: str
+
+
+DRAFT = '{"origin": "Bern", "destination": "Basel"}'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"<think>Draft: {DRAFT}</think>\nSorry, I cannot help.",
+        f"<think>Draft:\n```json\n{DRAFT}\n```\n</think>\nSorry, I cannot help.",
+        f"<think>a</think> <think>Draft: {DRAFT}</think> Sorry, I cannot help.",
+        f"<think>Draft: {DRAFT} and never closed",
+        # The chat template opened the block in the prompt: only its end comes back.
+        f"Draft: {DRAFT}\n</think>\nSorry, I cannot help.",
+        f"Draft: [{DRAFT}]</think>Sorry.",
+    ],
+)
+def test_json_inside_a_think_block_is_no_candidate(text: str) -> None:
+    assert DRAFT not in list(candidates(text))
+    with pytest.raises(OutputParsingError, match="no JSON found"):
+        parser_for(Trip).parse(text)
+
+
+def test_the_answer_after_a_think_block_is_found_not_the_draft() -> None:
+    text = f'<think>Draft: {DRAFT}</think>\nHere: {{"origin": "Bern", "destination": "Chur"}}'
+    assert parser_for(Trip).parse(text) == Trip(origin="Bern", destination="Chur")
+    fenced = f'x {DRAFT}\n</think>\n```json\n{{"origin": "Bern", "destination": "Chur"}}\n```'
+    assert parser_for(Trip).parse(fenced) == Trip(origin="Bern", destination="Chur")
+
+
+class Planner:
+    async def trip(self, conversation: Annotated[str, MemoryId], text: str) -> Result[Trip]: ...
+
+
+def _sse(content: str) -> bytes:
+    payloads = [
+        {
+            "id": "c",
+            "model": "m",
+            "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}],
+        },
+        {"id": "c", "model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    return b"".join(b"data: " + orjson.dumps(p) + b"\n\n" for p in payloads) + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("lead", ["<think>", ""])
+async def test_a_draft_in_reasoning_from_an_openai_server_is_repaired_not_returned(lead: str) -> None:
+    # Served without a reasoning parser; with lead "" the chat template opened the block in the
+    # prompt, so only "</think>" comes back and the whole reasoning arrives as content.
+    refusal = f"{lead}Draft: {DRAFT}</think>\nSorry, I cannot help."
+    final = '{"origin": "Bern", "destination": "Chur"}'
+    bodies = [_sse(refusal), _sse(final)]
+    sent: list[dict[str, Any]] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, stream=Parts([bodies.pop(0)])
+        )
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(server)) as client:
+        model = OpenAIChatModel("m", base_url="https://llm.test/v1", client=client, retry=RetryPolicy.never())
+        svc = agentrt.build(Planner, model=model, memory=agentrt.memory.window())
+        result = await svc.trip("c", "Bern to Chur, please")
+
+    assert result.value == Trip(origin="Bern", destination="Chur")
+    assert result.attempts == 2
+    repair = sent[1]["messages"]
+    assert repair[-1]["role"] == "user"
+    assert repair[-1]["content"].startswith("Your answer could not be read as Trip: no JSON found in it.")
+    stored = await agentrt.memory.access(svc).read("c")
+    assert stored[-1] == AssistantMessage(text=final)
