@@ -9,6 +9,7 @@ loop, is measured by benchmarks/bench_extract.py and benchmarks/bench_parse_gap.
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from typing import Annotated, Any
 
 import httpx
@@ -218,3 +219,93 @@ async def test_a_draft_in_reasoning_from_an_openai_server_is_repaired_not_return
     assert repair[-1]["content"].startswith("Your answer could not be read as Trip: no JSON found in it.")
     stored = await agentrt.memory.access(svc).read("c")
     assert stored[-1] == AssistantMessage(text=final)
+
+
+# --- shapes real models answer, and the ambiguous ones that are still refused ---------------------------
+
+
+TRIP = Trip(origin="Bern", destination="Basel")
+
+
+class Settings(BaseModel):
+    theme: str = "light"  # every field has a default: the envelope itself would validate
+
+
+@pytest.mark.parametrize(
+    ("annotation", "text", "value"),
+    [
+        (Trip, f'{{"trip": {DRAFT}}}', TRIP),
+        (Trip, f'Here you go: {{"Trip": {DRAFT}}}', TRIP),
+        (list[Trip], f'{{"trips": [{DRAFT}]}}', [TRIP]),
+        (list[Trip] | None, f'```json\n{{"trip": [{DRAFT}]}}\n```', [TRIP]),
+        (Trip, f'{{"result": {DRAFT}}}', TRIP),
+        (list[int], '{"answer": [1, 2]}', [1, 2]),
+        (int, '{"result": 42}', 42),
+        (Settings, '{"settings": {"theme": "dark"}}', Settings(theme="dark")),
+    ],
+)
+def test_a_single_field_envelope_around_the_type_is_read(annotation: Any, text: str, value: Any) -> None:
+    assert parser_for(annotation).parse(text) == value
+
+
+@pytest.mark.parametrize(
+    ("annotation", "text"),
+    [
+        (Trip, f'{{"trip": {DRAFT}, "note": "one way"}}'),  # two fields: which one is the answer?
+        (list[Trip], f'{{"trips": [{DRAFT}], "count": 1}}'),
+        (Trip, f'{{"error": {DRAFT}}}'),  # a key that names neither the type nor the answer
+        (int, '{"error": 500}'),
+        (int, '{"count": 3}'),
+    ],
+)
+def test_an_envelope_that_may_be_something_else_is_refused(annotation: Any, text: str) -> None:
+    with pytest.raises(OutputParsingError):
+        parser_for(annotation).parse(text)
+
+
+def test_a_field_or_a_mapping_key_is_no_envelope() -> None:
+    class Wrapper(BaseModel):
+        trip: Trip
+
+    assert parser_for(Wrapper).parse(f'{{"trip": {DRAFT}}}') == Wrapper(trip=TRIP)
+    assert parser_for(dict[str, Trip]).parse(f'{{"trip": {DRAFT}}}') == {"trip": TRIP}
+
+
+@pytest.mark.parametrize(
+    ("annotation", "text", "value"),
+    [
+        (int, "The answer is 42.", 42),
+        (int, "There are 3 trains.", 3),
+        (float, "It costs -2.5 francs.", -2.5),
+        (Decimal, "CHF 1250.50.", Decimal("1250.50")),
+        (bool, "Yes, it is.", True),
+        (bool, "No, it is not.", False),
+        (bool, "True, the train runs.", True),
+        (int | None, "The answer is 7", 7),
+    ],
+)
+def test_a_scalar_in_a_short_sentence_is_read(annotation: Any, text: str, value: Any) -> None:
+    assert parser_for(annotation).parse(text) == value
+
+
+@pytest.mark.parametrize(
+    ("annotation", "text"),
+    [
+        (int, "Between 3 and 4."),  # two numbers
+        (int, "It left at 10:15."),
+        (int, "On 2026-12-01."),
+        (int, "It is the 3rd."),  # a number with letters stuck to it
+        (float, "About 42%."),
+        (Decimal, "CHF 1,250.50."),  # a thousands separator, or a decimal comma?
+        (int, "The answer is 42.5."),  # a number, but no int
+        (bool, "Yes and no."),
+        (bool, "Well, yes."),  # it does not start with the answer
+        (bool, "No, yes."),
+        (bool | int, "Yes, 3 of them."),  # a bool and a number: which one?
+        (int, 'I would say {"n": 5}'),  # JSON that did not validate is no sentence
+        (int, "The answer is 42.\nOr 43."),  # more than one line is no short sentence
+    ],
+)
+def test_a_sentence_with_more_than_one_reading_is_refused(annotation: Any, text: str) -> None:
+    with pytest.raises(OutputParsingError):
+        parser_for(annotation).parse(text)

@@ -7,9 +7,12 @@ text into the value. Parsing errors become `OutputParsingError` carrying the raw
 `TypeParser` reads any type through a pydantic `TypeAdapter`: scalars (`bool`, `int`, `float`,
 `Decimal`, `Enum`, `Literal`, dates and times, `UUID`), containers of them, models, dataclasses,
 `TypedDict`s and unions. It accepts what models answer: the JSON alone, in a fenced block, with prose
-around it, after a `<think>` block, a bare scalar ("yes", "42", "POSITIVE"), or a scalar wrapped in an
+around it, after a `<think>` block, a bare scalar ("yes", "42", "POSITIVE"), a scalar wrapped in an
 object (`{"value": 42}`, which is how a schema that is not an object is asked for on providers that
-require one at the top).
+require one at the top), a single-field envelope named for the type or the answer (`{"ticket": {...}}`,
+`{"tickets": [...]}`, `{"result": ...}`), and a number or a yes/no in one short sentence ("The answer
+is 42.", "Yes, it is."). Where two readings are possible (two numbers, "yes and no", an envelope with a
+second field) the answer is refused: a wrong value is worse than a repair.
 """
 
 from __future__ import annotations
@@ -52,6 +55,18 @@ WRAPPER: Final = "value"
 _BARE_MAX: Final = 200  # a longer answer is not a bare scalar
 _NONE_WORDS: Final = frozenset({"none", "null", "nil"})
 _NAME: Final = re.compile(r"[^A-Za-z0-9_-]+")
+# Keys of a single-field object around the answer, besides the type's own name (normalized: lower
+# case, letters and digits only).
+_ENVELOPES: Final = frozenset({"value", "result", "answer", "output", "response", "data"})
+_FIRST_KEY: Final = re.compile(r'\{\s*"([^"\\]{1,64})"\s*:')
+_NOT_ALNUM: Final = re.compile(r"[^0-9a-z]+")
+# A number in a sentence: what looks like one, with any letters, digits or % stuck to it (then it is
+# no plain number: "3rd", "v2", "10km", "42%").
+_NUMBER_LIKE: Final = re.compile(r"\w*[-+]?\d[\d.,']*\w*%?")
+_PLAIN_NUMBER: Final = re.compile(r"[-+]?\d+(?:\.\d+)?")
+_JSONISH: Final = re.compile(r'[{}\[\]"]')
+_WORD: Final = re.compile(r"[^\W\d_]+")
+_POLAR: Final = {"yes": "true", "true": "true", "no": "false", "false": "false"}
 
 
 class OutputParser(Protocol):
@@ -204,6 +219,9 @@ class TypeParser:
     __slots__ = (
         "_defs",
         "_enums",
+        "_envelopes",
+        "_fields",
+        "_kinds",
         "_object",
         "_scalar",
         "_schema",
@@ -228,6 +246,11 @@ class TypeParser:
         self._object = schema.get("type") == "object"
         self._scalar = _is_scalar(schema, defs)
         self._enums = tuple(_enums_in(annotation, set()))
+        self._envelopes = _envelope_names(annotation)
+        properties = schema.get("properties") if self._object else None
+        # An object type's own fields (`None`: a mapping, which any single-field object already is).
+        self._fields = frozenset(properties) if isinstance(properties, dict) else None
+        self._kinds = _kinds(schema, defs) if self._scalar else frozenset()
         if self._object:
             self._wrapped = schema
         else:
@@ -298,6 +321,9 @@ class TypeParser:
                 return self._from_python(bare)
             except ValidationError as exc:
                 error = error or exc
+            said = self._in_sentence(bare)  # "The answer is 42.", "Yes, it is."
+            if said is not _NOTHING:
+                return said
         elif bare is not None and bare.casefold() in _NONE_WORDS:
             try:
                 return self.adapter.validate_python(None)  # "None" for an `Optional[Model]`
@@ -326,25 +352,79 @@ class TypeParser:
 
     def _from_json(self, candidate: str) -> Any:
         wrapped = None  # what was wrong with a wrapped answer's value
-        if not self._object and candidate[:1] == "{":
-            # A wrapped answer ({"value": ...}, as a schema that is not an object is asked for) is
-            # read unwrapped first: a type that also accepts the wrapper itself (a model whose fields
-            # all have defaults, a dict, `Any`) would otherwise take it as the answer.
-            data = _loads(candidate)
-            if isinstance(data, dict) and len(data) == 1 and WRAPPER in data:
-                inner = data[WRAPPER]
-                try:
-                    if isinstance(inner, str) and self._scalar:
-                        return self._from_python(inner)
-                    return self._from_data(inner)
-                except ValidationError as exc:
-                    wrapped = exc  # then the object as it is
+        envelope = self._envelope(candidate)
+        # A wrapped answer ({"value": ...}, as a schema that is not an object is asked for) is read
+        # unwrapped first: a type that also accepts the wrapper itself (a model whose fields all
+        # have defaults, a dict, `Any`) would otherwise take it as the answer. So is an envelope
+        # around a model ({"ticket": {...}}), which a model ignoring unknown fields would accept.
+        first = envelope is not None and (envelope[0] == WRAPPER or self._object)
+        if envelope is not None and first:
+            try:
+                return self._unwrapped(envelope[1])
+            except ValidationError as exc:
+                wrapped = exc  # then the object as it is
         try:
             return self.adapter.validate_json(candidate)
         except ValidationError as exc:
+            if envelope is not None and not first:
+                try:
+                    return self._unwrapped(envelope[1])  # {"tickets": [...]}, {"result": 42}
+                except ValidationError:
+                    pass
             if wrapped is not None:
                 raise wrapped from None  # it says more than that the object is no int
             return self._named(_loads(candidate) if self._enums else _NOTHING, exc)
+
+    def _envelope(self, candidate: str) -> tuple[str, Any] | None:
+        """(key, value) of a single-field object around the answer: `{"value": ...}` for a type
+        that is not an object, or a key naming the type or the answer (`ticket`, `tickets`,
+        `result`, ...) that is none of its fields. Only such a first key makes the whole candidate
+        be read a second time."""
+        if candidate[:1] != "{":
+            return None
+        head = _FIRST_KEY.match(candidate, 0, 256)
+        if head is None:
+            return None
+        key = head.group(1)
+        if key == WRAPPER and not self._object:
+            pass
+        elif self._object and (self._fields is None or key in self._fields):
+            return None  # a mapping, or a field: the object as it is
+        elif _NOT_ALNUM.sub("", key.casefold()) not in self._envelopes:
+            return None
+        data = _loads(candidate)
+        if isinstance(data, dict) and len(data) == 1 and key in data:
+            return key, data[key]
+        return None
+
+    def _unwrapped(self, inner: Any) -> Any:
+        if isinstance(inner, str) and self._scalar:
+            return self._from_python(inner)
+        return self._from_data(inner)
+
+    def _in_sentence(self, sentence: str) -> Any:
+        """The one number, or the yes or no it starts with, of a short sentence, as the type
+        (`_NOTHING` when there is none, or more than one reading)."""
+        if _JSONISH.search(sentence):
+            return _NOTHING  # JSON that did not validate is no sentence: {"error": 500} is no 500
+        found = []
+        if "boolean" in self._kinds:
+            words = _WORD.findall(sentence.casefold())
+            said = {_POLAR[word] for word in words if word in _POLAR}
+            if words and words[0] in _POLAR and len(said) == 1:  # "Yes, it is."; not "Yes and no."
+                found.append(said.pop())
+        if "number" in self._kinds:
+            numbers = _NUMBER_LIKE.findall(sentence)
+            if len(numbers) == 1:
+                number = numbers[0].rstrip(".,")
+                if _PLAIN_NUMBER.fullmatch(number):  # not "3rd", "v2", "42%", "1,250.50"
+                    found.append(number)
+        if len(found) != 1:
+            return _NOTHING
+        try:
+            return self.adapter.validate_python(found[0])
+        except ValidationError:
+            return _NOTHING
 
     def _from_data(self, data: Any) -> Any:
         """A value read from JSON, validated as JSON (Enums also by name)."""
@@ -405,6 +485,54 @@ def _enums_in(annotation: Any, seen: set[Any]) -> list[type[enum.Enum]]:
     for arg in get_args(annotation):
         found.extend(e for e in _enums_in(arg, seen) if e not in found)
     return found
+
+
+def _envelope_names(annotation: Any) -> frozenset[str]:
+    """The keys an envelope around the type may have: the generic ones, and the names of the
+    classes in it (`Ticket` in `list[Ticket] | None`), singular and plural, normalized."""
+    names = set(_ENVELOPES)
+    for name in _class_names(annotation):
+        base = _NOT_ALNUM.sub("", name.casefold())
+        names.update((base, base + "s", base + "es"))
+        if base.endswith("y"):
+            names.add(base[:-1] + "ies")
+    return frozenset(names)
+
+
+def _class_names(annotation: Any) -> list[str]:
+    """The user classes a type is made of, through containers and unions (not a mapping's values)."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _class_names(get_args(annotation)[0])
+    if origin is not None:
+        if isinstance(origin, type) and issubclass(origin, dict):
+            return []
+        return [name for arg in get_args(annotation) for name in _class_names(arg)]
+    if isinstance(annotation, type) and annotation.__module__ not in _BUILTIN_MODULES:
+        return [annotation.__name__]
+    return []
+
+
+_BUILTIN_MODULES: Final = frozenset({"builtins", "datetime", "decimal", "uuid", "typing", "pathlib"})
+
+
+def _kinds(schema: dict[str, Any], defs: dict[str, Any]) -> frozenset[str]:
+    """What a scalar schema may be read from in a sentence: "boolean", "number"."""
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        target = defs.get(ref.rsplit("/", 1)[-1])
+        return _kinds(target, defs) if isinstance(target, dict) else frozenset()
+    if "enum" in schema or "const" in schema:
+        return frozenset()
+    kinds: set[str] = set()
+    kind = schema.get("type")
+    if kind == "boolean":
+        kinds.add("boolean")
+    elif kind in ("integer", "number"):
+        kinds.add("number")
+    for option in schema.get("anyOf") or schema.get("oneOf") or ():
+        kinds |= _kinds(option, defs)
+    return frozenset(kinds)
 
 
 def _member(enums: tuple[type[enum.Enum], ...], word: str, expected: str) -> enum.Enum | None:
