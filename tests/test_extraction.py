@@ -9,6 +9,8 @@ loop, is measured by benchmarks/bench_extract.py and benchmarks/bench_parse_gap.
 from __future__ import annotations
 
 import json
+import re
+import sys
 from decimal import Decimal
 from typing import Annotated, Any
 
@@ -23,8 +25,8 @@ from pydantic import BaseModel
 import agentrt
 from agentrt import AssistantMessage, MemoryId, OutputParsingError, Result
 from agentrt.models import OpenAIChatModel, RetryPolicy
-from agentrt.output import parser_for
-from agentrt.output._extract import candidates, strip_thinking
+from agentrt.output import _extract, parser_for
+from agentrt.output._extract import SLICE, candidates, strip_thinking
 
 
 class Ticket(BaseModel):
@@ -309,3 +311,51 @@ def test_a_scalar_in_a_short_sentence_is_read(annotation: Any, text: str, value:
 def test_a_sentence_with_more_than_one_reading_is_refused(annotation: Any, text: str) -> None:
     with pytest.raises(OutputParsingError):
         parser_for(annotation).parse(text)
+
+
+def test_an_answer_made_of_thousands_of_small_spans_is_refused_not_searched_to_its_end() -> None:
+    # 256 candidates are validated at most: the span after them is not looked for.
+    noise = " ".join(f'{{"n": {i}}}' for i in range(300))
+    with pytest.raises(OutputParsingError):
+        parser_for(Trip).parse(f"{noise} {DRAFT}")
+    assert parser_for(Trip).parse(f"{noise[:2000]} {DRAFT}") == TRIP
+    # Arrays are no object: they do not count (a list of citations before the JSON).
+    citations = " ".join(f"[{i}]" for i in range(1000))
+    assert parser_for(Trip).parse(f"As said in {citations}: {DRAFT}") == TRIP
+
+
+class Recording:
+    """A compiled pattern that records how many characters each call may read."""
+
+    def __init__(self, pattern: re.Pattern[str], windows: list[int]) -> None:
+        self._pattern = pattern
+        self._windows = windows
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._pattern, name)
+
+        def call(text: str, pos: int = 0, endpos: int = sys.maxsize) -> Any:
+            self._windows.append(min(endpos, len(text)) - pos)
+            return method(text, pos, endpos)
+
+        return call
+
+
+@pytest.mark.parametrize(
+    "noise",
+    ["x" * 200_000, "{a" * 100_000, "{}" * 100_000, '{"' * 100_000, "[" * 200_000, '{"s": "' + "y" * 200_000],
+    ids=["prose", "brace every other", "empty objects", "quotes", "brackets", "unclosed string"],
+)
+def test_no_search_reads_more_than_a_slice(monkeypatch: pytest.MonkeyPatch, noise: str) -> None:
+    # A worker thread's parse holds the GIL for one regex call at a time: a whole-text pass over
+    # 10 MB stopped the event loop for ~100 ms. Every search is bounded to SLICE characters.
+    windows: list[int] = []
+    for name, value in vars(_extract).items():
+        if isinstance(value, re.Pattern):
+            monkeypatch.setattr(_extract, name, Recording(value, windows))
+    text = f"<think>{noise}</think>\n{noise}\n```json\n{DRAFT}\n```\n{noise} {DRAFT}"
+    assert parser_for(Trip).parse(text) == TRIP
+    found = list(candidates(text))
+    assert DRAFT in found
+    assert windows
+    assert max(windows) <= SLICE + 1

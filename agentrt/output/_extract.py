@@ -31,7 +31,7 @@ from itertools import chain
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from collections.abc import Generator, Iterator
+    from collections.abc import Iterator
 
 __all__ = ["SLICE", "answer_start", "candidates", "strip_thinking"]
 
@@ -40,20 +40,26 @@ SLICE: Final = 1 << 15
 _THINK_OPEN: Final = "<think>"
 _THINK_CLOSE: Final = "</think>"
 _FENCE: Final = "```"
-# Where nothing is open: an opener that JSON may follow (one character looked at: `{ x` is read on).
-_START: Final = re.compile(r'\{[\s"}]|\[[\s"\-0-9{\[\]tfn]')
-_INSIDE: Final = re.compile(r'[{}\[\]"]')  # inside a span, outside a string
-_STRING: Final = re.compile(r'["\\]')  # inside a string
-_OPENERS: Final = re.compile(r"[{\[]+")
-# A span with no bracket inside but in strings, whole, in one search (possessive: no backtracking).
-_FLAT: Final = re.compile(
-    r'(?s)(?:\{(?=\s*+["}])|\[(?=\s*+[-"0-9\]tfn]))(?:[^{}\[\]"\\]++|"(?:[^"\\]++|\\.)*+")*+[}\]]'
+# A span with no bracket inside but in strings, matched whole (possessive: nothing backtracks).
+_BODY: Final = r'(?:[^{}\[\]"\\]++|"(?:[^"\\]++|\\.)*+")*+'
+_FLAT_SOURCE: Final = r'\{(?=\s*+["}])' + _BODY + r"\}|\[(?=\s*+[-\"0-9\]tfn])" + _BODY + r"\]"
+_FLAT: Final = re.compile("(?s)" + _FLAT_SOURCE)
+# Where nothing is open, what cannot change that: flat spans, text without openers, openers JSON
+# cannot follow (seen to be followed by something, so a slice's end decides nothing).
+_RUN: Final = re.compile(
+    "(?s)(?:" + _FLAT_SOURCE + r'|[^{\[]++|\{(?=\s*+[^\s"}])|\[(?=\s*+[^\s"\-0-9\]tfn{\[]))*+'
 )
+_FLATS: Final = re.compile("(?s)(" + _FLAT_SOURCE + ")")
+# Inside a span: text without brackets, and whole strings.
+_SKIP: Final = re.compile(r'(?s)(?:[^{}\[\]"]++|"(?:[^"\\]++|\\.)*+")*+')
+_STRING: Final = re.compile(r'["\\]')  # inside a string that a slice's end cut
+_OPENERS: Final = re.compile(r"[{\[]+")
 _CLOSER: Final = {"}": "{", "]": "["}
 _CLOSING: Final = {"{": "}", "[": "]"}
 _ALONE: Final = {"{": frozenset('"}'), "[": frozenset('"-0123456789]tfn')}  # may follow, and no opener
 _FIRST: Final = {"{": frozenset('"}'), "[": frozenset('"-0123456789{[]tfn')}  # what may follow an opener
 _MAX_DEPTH: Final = 256  # deeper than any JSON parser here accepts
+_SEEN_MAX: Final = 1 << 14  # candidates remembered at most (then once more, at worst, each)
 _DEDUPE: Final = 1 << 12  # candidates up to this long are compared by their text, longer ones by place
 
 
@@ -150,70 +156,79 @@ def _may_open(text: str, at: int, end: int) -> bool:
     return after < end and text[after] in _FIRST[text[at]]
 
 
-def _spans(text: str, start: int, end: int) -> Iterator[tuple[int, int]]:
+class Batch:
+    """Flat spans that `_spans` found where nothing was open, `texts` in order, between `start`
+    and `end`: matched by one search (`findall`), never one by one."""
+
+    __slots__ = ("end", "start", "texts")
+
+    def __init__(self, start: int, end: int, texts: list[str]) -> None:
+        self.start, self.end, self.texts = start, end, texts
+
+
+def _spans(text: str, start: int, end: int) -> Iterator[tuple[int, int] | Batch]:
     """Where the outermost balanced spans of `text[start:end]` that may be JSON are, in order.
 
-    One pass; each step is one regex search or match bounded to `SLICE` characters. A span with no
-    bracket inside but in strings is matched whole. An opener or closer that JSON cannot have where
-    it is ends every span open around it (the openers pushed are dropped at once, so all of this
-    stays linear)."""
+    One pass; each step is one regex search or match bounded to `SLICE` characters. Where nothing
+    is open, flat spans (no bracket inside but in strings) and prose are read a slice at a time, and
+    given as a `Batch`; inside a span, text and whole strings are skipped by one match. An opener or
+    closer that JSON cannot have where it is ends every span open around it (the openers pushed are
+    dropped at once, so all of this stays linear)."""
     stack: list[int] = []  # where the open openers are
     # Spans closed inside what is open, outermost so far, in order: final once what encloses them
     # can no longer be JSON, dropped when it closes.
     held: list[tuple[int, int]] = []
     in_string = False
-    start_search, inside_search, string_search = _START.search, _INSIDE.search, _STRING.search
-    flat_match = _FLAT.match
+    run_match, skip_match, string_search = _RUN.match, _SKIP.match, _STRING.search
+    flat_match, flats = _FLAT.match, _FLATS.findall
     at = start
     while at < end:
         limit = at + SLICE if at + SLICE < end else end
         if not stack:
-            # Nothing open: only an opener JSON may follow matters (closers, quotes and prose are
-            # skipped by the search itself). The one character after the slice is looked at too.
-            found = start_search(text, at, limit + 1 if limit < end else end)
-            if found is None:
-                at = limit
+            stop = run_match(text, at, limit).end()  # type: ignore[union-attr]
+            if stop > at:
+                found = flats(text, at, stop)
+                if found:
+                    yield Batch(at, stop, found)
+                at = stop
                 continue
-            at = found.start()
-            char = text[at]
+            char = text[at]  # an opener JSON may follow, not flat, or one at the slice's end
         elif in_string:
-            found = string_search(text, at, limit)
-            if found is None:
+            found_quote = string_search(text, at, limit)
+            if found_quote is None:
                 at = limit
                 continue
-            at = found.end()
+            at = found_quote.end()
             if text[at - 1] == "\\":
                 at += 1  # the escaped character, whatever it is
             else:
                 in_string = False
             continue
         else:
-            found = inside_search(text, at, limit)
-            if found is None:
-                at = limit
+            at = skip_match(text, at, limit).end()  # type: ignore[union-attr]
+            if at >= limit:
                 continue
-            at = found.start()
             char = text[at]
-            if char == '"':
+            if char == '"':  # a string the slice's end cut
                 in_string = True
                 at += 1
                 continue
         if char == "{" or char == "[":
-            flat = flat_match(text, at, limit)
-            if flat is not None:  # the usual case: a span with no span inside, closed
-                closed = flat.end()
-                if text[closed - 1] == _CLOSING[char]:
-                    if stack:
-                        held.append((at, closed))  # inside what is open: held, like any span closed
-                    else:
-                        yield at, closed
-                    at = closed
-                    continue
-            if at + 1 < end and text[at + 1] in _ALONE[char] and len(stack) < _MAX_DEPTH:
+            after = text[at + 1] if at + 1 < end else ""
+            flat = None if after == "[" or after == "{" else flat_match(text, at, limit)
+            if flat is not None:  # a span with no span inside, closed
+                if stack:
+                    held.append((at, flat.end()))  # inside what is open: held, like any span closed
+                else:
+                    yield at, flat.end()
+                at = flat.end()
+                continue
+            if after in _ALONE[char] and after and len(stack) < _MAX_DEPTH:
                 stack.append(at)  # one opener, a value or its end after it
                 at += 1
             else:
-                at = yield from _open(text, at, end, stack, held)
+                at, final = _open(text, at, end, stack, held)
+                yield from final
             continue
         # A closer, with something open.
         opened = stack.pop()
@@ -232,29 +247,31 @@ def _spans(text: str, start: int, end: int) -> Iterator[tuple[int, int]]:
 
 def _open(
     text: str, at: int, end: int, stack: list[int], held: list[tuple[int, int]]
-) -> Generator[tuple[int, int], None, int]:
-    """Push the run of openers at `at`; where the scan goes on. Inside a run each opener is followed
-    by an opener, which only "[" may be; the last one's follower is looked at."""
+) -> tuple[int, list[tuple[int, int]]]:
+    """Push the run of openers at `at`: where the scan goes on, and the spans that became final.
+    Inside a run each opener is followed by an opener, which only "[" may be; the last one's
+    follower is looked at."""
     run_end = _OPENERS.match(text, at, min(at + SLICE, end)).end()  # type: ignore[union-attr]
     if not _may_open(text, run_end - 1, end):
-        yield from _drop(stack, held)  # what is open holds a bracket JSON cannot have
-        return run_end
+        return run_end, _drop(stack, held)  # what is open holds a bracket JSON cannot have
+    final: list[tuple[int, int]] = []
     last_brace = text.rfind("{", at, run_end - 1)
     if last_brace >= 0:
-        yield from _drop(stack, held)
+        final = _drop(stack, held)
         at = last_brace + 1
     if len(stack) + run_end - at > _MAX_DEPTH:
-        yield from _drop(stack, held)  # nothing that deep is JSON a parser accepts
+        final += _drop(stack, held)  # nothing that deep is JSON a parser accepts
         at = max(at, run_end - _MAX_DEPTH)
     stack.extend(range(at, run_end))
-    return run_end
+    return run_end, final
 
 
-def _drop(stack: list[int], held: list[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+def _drop(stack: list[int], held: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Give up what is open (it cannot be JSON): the spans closed inside it are final."""
     stack.clear()
-    yield from held
+    final = held[:]
     held.clear()
+    return final
 
 
 def candidates(text: str) -> Iterator[str]:
@@ -288,10 +305,30 @@ def candidates(text: str) -> Iterator[str]:
     starts = [block[0] for block in blocks]
     for start, end in sources:
         for place in chain(_fenced(text, start, end), _spans(text, start, end)):
-            if blocks and _inside(blocks, starts, place):
-                continue  # reasoning, never the answer
-            if new(place):
-                yield text[place[0] : place[1]]
+            if isinstance(place, Batch):
+                batch = place
+                if not blocks or not _meets(blocks, batch.start, batch.end):
+                    # Told apart in C, in order (a slice of "{}{}{}..." is one candidate).
+                    if len(seen) > _SEEN_MAX:
+                        seen.clear()  # growing a set of a million strings holds the GIL for long
+                    for span in dict.fromkeys(batch.texts):
+                        if span not in seen:
+                            seen.add(span)
+                            yield span
+                    continue
+                places = [found.span() for found in _FLAT.finditer(text, batch.start, batch.end)]
+            else:
+                places = [place]
+            for found_place in places:
+                if blocks and _inside(blocks, starts, found_place):
+                    continue  # reasoning, never the answer
+                if new(found_place):
+                    yield text[found_place[0] : found_place[1]]
+
+
+def _meets(blocks: list[tuple[int, int]], start: int, end: int) -> bool:
+    """Whether `text[start:end]` meets a think block."""
+    return any(block_start < end and start < block_end for block_start, block_end in blocks)
 
 
 def _inside(blocks: list[tuple[int, int]], starts: list[int], place: tuple[int, int]) -> bool:

@@ -53,6 +53,9 @@ _NOTHING: Final = NOTHING
 WRAPPER: Final = "value"
 """The property a schema that is not an object is wrapped in."""
 _BARE_MAX: Final = 200  # a longer answer is not a bare scalar
+# Candidates validated at most per answer: each one that fails costs a few µs in pydantic, and an
+# answer made of thousands of small spans ("[0] [1] [2] ...") is no answer to search for long.
+_MAX_TRIED: Final = 256
 _NONE_WORDS: Final = frozenset({"none", "null", "nil"})
 _NAME: Final = re.compile(r"[^A-Za-z0-9_-]+")
 # Keys of a single-field object around the answer, besides the type's own name (normalized: lower
@@ -309,7 +312,13 @@ class TypeParser:
 
     def parse(self, text: str) -> Any:
         error = None  # what the first JSON-looking candidate got wrong says the most
+        tried = 0
         for candidate in candidates(text):
+            if error is not None and self._object and candidate[:1] == "[":
+                continue  # an array is never an object (said once, by the first one's error)
+            tried += 1
+            if tried > _MAX_TRIED:
+                break  # an answer with this many JSON-like parts gets a repair, not a guess
             try:
                 return self._from_json(candidate)
             except ValidationError as exc:
