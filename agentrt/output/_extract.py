@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["SLICE", "answer_start", "candidates", "strip_thinking"]
+__all__ = ["SLICE", "answer_start", "candidates", "strip_thinking", "trim"]
 
 SLICE: Final = 1 << 15
 """The most characters one search reads (about 0.1 ms of holding the GIL)."""
@@ -121,7 +121,7 @@ def _skip_space(text: str, at: int, end: int) -> int:
     return end
 
 
-def _trim(text: str, start: int, end: int) -> tuple[int, int]:
+def trim(text: str, start: int, end: int) -> tuple[int, int]:
     """`text[start:end]` without white space around it, as a place (what `str.strip` keeps)."""
     start = _skip_space(text, start, end)
     while end > start:
@@ -146,7 +146,7 @@ def _fenced(text: str, start: int, end: int) -> Iterator[tuple[int, int]]:
         closed = _find(text, _FENCE, line_end, end)
         if closed < 0:
             return  # an unclosed fence: its contents are still found as spans
-        yield _trim(text, line_end + 1, closed)
+        yield trim(text, line_end + 1, closed)
         at = closed + 3
 
 
@@ -278,8 +278,8 @@ def candidates(text: str) -> Iterator[str]:
     """Where the JSON of an answer may be, best first, each distinct candidate once."""
     blocks = _thinking(text)
     begin = blocks[-1][1] if blocks else 0
-    whole = _trim(text, 0, len(text))
-    answer = _trim(text, begin, len(text))
+    whole = trim(text, 0, len(text))
+    answer = trim(text, begin, len(text))
     # Short candidates are told apart by their text (a thousand `{"a": 1}` are validated once), long
     # ones by their place (hashing 10 MB would hold the GIL for milliseconds).
     seen: set[object] = set()

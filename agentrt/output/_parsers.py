@@ -32,7 +32,7 @@ from pydantic import BaseModel, PydanticUserError, TypeAdapter, ValidationError
 
 from .._errors import OutputParsingError
 from ..models._protocol import JsonObjectFormat, JsonSchemaFormat
-from ._extract import candidates, strip_thinking
+from ._extract import answer_start, candidates, trim
 
 if TYPE_CHECKING:
     from ..models._protocol import ResponseFormat
@@ -324,7 +324,7 @@ class TypeParser:
             except ValidationError as exc:
                 if error is None and candidate[:1] in ("{", "[", '"'):
                     error = exc
-        bare = _bare(strip_thinking(text))  # "yes", "POSITIVE", 2026-12-01: not JSON, but clear
+        bare = _bare(text)  # "yes", "POSITIVE", 2026-12-01: not JSON, but clear
         if bare is not None and self._scalar:
             try:
                 return self._from_python(bare)
@@ -581,8 +581,10 @@ def _put(data: Any, loc: tuple[int | str, ...], word: str, value: Any) -> tuple[
 
 
 def _bare(text: str) -> str | None:
-    """A short answer as a bare scalar: without quotes, backticks and a final full stop."""
-    answer = text.strip()
+    """A short answer (after its think blocks) as a bare scalar: without quotes, backticks and a
+    final full stop. A long one is not stripped whole (10 MB of white space would be one call)."""
+    start, end = trim(text, answer_start(text), len(text))
+    answer = text[start:end]
     if not answer or len(answer) > _BARE_MAX or "\n" in answer:
         return None
     answer = answer.strip("`").strip()
