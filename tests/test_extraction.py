@@ -359,3 +359,41 @@ def test_no_search_reads_more_than_a_slice(monkeypatch: pytest.MonkeyPatch, nois
     assert DRAFT in found
     assert windows
     assert max(windows) <= SLICE + 1
+
+
+class RecordingAdapter:
+    """A `TypeAdapter` that records the length of every JSON text it validates."""
+
+    def __init__(self, adapter: Any, lengths: list[int]) -> None:
+        self._adapter = adapter
+        self._lengths = lengths
+
+    def validate_json(self, data: str | bytes) -> Any:
+        self._lengths.append(len(data))
+        return self._adapter.validate_json(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._adapter, name)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    ["Here they are:\n```json\n{}\n```", '{{"value": {}}}', '{{"trips": {}}}', "{}"],
+    ids=["fenced", "wrapped", "envelope", "bare"],
+)
+def test_a_long_list_is_validated_a_slice_of_items_at_a_time(shape: str) -> None:
+    # One pydantic call over a 10 MB list of models held the GIL (so the event loop) for seconds.
+    trips = [Trip(origin=f"Bern, [{i}]", destination='Basel "SBB"') for i in range(5_000)]
+    array = orjson.dumps([trip.model_dump() for trip in trips], option=orjson.OPT_INDENT_2).decode()
+    parser = parser_for(list[Trip])
+    lengths: list[int] = []
+    parser.adapter = RecordingAdapter(parser.adapter, lengths)  # type: ignore[attr-defined]
+    assert parser.parse(shape.format(array)) == trips
+    assert len(array) > 10 * SLICE
+    assert max(lengths) <= SLICE + 2
+
+
+def test_a_long_list_that_does_not_validate_names_the_item_that_is_wrong() -> None:
+    items = [{"origin": "Bern", "destination": "Basel"}] * 3_000 + [{"origin": "Bern"}]
+    with pytest.raises(OutputParsingError, match=r"3000\.destination: Field required"):
+        parser_for(list[Trip]).parse(orjson.dumps(items).decode())

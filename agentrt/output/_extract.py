@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["SLICE", "answer_start", "candidates", "strip_thinking", "trim"]
+__all__ = ["SLICE", "answer_start", "array_chunks", "candidates", "strip_thinking", "trim"]
 
 SLICE: Final = 1 << 15
 """The most characters one search reads (about 0.1 ms of holding the GIL)."""
@@ -44,6 +44,10 @@ _FENCE: Final = "```"
 _BODY: Final = r'(?:[^{}\[\]"\\]++|"(?:[^"\\]++|\\.)*+")*+'
 _FLAT_SOURCE: Final = r'\{(?=\s*+["}])' + _BODY + r"\}|\[(?=\s*+[-\"0-9\]tfn])" + _BODY + r"\]"
 _FLAT: Final = re.compile("(?s)" + _FLAT_SOURCE)
+# A JSON array's items that hold no array: whole items and their commas, and the last item and the end.
+_ITEM: Final = "(?:" + _FLAT_SOURCE + r'|"(?:[^"\\]++|\\.)*+"|[-+0-9.eE]++|true|false|null)'
+_ITEMS: Final = re.compile(r"(?s)(?:\s*+" + _ITEM + r"\s*+,)*+")
+_LAST_ITEM: Final = re.compile(r"(?s)\s*+(?:" + _ITEM + r"\s*+)?\]\s*+")
 # Where nothing is open, what cannot change that: flat spans, text without openers, openers JSON
 # cannot follow (seen to be followed by something, so a slice's end decides nothing).
 _RUN: Final = re.compile(
@@ -72,6 +76,24 @@ def _find(text: str, needle: str, start: int, end: int) -> int:
             return found
         start = stop
     return -1
+
+
+def array_chunks(array: str) -> Iterator[str] | None:
+    """A long JSON array `[...]` as arrays of its items, each at most about `SLICE` characters, in
+    order (so each can be validated by one short call); `None` when an item holds an array or an
+    object with one inside, or is longer than a slice. That the chunks are JSON is not checked."""
+    if array[:1] != "[":
+        return None
+    at, end, chunks = 1, len(array), []
+    while True:
+        stop = _ITEMS.match(array, at, min(at + SLICE, end)).end()  # type: ignore[union-attr]
+        if stop == at:
+            if end - at > SLICE or not _LAST_ITEM.fullmatch(array, at):
+                return None
+            chunks.append("[" + array[at:])
+            return iter(chunks)
+        chunks.append("[" + array[at : stop - 1] + "]")  # without the comma
+        at = stop
 
 
 def _thinking(text: str) -> list[tuple[int, int]]:

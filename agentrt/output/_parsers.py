@@ -32,7 +32,7 @@ from pydantic import BaseModel, PydanticUserError, TypeAdapter, ValidationError
 
 from .._errors import OutputParsingError
 from ..models._protocol import JsonObjectFormat, JsonSchemaFormat
-from ._extract import answer_start, candidates, trim
+from ._extract import SLICE, answer_start, array_chunks, candidates, trim
 
 if TYPE_CHECKING:
     from ..models._protocol import ResponseFormat
@@ -220,6 +220,7 @@ class TypeParser:
     """`-> T` for any type pydantic validates: JSON (or a bare scalar) validated by a `TypeAdapter`."""
 
     __slots__ = (
+        "_chunked",
         "_defs",
         "_enums",
         "_envelopes",
@@ -254,6 +255,9 @@ class TypeParser:
         # An object type's own fields (`None`: a mapping, which any single-field object already is).
         self._fields = frozenset(properties) if isinstance(properties, dict) else None
         self._kinds = _kinds(schema, defs) if self._scalar else frozenset()
+        # A plain `list[X]`: a long answer is validated a slice of items at a time (one pydantic call
+        # over a 10 MB list holds the GIL, so the event loop, for a fifth of a second or more).
+        self._chunked = get_origin(annotation) is list
         if self._object:
             self._wrapped = schema
         else:
@@ -316,6 +320,8 @@ class TypeParser:
         for candidate in candidates(text):
             if error is not None and self._object and candidate[:1] == "[":
                 continue  # an array is never an object (said once, by the first one's error)
+            if len(candidate) > SLICE and candidate[:1] not in ("{", "[", '"'):
+                continue  # prose around JSON: not read whole by pydantic (one long call) to fail
             tried += 1
             if tried > _MAX_TRIED:
                 break  # an answer with this many JSON-like parts gets a repair, not a guess
@@ -360,6 +366,10 @@ class TypeParser:
                 raise exc from None
 
     def _from_json(self, candidate: str) -> Any:
+        if self._chunked and len(candidate) > SLICE:
+            value = self._in_chunks(candidate)
+            if value is not _NOTHING:
+                return value
         wrapped = None  # what was wrong with a wrapped answer's value
         envelope = self._envelope(candidate)
         # A wrapped answer ({"value": ...}, as a schema that is not an object is asked for) is read
@@ -383,6 +393,30 @@ class TypeParser:
             if wrapped is not None:
                 raise wrapped from None  # it says more than that the object is no int
             return self._named(_loads(candidate) if self._enums else _NOTHING, exc)
+
+    def _in_chunks(self, candidate: str) -> Any:
+        """A long list, bare or in an envelope, validated a chunk of items at a time; `_NOTHING` when
+        it cannot be cut (nested items) or does not validate (then it is validated whole, for the
+        error that names the item)."""
+        array = candidate
+        if candidate[:1] == "{":
+            head = _FIRST_KEY.match(candidate, 0, 256)
+            if head is None or _NOT_ALNUM.sub("", head.group(1).casefold()) not in self._envelopes:
+                return _NOTHING
+            body = candidate.rstrip()
+            if body[-1:] != "}":
+                return _NOTHING
+            array = body[head.end() : -1].strip()  # the only field's value reaches the end
+        chunks = array_chunks(array)
+        if chunks is None:
+            return _NOTHING
+        values: list[Any] = []
+        try:
+            for chunk in chunks:
+                values.extend(self.adapter.validate_json(chunk))
+        except ValidationError:
+            return _NOTHING
+        return values
 
     def _envelope(self, candidate: str) -> tuple[str, Any] | None:
         """(key, value) of a single-field object around the answer: `{"value": ...}` for a type
