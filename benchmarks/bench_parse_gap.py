@@ -35,9 +35,15 @@ def _items(size: int) -> str:
     return ",".join(["12345678"] * (size // 9))
 
 
+def _tickets(size: int) -> str:
+    return ",".join(['{"title": "Printer on fire", "priority": 1}'] * (size // 44))
+
+
 SHAPES: dict[str, tuple[Any, Callable[[int], str]]] = {
     "JSON list, fenced, prose around": (list[int], lambda n: f"Here:\n```json\n[{_items(n)}]\n```\nDone."),
     "JSON list in prose with braces": (list[int], lambda n: f"Use {{braces}}: [{_items(n)}] Done."),
+    "JSON list, then a sentence": (list[int], lambda n: f"[{_items(n)}]\nHope this helps!"),
+    "a list of models, fenced": (list[Ticket], lambda n: f"```json\n[{_tickets(n)}]\n```"),
     "a model with a 10 MB string": (Ticket, lambda n: f'{{"title": "{"x" * n}", "priority": 1}}'),
     "after a think block as long": (
         list[int],

@@ -397,3 +397,22 @@ def test_a_long_list_that_does_not_validate_names_the_item_that_is_wrong() -> No
     items = [{"origin": "Bern", "destination": "Basel"}] * 3_000 + [{"origin": "Bern"}]
     with pytest.raises(OutputParsingError, match=r"3000\.destination: Field required"):
         parser_for(list[Trip]).parse(orjson.dumps(items).decode())
+
+
+@pytest.mark.parametrize("annotation", [list[int], Trip])
+def test_a_long_array_with_prose_after_it_is_not_read_whole_by_pydantic(annotation: Any) -> None:
+    # jiter read all of a 10 MB array before it found the sentence after it: one call, the GIL held.
+    array = orjson.dumps(list(range(20_000))).decode()
+    text = f"{array}\n  Hope this helps!"
+    parser = parser_for(annotation)
+    lengths: list[int] = []
+    parser.adapter = RecordingAdapter(parser.adapter, lengths)  # type: ignore[attr-defined]
+    if annotation is Trip:
+        # The first JSON-looking candidate's error, as pydantic words it for the whole answer.
+        with pytest.raises(OutputParsingError, match="Invalid JSON: trailing characters at line 2 column 3"):
+            parser.parse(text)
+    else:
+        assert parser.parse(text) == list(range(20_000))  # the array alone, the next candidate
+    assert max(lengths, default=0) <= SLICE + 2
+    with pytest.raises(OutputParsingError, match=r"trailing characters at line 2 column 3"):
+        parser_for(list[Trip]).parse(f"{array}\n  Hope this helps!")

@@ -33,7 +33,15 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["SLICE", "answer_start", "array_chunks", "candidates", "strip_thinking", "trim"]
+__all__ = [
+    "SLICE",
+    "answer_start",
+    "array_chunks",
+    "candidates",
+    "span_end",
+    "strip_thinking",
+    "trim",
+]
 
 SLICE: Final = 1 << 15
 """The most characters one search reads (about 0.1 ms of holding the GIL)."""
@@ -94,6 +102,17 @@ def array_chunks(array: str) -> Iterator[str] | None:
             return iter(chunks)
         chunks.append("[" + array[at : stop - 1] + "]")  # without the comma
         at = stop
+
+
+def span_end(text: str) -> int:
+    """Where the balanced span that `text` starts with ends (-1: it starts with none, or with one
+    that cannot be JSON). Read a slice at a time, like the candidates."""
+    for place in _spans(text, 0, len(text)):
+        if isinstance(place, Batch):
+            flat = _FLAT.match(text, 0, SLICE) if place.start == 0 else None
+            return flat.end() if flat is not None else -1
+        return place[1] if place[0] == 0 else -1
+    return -1
 
 
 def _thinking(text: str) -> list[tuple[int, int]]:

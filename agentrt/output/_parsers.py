@@ -32,7 +32,7 @@ from pydantic import BaseModel, PydanticUserError, TypeAdapter, ValidationError
 
 from .._errors import OutputParsingError
 from ..models._protocol import JsonObjectFormat, JsonSchemaFormat
-from ._extract import SLICE, answer_start, array_chunks, candidates, trim
+from ._extract import SLICE, answer_start, array_chunks, candidates, span_end, trim
 
 if TYPE_CHECKING:
     from ..models._protocol import ResponseFormat
@@ -366,10 +366,18 @@ class TypeParser:
                 raise exc from None
 
     def _from_json(self, candidate: str) -> Any:
-        if self._chunked and len(candidate) > SLICE:
-            value = self._in_chunks(candidate)
-            if value is not _NOTHING:
-                return value
+        if len(candidate) > SLICE:
+            if self._chunked:
+                value = self._in_chunks(candidate)
+                if value is not _NOTHING:
+                    return value
+            # Not handed to pydantic whole unless it may be JSON: jiter reads a 10 MB array to its
+            # end before it finds the prose after it, in one call that holds the GIL.
+            end = span_end(candidate) if candidate[:1] in ("{", "[") else len(candidate)
+            if end != len(candidate):
+                raise _not_json(candidate, end)
+            if self._object and candidate[:1] == "[":
+                self.adapter.validate_json("[]")  # what a long array gets: it is no object
         wrapped = None  # what was wrong with a wrapped answer's value
         envelope = self._envelope(candidate)
         # A wrapped answer ({"value": ...}, as a schema that is not an object is asked for) is read
@@ -627,6 +635,20 @@ def _bare(text: str) -> str | None:
     if answer.endswith(".") and not answer.endswith(".."):  # "42." is 42; an ellipsis stays
         answer = answer[:-1]
     return answer.strip() or None
+
+
+def _not_json(text: str, end: int) -> ValidationError:
+    """The error pydantic gives a text that is not one JSON value, without reading it whole: after
+    a balanced span that ends at `end`, the trailing characters' place, as pydantic says it."""
+    if end < 0:
+        detail = "no complete JSON value at line 1 column 1"
+    else:
+        at = trim(text, end, len(text))[0]
+        line_start = text.rfind("\n", 0, at) + 1
+        detail = f"trailing characters at line {text.count(chr(10), 0, at) + 1} column {at - line_start + 1}"
+    return ValidationError.from_exception_data(
+        "json", [{"type": "json_invalid", "loc": (), "input": text, "ctx": {"error": detail}}]
+    )
 
 
 def _loads(candidate: str) -> Any:
