@@ -25,7 +25,7 @@ from pydantic import BaseModel
 import agentrt
 from agentrt import AssistantMessage, MemoryId, OutputParsingError, Result
 from agentrt.models import OpenAIChatModel, RetryPolicy
-from agentrt.output import _extract, parser_for
+from agentrt.output import _extract, _parsers, parser_for
 from agentrt.output._extract import SLICE, candidates, strip_thinking
 
 
@@ -416,3 +416,33 @@ def test_a_long_array_with_prose_after_it_is_not_read_whole_by_pydantic(annotati
     assert max(lengths, default=0) <= SLICE + 2
     with pytest.raises(OutputParsingError, match=r"trailing characters at line 2 column 3"):
         parser_for(list[Trip]).parse(f"{array}\n  Hope this helps!")
+
+
+_MARKERS = ["<think>", "</think>", "```", "```json\n", "true", "[1, 2]"]
+PIECES = st.sampled_from(["{", "}", "[", "]", '"', "\\", " ", "\n", ",", ":", "1", "a", *_MARKERS])
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(PIECES, max_size=60), size=st.integers(1, 12))
+def test_where_a_slice_ends_changes_nothing(pieces: list[str], size: int) -> None:
+    # Each search reads at most SLICE characters: tiny slices must find what one slice finds.
+    text = "".join(pieces)
+    expected = list(candidates(text))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_extract, "SLICE", size)
+        assert list(candidates(text)) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    items=st.lists(st.builds(Trip, origin=st.text(max_size=8), destination=st.text(max_size=8))),
+    size=st.integers(1, 200),
+    indent=st.booleans(),
+)
+def test_a_list_read_in_slices_is_the_list_read_whole(items: list[Trip], size: int, indent: bool) -> None:
+    array = orjson.dumps([item.model_dump() for item in items], option=orjson.OPT_INDENT_2 if indent else 0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_extract, "SLICE", size)
+        patch.setattr(_parsers, "SLICE", size)
+        assert parser_for(list[Trip]).parse(array.decode()) == items
+        assert parser_for(list[Trip]).parse(f'{{"trips": {array.decode()}}}') == items
