@@ -67,7 +67,6 @@ _SKIP: Final = re.compile(r'(?s)(?:[^{}\[\]"]++|"(?:[^"\\]++|\\.)*+")*+')
 _STRING: Final = re.compile(r'["\\]')  # inside a string that a slice's end cut
 _OPENERS: Final = re.compile(r"[{\[]+")
 _CLOSER: Final = {"}": "{", "]": "["}
-_CLOSING: Final = {"{": "}", "[": "]"}
 _ALONE: Final = {"{": frozenset('"}'), "[": frozenset('"-0123456789]tfn')}  # may follow, and no opener
 _FIRST: Final = {"{": frozenset('"}'), "[": frozenset('"-0123456789{[]tfn')}  # what may follow an opener
 _MAX_DEPTH: Final = 256  # deeper than any JSON parser here accepts
