@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from agentrt import OutputParsingError
 from agentrt._pipeline._finish import OFF_LOOP
+from agentrt.models._think import ThinkTagSplitter
 from agentrt.output import parser_for
 from agentrt.output._extract import candidates
 from agentrt.output._partial import Snapshots
@@ -86,6 +87,20 @@ def streamed(size: int, lead: str) -> float:
     return best
 
 
+def split_leading_space(deltas: int) -> float:
+    """Seconds for `ThinkTagSplitter` to read `deltas` one-character white-space deltas, then a
+    think block and the answer (the best of three)."""
+    best = float("inf")
+    for _ in range(3):
+        splitter, out = ThinkTagSplitter(), []  # type: ignore[var-annotated]
+        started = time.perf_counter()
+        for _delta in range(deltas):
+            splitter.feed(" ", out)
+        splitter.feed("<think>plan</think>answer", out)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
 def main() -> None:
     numbers = parser_for(list[int])
     rows = [
@@ -110,6 +125,11 @@ def main() -> None:
     for name, lead in (("JSON list of numbers", ""), ("after a think block", "think")):
         small, large = streamed(1_000_000, lead), streamed(10_000_000, lead)
         print(f"  {name:34} {small:7.3f} s {large:7.3f} s {10 / large:8.1f} MB/s   x{large / small:5.1f}")
+    # Leading white space before a think block, one character a delta (was quadratic: 1.8 s at 80k).
+    print("think tags: one-character white-space deltas before a think block, 20k / 40k / 80k")
+    times = [split_leading_space(deltas) for deltas in (20_000, 40_000, 80_000)]
+    shown = " ".join(f"{seconds * 1000:7.1f} ms" for seconds in times)
+    print(f"  {shown}   x{times[2] / times[0]:4.1f}")
     # Answers up to OFF_LOOP characters are parsed on the event loop: the longest such parse.
     print(f"on the event loop (answers up to {OFF_LOOP} characters; longer ones go to a worker thread):")
     for name, parser, make in rows:

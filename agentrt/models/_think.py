@@ -6,6 +6,10 @@ answer is the answer's own text. Tags may be split across deltas anywhere; text 
 the start of a tag is held back until the next delta decides it. Whitespace between `</think>` and the
 answer is dropped. Once the answer is known to have no (more) tag, the splitter reports `settled` and the
 caller maps content directly, so ordinary answers pay for it on their first delta only.
+
+Work is linear in the text: leading whitespace is kept as the deltas that brought it (joined once, if
+it turns out to be answer text), and only the few characters after it that may begin `<think>` are
+examined again when the next delta arrives.
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ _LEADING, _THINKING, _AFTER, _SETTLED = range(4)
 class ThinkTagSplitter:
     """Splits one answer's content deltas into `ThinkingDelta` and `TextDelta` chunks."""
 
-    __slots__ = ("_pending", "_state")
+    __slots__ = ("_pending", "_space", "_state")
 
     def __init__(self) -> None:
         self._state = _LEADING
-        self._pending = ""
+        self._pending = ""  # before the answer: what may begin the tag, after the whitespace
+        self._space: list[str] = []  # the leading whitespace, as it came (not re-read per delta)
 
     @property
     def settled(self) -> bool:
@@ -46,18 +51,25 @@ class ThinkTagSplitter:
             out.append(TextDelta(text))
             return
         if state == _LEADING:
-            pending = self._pending + text
-            stripped = pending.lstrip()
-            if stripped.startswith(_OPEN):
+            pending = self._pending
+            if not pending:  # still in the leading whitespace: keep it aside, unread again
+                stripped = text.lstrip()
+                if len(stripped) < len(text):
+                    self._space.append(text[: len(text) - len(stripped)])
+                text = stripped
+            pending += text
+            if pending.startswith(_OPEN):
                 self._state = _THINKING
                 self._pending = ""
-                self.feed(stripped[len(_OPEN) :], out)
-            elif _OPEN.startswith(stripped):
-                self._pending = pending  # empty, whitespace, or a prefix of the tag: undecided
+                self._space = []
+                self.feed(pending[len(_OPEN) :], out)
+            elif _OPEN.startswith(pending):
+                self._pending = pending  # empty or a prefix of the tag (at most 6 characters): undecided
             else:
                 self._state = _SETTLED
                 self._pending = ""
-                out.append(TextDelta(pending))
+                out.append(TextDelta("".join(self._space) + pending))
+                self._space = []
         elif state == _THINKING:
             pending = self._pending + text
             end = pending.find(_CLOSE)
@@ -81,6 +93,9 @@ class ThinkTagSplitter:
     def close(self, out: list[ModelChunk]) -> None:
         """The answer ended: release what was held back."""
         pending, self._pending = self._pending, ""
+        if self._state == _LEADING:
+            pending = "".join(self._space) + pending
+            self._space = []
         if pending:
             if self._state == _THINKING:
                 out.append(ThinkingDelta(pending))

@@ -7,9 +7,12 @@ text into the value. Parsing errors become `OutputParsingError` carrying the raw
 `TypeParser` reads any type through a pydantic `TypeAdapter`: scalars (`bool`, `int`, `float`,
 `Decimal`, `Enum`, `Literal`, dates and times, `UUID`), containers of them, models, dataclasses,
 `TypedDict`s and unions. It accepts what models answer: the JSON alone, in a fenced block, with prose
-around it, after a `<think>` block, a bare scalar ("yes", "42", "POSITIVE"), or a scalar wrapped in an
+around it, after a `<think>` block, a bare scalar ("yes", "42", "POSITIVE"), a scalar wrapped in an
 object (`{"value": 42}`, which is how a schema that is not an object is asked for on providers that
-require one at the top).
+require one at the top), a single-field envelope named for the type or the answer (`{"ticket": {...}}`,
+`{"tickets": [...]}`, `{"result": ...}`), and a number or a yes/no in one short sentence ("The answer
+is 42.", "Yes, it is."). Where two readings are possible (two numbers, "yes and no", an envelope with a
+second field) the answer is refused: a wrong value is worse than a repair.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pydantic import BaseModel, PydanticUserError, TypeAdapter, ValidationError
 
 from .._errors import OutputParsingError
 from ..models._protocol import JsonObjectFormat, JsonSchemaFormat
-from ._extract import candidates, strip_thinking
+from ._extract import SLICE, answer_start, array_chunks, candidates, span_end, trim
 
 if TYPE_CHECKING:
     from ..models._protocol import ResponseFormat
@@ -50,8 +53,23 @@ _NOTHING: Final = NOTHING
 WRAPPER: Final = "value"
 """The property a schema that is not an object is wrapped in."""
 _BARE_MAX: Final = 200  # a longer answer is not a bare scalar
+# Candidates validated at most per answer: each one that fails costs a few µs in pydantic, and an
+# answer made of thousands of small spans ("[0] [1] [2] ...") is no answer to search for long.
+_MAX_TRIED: Final = 256
 _NONE_WORDS: Final = frozenset({"none", "null", "nil"})
 _NAME: Final = re.compile(r"[^A-Za-z0-9_-]+")
+# Keys of a single-field object around the answer, besides the type's own name (normalized: lower
+# case, letters and digits only).
+_ENVELOPES: Final = frozenset({"value", "result", "answer", "output", "response", "data"})
+_FIRST_KEY: Final = re.compile(r'\{\s*"([^"\\]{1,64})"\s*:')
+_NOT_ALNUM: Final = re.compile(r"[^0-9a-z]+")
+# A number in a sentence: what looks like one, with any letters, digits or % stuck to it (then it is
+# no plain number: "3rd", "v2", "10km", "42%").
+_NUMBER_LIKE: Final = re.compile(r"\w*[-+]?\d[\d.,']*\w*%?")
+_PLAIN_NUMBER: Final = re.compile(r"[-+]?\d+(?:\.\d+)?")
+_JSONISH: Final = re.compile(r'[{}\[\]"]')
+_WORD: Final = re.compile(r"[^\W\d_]+")
+_POLAR: Final = {"yes": "true", "true": "true", "no": "false", "false": "false"}
 
 
 class OutputParser(Protocol):
@@ -202,8 +220,12 @@ class TypeParser:
     """`-> T` for any type pydantic validates: JSON (or a bare scalar) validated by a `TypeAdapter`."""
 
     __slots__ = (
+        "_chunked",
         "_defs",
         "_enums",
+        "_envelopes",
+        "_fields",
+        "_kinds",
         "_object",
         "_scalar",
         "_schema",
@@ -228,6 +250,14 @@ class TypeParser:
         self._object = schema.get("type") == "object"
         self._scalar = _is_scalar(schema, defs)
         self._enums = tuple(_enums_in(annotation, set()))
+        self._envelopes = _envelope_names(annotation)
+        properties = schema.get("properties") if self._object else None
+        # An object type's own fields (`None`: a mapping, which any single-field object already is).
+        self._fields = frozenset(properties) if isinstance(properties, dict) else None
+        self._kinds = _kinds(schema, defs) if self._scalar else frozenset()
+        # A plain `list[X]`: a long answer is validated a slice of items at a time (one pydantic call
+        # over a 10 MB list holds the GIL, so the event loop, for a fifth of a second or more).
+        self._chunked = get_origin(annotation) is list
         if self._object:
             self._wrapped = schema
         else:
@@ -286,18 +316,29 @@ class TypeParser:
 
     def parse(self, text: str) -> Any:
         error = None  # what the first JSON-looking candidate got wrong says the most
+        tried = 0
         for candidate in candidates(text):
+            if error is not None and self._object and candidate[:1] == "[":
+                continue  # an array is never an object (said once, by the first one's error)
+            if len(candidate) > SLICE and candidate[:1] not in ("{", "[", '"'):
+                continue  # prose around JSON: not read whole by pydantic (one long call) to fail
+            tried += 1
+            if tried > _MAX_TRIED:
+                break  # an answer with this many JSON-like parts gets a repair, not a guess
             try:
                 return self._from_json(candidate)
             except ValidationError as exc:
                 if error is None and candidate[:1] in ("{", "[", '"'):
                     error = exc
-        bare = _bare(strip_thinking(text))  # "yes", "POSITIVE", 2026-12-01: not JSON, but clear
+        bare = _bare(text)  # "yes", "POSITIVE", 2026-12-01: not JSON, but clear
         if bare is not None and self._scalar:
             try:
                 return self._from_python(bare)
             except ValidationError as exc:
                 error = error or exc
+            said = self._in_sentence(bare)  # "The answer is 42.", "Yes, it is."
+            if said is not _NOTHING:
+                return said
         elif bare is not None and bare.casefold() in _NONE_WORDS:
             try:
                 return self.adapter.validate_python(None)  # "None" for an `Optional[Model]`
@@ -325,26 +366,116 @@ class TypeParser:
                 raise exc from None
 
     def _from_json(self, candidate: str) -> Any:
+        if len(candidate) > SLICE:
+            if self._chunked:
+                value = self._in_chunks(candidate)
+                if value is not _NOTHING:
+                    return value
+            # Not handed to pydantic whole unless it may be JSON: jiter reads a 10 MB array to its
+            # end before it finds the prose after it, in one call that holds the GIL.
+            end = span_end(candidate) if candidate[:1] in ("{", "[") else len(candidate)
+            if end != len(candidate):
+                raise _not_json(candidate, end)
+            if self._object and candidate[:1] == "[":
+                self.adapter.validate_json("[]")  # what a long array gets: it is no object
         wrapped = None  # what was wrong with a wrapped answer's value
-        if not self._object and candidate[:1] == "{":
-            # A wrapped answer ({"value": ...}, as a schema that is not an object is asked for) is
-            # read unwrapped first: a type that also accepts the wrapper itself (a model whose fields
-            # all have defaults, a dict, `Any`) would otherwise take it as the answer.
-            data = _loads(candidate)
-            if isinstance(data, dict) and len(data) == 1 and WRAPPER in data:
-                inner = data[WRAPPER]
-                try:
-                    if isinstance(inner, str) and self._scalar:
-                        return self._from_python(inner)
-                    return self._from_data(inner)
-                except ValidationError as exc:
-                    wrapped = exc  # then the object as it is
+        envelope = self._envelope(candidate)
+        # A wrapped answer ({"value": ...}, as a schema that is not an object is asked for) is read
+        # unwrapped first: a type that also accepts the wrapper itself (a model whose fields all
+        # have defaults, a dict, `Any`) would otherwise take it as the answer. So is an envelope
+        # around a model ({"ticket": {...}}), which a model ignoring unknown fields would accept.
+        first = envelope is not None and (envelope[0] == WRAPPER or self._object)
+        if envelope is not None and first:
+            try:
+                return self._unwrapped(envelope[1])
+            except ValidationError as exc:
+                wrapped = exc  # then the object as it is
         try:
             return self.adapter.validate_json(candidate)
         except ValidationError as exc:
+            if envelope is not None and not first:
+                try:
+                    return self._unwrapped(envelope[1])  # {"tickets": [...]}, {"result": 42}
+                except ValidationError:
+                    pass
             if wrapped is not None:
                 raise wrapped from None  # it says more than that the object is no int
             return self._named(_loads(candidate) if self._enums else _NOTHING, exc)
+
+    def _in_chunks(self, candidate: str) -> Any:
+        """A long list, bare or in an envelope, validated a chunk of items at a time; `_NOTHING` when
+        it cannot be cut (nested items) or does not validate (then it is validated whole, for the
+        error that names the item)."""
+        array = candidate
+        if candidate[:1] == "{":
+            head = _FIRST_KEY.match(candidate, 0, 256)
+            if head is None or _NOT_ALNUM.sub("", head.group(1).casefold()) not in self._envelopes:
+                return _NOTHING
+            body = candidate.rstrip()
+            if body[-1:] != "}":
+                return _NOTHING
+            array = body[head.end() : -1].strip()  # the only field's value reaches the end
+        chunks = array_chunks(array)
+        if chunks is None:
+            return _NOTHING
+        values: list[Any] = []
+        try:
+            for chunk in chunks:
+                values.extend(self.adapter.validate_json(chunk))
+        except ValidationError:
+            return _NOTHING
+        return values
+
+    def _envelope(self, candidate: str) -> tuple[str, Any] | None:
+        """(key, value) of a single-field object around the answer: `{"value": ...}` for a type
+        that is not an object, or a key naming the type or the answer (`ticket`, `tickets`,
+        `result`, ...) that is none of its fields. Only such a first key makes the whole candidate
+        be read a second time."""
+        if candidate[:1] != "{":
+            return None
+        head = _FIRST_KEY.match(candidate, 0, 256)
+        if head is None:
+            return None
+        key = head.group(1)
+        if key == WRAPPER and not self._object:
+            pass
+        elif self._object and (self._fields is None or key in self._fields):
+            return None  # a mapping, or a field: the object as it is
+        elif _NOT_ALNUM.sub("", key.casefold()) not in self._envelopes:
+            return None
+        data = _loads(candidate)
+        if isinstance(data, dict) and len(data) == 1 and key in data:
+            return key, data[key]
+        return None
+
+    def _unwrapped(self, inner: Any) -> Any:
+        if isinstance(inner, str) and self._scalar:
+            return self._from_python(inner)
+        return self._from_data(inner)
+
+    def _in_sentence(self, sentence: str) -> Any:
+        """The one number, or the yes or no it starts with, of a short sentence, as the type
+        (`_NOTHING` when there is none, or more than one reading)."""
+        if _JSONISH.search(sentence):
+            return _NOTHING  # JSON that did not validate is no sentence: {"error": 500} is no 500
+        found = []
+        if "boolean" in self._kinds:
+            words = _WORD.findall(sentence.casefold())
+            said = {_POLAR[word] for word in words if word in _POLAR}
+            if words and words[0] in _POLAR and len(said) == 1:  # "Yes, it is."; not "Yes and no."
+                found.append(said.pop())
+        if "number" in self._kinds:
+            numbers = _NUMBER_LIKE.findall(sentence)
+            if len(numbers) == 1:
+                number = numbers[0].rstrip(".,")
+                if _PLAIN_NUMBER.fullmatch(number):  # not "3rd", "v2", "42%", "1,250.50"
+                    found.append(number)
+        if len(found) != 1:
+            return _NOTHING
+        try:
+            return self.adapter.validate_python(found[0])
+        except ValidationError:
+            return _NOTHING
 
     def _from_data(self, data: Any) -> Any:
         """A value read from JSON, validated as JSON (Enums also by name)."""
@@ -407,6 +538,54 @@ def _enums_in(annotation: Any, seen: set[Any]) -> list[type[enum.Enum]]:
     return found
 
 
+def _envelope_names(annotation: Any) -> frozenset[str]:
+    """The keys an envelope around the type may have: the generic ones, and the names of the
+    classes in it (`Ticket` in `list[Ticket] | None`), singular and plural, normalized."""
+    names = set(_ENVELOPES)
+    for name in _class_names(annotation):
+        base = _NOT_ALNUM.sub("", name.casefold())
+        names.update((base, base + "s", base + "es"))
+        if base.endswith("y"):
+            names.add(base[:-1] + "ies")
+    return frozenset(names)
+
+
+def _class_names(annotation: Any) -> list[str]:
+    """The user classes a type is made of, through containers and unions (not a mapping's values)."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _class_names(get_args(annotation)[0])
+    if origin is not None:
+        if isinstance(origin, type) and issubclass(origin, dict):
+            return []
+        return [name for arg in get_args(annotation) for name in _class_names(arg)]
+    if isinstance(annotation, type) and annotation.__module__ not in _BUILTIN_MODULES:
+        return [annotation.__name__]
+    return []
+
+
+_BUILTIN_MODULES: Final = frozenset({"builtins", "datetime", "decimal", "uuid", "typing", "pathlib"})
+
+
+def _kinds(schema: dict[str, Any], defs: dict[str, Any]) -> frozenset[str]:
+    """What a scalar schema may be read from in a sentence: "boolean", "number"."""
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        target = defs.get(ref.rsplit("/", 1)[-1])
+        return _kinds(target, defs) if isinstance(target, dict) else frozenset()
+    if "enum" in schema or "const" in schema:
+        return frozenset()
+    kinds: set[str] = set()
+    kind = schema.get("type")
+    if kind == "boolean":
+        kinds.add("boolean")
+    elif kind in ("integer", "number"):
+        kinds.add("number")
+    for option in schema.get("anyOf") or schema.get("oneOf") or ():
+        kinds |= _kinds(option, defs)
+    return frozenset(kinds)
+
+
 def _member(enums: tuple[type[enum.Enum], ...], word: str, expected: str) -> enum.Enum | None:
     """The member `word` names, by value, then by name, case-insensitively; among the Enums whose
     values pydantic listed as `expected` first."""
@@ -444,8 +623,10 @@ def _put(data: Any, loc: tuple[int | str, ...], word: str, value: Any) -> tuple[
 
 
 def _bare(text: str) -> str | None:
-    """A short answer as a bare scalar: without quotes, backticks and a final full stop."""
-    answer = text.strip()
+    """A short answer (after its think blocks) as a bare scalar: without quotes, backticks and a
+    final full stop. A long one is not stripped whole (10 MB of white space would be one call)."""
+    start, end = trim(text, answer_start(text), len(text))
+    answer = text[start:end]
     if not answer or len(answer) > _BARE_MAX or "\n" in answer:
         return None
     answer = answer.strip("`").strip()
@@ -454,6 +635,20 @@ def _bare(text: str) -> str | None:
     if answer.endswith(".") and not answer.endswith(".."):  # "42." is 42; an ellipsis stays
         answer = answer[:-1]
     return answer.strip() or None
+
+
+def _not_json(text: str, end: int) -> ValidationError:
+    """The error pydantic gives a text that is not one JSON value, without reading it whole: after
+    a balanced span that ends at `end`, the trailing characters' place, as pydantic says it."""
+    if end < 0:
+        detail = "no complete JSON value at line 1 column 1"
+    else:
+        at = trim(text, end, len(text))[0]
+        line_start = text.rfind("\n", 0, at) + 1
+        detail = f"trailing characters at line {text.count(chr(10), 0, at) + 1} column {at - line_start + 1}"
+    return ValidationError.from_exception_data(
+        "json", [{"type": "json_invalid", "loc": (), "input": text, "ctx": {"error": detail}}]
+    )
 
 
 def _loads(candidate: str) -> Any:
