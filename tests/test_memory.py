@@ -1,7 +1,8 @@
 """Chat memory through services: what is sent, what is stored, and when nothing is.
 
 The store is read back after each scenario, and the requests the model received are compared with it,
-so these tests fail if a turn were stored partly, stored on failure, stored with format instructions,
+so these tests fail if a turn were stored partly, stored on failure, stored with format instructions
+(`test_a_turn_is_stored_without_the_format_instructions_the_model_was_sent`),
 or if turns on one conversation interleaved.
 """
 
@@ -266,6 +267,37 @@ class Shop:
     @tool("Fails.")
     async def broken(self) -> str:
         raise RuntimeError("the warehouse is down")
+
+
+class Room(BaseModel):
+    number: int
+
+
+class Booking:
+    async def room(self, conversation: Annotated[str, MemoryId], question: str) -> Room: ...
+
+
+@pytest.mark.parametrize("mode", ["instructions", "schema"])
+async def test_a_turn_is_stored_without_the_format_instructions_the_model_was_sent(mode: str) -> None:
+    model = ScriptedModel('{"number": 12}', '{"number": 14}')
+    svc = agentrt.build(Booking, model=model, memory=agentrt.memory.window(), output_mode=mode)
+
+    assert await svc.room("c", "Which room?") == Room(number=12)
+    assert await svc.room("c", "And now?") == Room(number=14)
+
+    sent = model.requests[0].messages[-1]
+    assert isinstance(sent, UserMessage)
+    if mode == "instructions":  # (a schema goes in the request instead)
+        assert sent.text.startswith("Which room?") and sent.text != "Which room?"
+    stored = await agentrt.memory.access(svc).read("c")
+    assert stored == [
+        UserMessage.of("Which room?"),
+        AssistantMessage(text='{"number": 12}'),
+        UserMessage.of("And now?"),
+        AssistantMessage(text='{"number": 14}'),
+    ]
+    # The second turn's history is what was stored, not what the first request carried.
+    assert model.requests[1].messages[:2] == tuple(stored[:2])
 
 
 async def test_a_turn_stores_its_tool_exchange_in_order() -> None:
