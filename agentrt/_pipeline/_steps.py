@@ -1,8 +1,11 @@
-"""The steps of a turn after a model request, each one async generator over the `Turn`.
+"""The steps of a turn after a model request, over the `Turn`.
 
 The driver (`Invocation.events`) runs the request step inline, since its chunk loops are the per-token
-path and another generator there costs about 900 instructions a token (+8%, callgrind); the steps after
-a response yield a few events each and live here:
+path and another generator there costs about 900 instructions a token (+8%, callgrind). The steps after
+a response make a few events each and live here: `respond` and `answer` are coroutines that put their
+events in `out` (the driver yields them when the step is done, or before its error: a generator per
+step cost about 10% of a plain call); `tool_round` is a generator, so that a reader sees each
+`ToolCallRequested` before the tools run.
 
     respond   what a response is: the answer, a round of tool calls (its text checked first), or a
               new request
@@ -90,7 +93,7 @@ def shown(turn: Turn, event: ResponseReceived | ToolCallRequested | ToolExecuted
     return False
 
 
-async def respond(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]:
+async def respond(turn: Turn, guard: float | None, out: list[Event]) -> None:
     """`Phase.RESPONSE`: what the response just streamed (`turn.received`) is."""
     listeners = turn.runtime.listeners
     chain = turn.plan.output_chain
@@ -103,7 +106,7 @@ async def respond(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None
     step = _loop.after_response(turn, response)
     received = ResponseReceived(turn.id, response, round_)
     if shown(turn, received):
-        yield received
+        out.append(received)
     if step is _GO_ANSWER:
         turn.phase = _ANSWER
         return
@@ -124,7 +127,7 @@ async def respond(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None
             checked = scoped(turn, checked, guard)
         outcome = await checked
         for verdict in turn.verdicts:
-            yield verdict
+            out.append(verdict)
         turn.verdicts.clear()
         decision = after_chain(outcome, askable=True, reasks=turn.reasks, max_retries=chain.max_retries)
         if decision is not _ACCEPT:
@@ -146,7 +149,7 @@ async def respond(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None
         if reset is not None:
             if listeners:
                 notify(listeners, reset)
-            yield reset
+            out.append(reset)
     turn.phase = _REQUEST if step is _GO_ASK else _TOOLS
 
 
@@ -173,7 +176,7 @@ async def tool_round(turn: Turn, guard: float | None) -> AsyncGenerator[Event, N
     turn.phase = _ANSWER if step is _GO_ANSWER else _REQUEST
 
 
-async def answer(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]:
+async def answer(turn: Turn, guard: float | None, out: list[Event]) -> None:
     """`Phase.ANSWER`: check the answer (output guardrails, then parse) and `decide`: accept it and
     release its text (then `Phase.COMMIT`), or ask again or repair (then `Phase.REQUEST`); a refusal
     or an answer that cannot be repaired raises."""
@@ -221,7 +224,7 @@ async def answer(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]
                 checked = scoped(turn, checked, guard)
             outcome = await checked
             for verdict in turn.verdicts:
-                yield verdict
+                out.append(verdict)
             turn.verdicts.clear()
         decision = after_chain(
             outcome, askable=message is not None, reasks=turn.reasks, max_retries=chain.max_retries
@@ -273,7 +276,7 @@ async def answer(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]
         if reset is not None:
             if listeners:
                 notify(listeners, reset)
-            yield reset
+            out.append(reset)
         release.again()  # the next answer is replayed stream-to-sync
         if repairing:
             _finish.repair(turn, message, again)  # type: ignore[arg-type]
@@ -295,20 +298,20 @@ async def answer(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]
             assert turn.response is not None
             final = ResponseReceived(turn.id, turn.response, turn.round)
         for event in pending:
-            yield event
+            out.append(event)
         pending.clear()
     if streams:
         if immediate:
-            yield TextDelta(text)
+            out.append(TextDelta(text))
         elif release.mode is Mode.HOLD:  # the accepted answer, as one delta, then its response
             assert turn.response is not None
             thinking = turn.response.message.thinking
             if thinking:
-                yield ThinkingDelta(thinking)
+                out.append(ThinkingDelta(thinking))
             if text:
-                yield TextDelta(text)
+                out.append(TextDelta(text))
             if final is not None:
-                yield final
+                out.append(final)
         elif release.released is not None:  # the rest of the accepted answer (or a Reset, and all of it)
             thought = ""
             if release.mode is _CHUNKED:
@@ -319,8 +322,8 @@ async def answer(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]
             for event in release.released.release(turn.id, attempt, text, thought):
                 if listeners and event.__class__ is Reset:
                     notify(listeners, event)
-                yield event
+                out.append(event)
             if final is not None:
-                yield final
+                out.append(final)
     turn.value, turn.text = value, text
     turn.phase = _COMMIT

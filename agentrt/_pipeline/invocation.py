@@ -17,7 +17,6 @@ be read, and closed, by any task, the finalizer of an abandoned stream included.
 from __future__ import annotations
 
 import os
-from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import anyio
@@ -446,18 +445,24 @@ class Invocation:
                         turn.unreleased = accumulator.text_from(released.text_at)[0]
                         turn.unthought = accumulator.thinking_from(released.thought_at)[0]
                     turn.phase = _RESPONSE
-                elif phase is not _COMMIT:
-                    # A step after the response, closed here if the reader stops during it.
-                    step_of = (
-                        _steps.respond
-                        if phase is _RESPONSE
-                        else _steps.tool_round
-                        if phase is _TOOLS
-                        else _steps.answer
-                    )
-                    async with aclosing(step_of(turn, guard)) as step:
+                elif phase is _TOOLS:
+                    step = _steps.tool_round(turn, guard)
+                    try:
                         async for event in step:
                             yield event
+                    except BaseException:
+                        await step.aclose()  # the reader stopped during the round (or it raised)
+                        raise
+                elif phase is not _COMMIT:  # RESPONSE, ANSWER
+                    made: list[Event] = []
+                    try:
+                        await (_steps.respond if phase is _RESPONSE else _steps.answer)(turn, guard, made)
+                    except Exception:
+                        for event in made:  # what the step made before its error, then the error
+                            yield event
+                        raise
+                    for event in made:
+                        yield event
                 else:  # Phase.COMMIT
                     conversation = turn.conversation
                     if conversation is not None:
