@@ -38,7 +38,7 @@ from ..models._protocol import JsonObjectFormat, JsonSchemaFormat, ModelRequest,
 from ..output._parsers import NoneParser, TextParser, TypeParser
 from ..rag._types import Content
 from ..tools._run import LoopLimit
-from ._release import Mode, Released
+from ._release import Mode, Release, Released
 from ._turn import BOUNDARIES, Phase, Turn
 
 if TYPE_CHECKING:
@@ -265,7 +265,7 @@ def load(runtime: Runtime, spec: MethodSpec, plan: Plan, data: Mapping[str, Any]
         account.model_requests = saved.account.model_requests
         account.tool_calls = saved.account.tool_calls
         account.estimated = saved.account.estimated
-    release = turn.release
+    release = turn.release = Release(plan.release, plan.streams, _chunk(plan))  # its own, not shared
     release.mode = mode
     if saved.released is not None:
         if release.released is None:
@@ -283,6 +283,11 @@ def load(runtime: Runtime, spec: MethodSpec, plan: Plan, data: Mapping[str, Any]
     if phase is Phase.COMMIT:
         turn.value, turn.text = _revalue(spec, saved.value, saved.text), saved.text
     return turn
+
+
+def _chunk(plan: Plan) -> int | None:
+    chain = plan.output_chain
+    return chain.chunk if chain is not None else None
 
 
 def _saved_release(released: Released | None) -> _Released | None:

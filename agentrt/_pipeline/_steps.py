@@ -1,8 +1,11 @@
-"""The steps of a turn after a model request, each one async generator over the `Turn`.
+"""The steps of a turn after a model request, over the `Turn`.
 
 The driver (`Invocation.events`) runs the request step inline, since its chunk loops are the per-token
-path and another generator there costs about 900 instructions a token (+8%, callgrind); the steps after
-a response yield a few events each and live here:
+path and another generator there costs about 900 instructions a token (+8%, callgrind). The steps after
+a response make a few events each and live here: `respond` and `answer` are coroutines that put their
+events in `out` (the driver yields them when the step is done, or before its error: a generator per
+step cost about 10% of a plain call); `tool_round` is a generator, so that a reader sees each
+`ToolCallRequested` before the tools run.
 
     respond   what a response is: the answer, a round of tool calls (its text checked first), or a
               new request
@@ -15,7 +18,7 @@ every step boundary.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 
@@ -48,6 +51,22 @@ __all__ = ["answer", "respond", "scoped", "shown", "tool_round"]
 
 _T = TypeVar("_T")
 
+# Enum members are looked up in Python code: read as constants on the per-call path.
+_REQUEST: Final = Phase.REQUEST
+_TOOLS: Final = Phase.TOOLS
+_ANSWER: Final = Phase.ANSWER
+_COMMIT: Final = Phase.COMMIT
+_PLAIN: Final = Mode.PLAIN
+_CHUNKED: Final = Mode.CHUNKED
+_OPTIMISTIC: Final = Mode.OPTIMISTIC
+_GO_ANSWER: Final = _loop.Step.ANSWER
+_GO_TOOLS: Final = _loop.Step.TOOLS
+_GO_ASK: Final = _loop.Step.ASK
+_ACCEPT: Final = Decision.ACCEPT
+_REASK: Final = Decision.REASK
+_REFUSE: Final = Decision.REFUSE
+_UNPARSED: Final = Decision.UNPARSED
+
 
 async def scoped(turn: Turn, step: Awaitable[_T], deadline: float) -> _T:
     """Await one step of the turn under its deadline: cut there with `BudgetExceededError`.
@@ -74,7 +93,7 @@ def shown(turn: Turn, event: ResponseReceived | ToolCallRequested | ToolExecuted
     return False
 
 
-async def respond(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]:
+async def respond(turn: Turn, guard: float | None, out: list[Event]) -> None:
     """`Phase.RESPONSE`: what the response just streamed (`turn.received`) is."""
     listeners = turn.runtime.listeners
     chain = turn.plan.output_chain
@@ -87,12 +106,12 @@ async def respond(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None
     step = _loop.after_response(turn, response)
     received = ResponseReceived(turn.id, response, round_)
     if shown(turn, received):
-        yield received
-    if step is _loop.Step.ANSWER:
-        turn.phase = Phase.ANSWER
+        out.append(received)
+    if step is _GO_ANSWER:
+        turn.phase = _ANSWER
         return
     said = response.message.text
-    if chain is not None and step is _loop.Step.TOOLS and said and not said.isspace():
+    if chain is not None and step is _GO_TOOLS and said and not said.isspace():
         # Text sent with tool calls is not the answer, but memory stores it and
         # readers get it: the chain checks it as it checks answers (DESIGN §5).
         turn.attempts = attempt
@@ -108,15 +127,15 @@ async def respond(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None
             checked = scoped(turn, checked, guard)
         outcome = await checked
         for verdict in turn.verdicts:
-            yield verdict
+            out.append(verdict)
         turn.verdicts.clear()
         decision = after_chain(outcome, askable=True, reasks=turn.reasks, max_retries=chain.max_retries)
-        if decision is not Decision.ACCEPT:
-            if decision is Decision.REFUSE:
+        if decision is not _ACCEPT:
+            if decision is _REFUSE:
                 raise _finish.refused(turn, outcome, attempt)
             _loop.unspend_round(turn, response.message.tool_calls)  # they never run
             turn.rejected = outcome.reask
-            turn.phase = Phase.ANSWER
+            turn.phase = _ANSWER
             return
         if outcome.text != said:  # rewritten: stored, sent back and shown so
             response = _loop.rewrite(turn, outcome.text)
@@ -125,13 +144,13 @@ async def respond(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None
     released = release.released
     if released is not None:
         # Not the answer (it calls tools): what the reader has of it is withdrawn.
-        shown_all = response.message if release.mode is Mode.OPTIMISTIC else None
+        shown_all = response.message if release.mode is _OPTIMISTIC else None
         reset = released.withdraw(turn.id, ResetReason.TOOL_CALLS, attempt, shown_all)
         if reset is not None:
             if listeners:
                 notify(listeners, reset)
-            yield reset
-    turn.phase = Phase.REQUEST if step is _loop.Step.ASK else Phase.TOOLS
+            out.append(reset)
+    turn.phase = _REQUEST if step is _GO_ASK else _TOOLS
 
 
 async def tool_round(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]:
@@ -154,10 +173,10 @@ async def tool_round(turn: Turn, guard: float | None) -> AsyncGenerator[Event, N
         if shown(turn, executed):
             yield executed
     step = _loop.after_round(turn, calls, executions)
-    turn.phase = Phase.ANSWER if step is _loop.Step.ANSWER else Phase.REQUEST
+    turn.phase = _ANSWER if step is _GO_ANSWER else _REQUEST
 
 
-async def answer(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]:
+async def answer(turn: Turn, guard: float | None, out: list[Event]) -> None:
     """`Phase.ANSWER`: check the answer (output guardrails, then parse) and `decide`: accept it and
     release its text (then `Phase.COMMIT`), or ask again or repair (then `Phase.REQUEST`); a refusal
     or an answer that cannot be repaired raises."""
@@ -195,7 +214,7 @@ async def answer(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]
         if stopped is not None:
             outcome, turn.stopped = stopped, None
         else:
-            if release.mode is Mode.CHUNKED and not immediate:
+            if release.mode is _CHUNKED and not immediate:
                 assert release.released is not None
                 # the answer as released so far (with any rewrites), then the rest
                 text = release.released.text + turn.unreleased
@@ -205,15 +224,15 @@ async def answer(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]
                 checked = scoped(turn, checked, guard)
             outcome = await checked
             for verdict in turn.verdicts:
-                yield verdict
+                out.append(verdict)
             turn.verdicts.clear()
         decision = after_chain(
             outcome, askable=message is not None, reasks=turn.reasks, max_retries=chain.max_retries
         )
-        if decision is Decision.REASK:
+        if decision is _REASK:
             again = outcome.reask
             turn.reasks += 1
-        elif decision is Decision.REFUSE:
+        elif decision is _REFUSE:
             raise _finish.refused(turn, outcome, attempt, immediate=immediate)
         else:
             text, value = outcome.text, outcome.value
@@ -235,7 +254,7 @@ async def answer(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]
             decision = after_parse(
                 True, askable=message is not None, repairs=turn.repairs, max_repairs=turn.max_repairs
             )
-            if decision is Decision.UNPARSED:
+            if decision is _UNPARSED:
                 raise _finish.unparsed(turn, error, attempt, turn.repairs) from error
             again = error
             turn.repairs += 1
@@ -248,23 +267,23 @@ async def answer(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]
             pending.pop()  # the rejected answer's ResponseReceived
         reset = None
         if release.released is not None:
-            shown_all = message if release.mode is Mode.OPTIMISTIC else None
+            shown_all = message if release.mode is _OPTIMISTIC else None
             reset = release.released.withdraw(turn.id, why, attempt, shown_all)
-        elif streams and release.mode is Mode.PLAIN:
+        elif streams and release.mode is _PLAIN:
             # A stream without output guardrails showed the answer as it came: withdrawn,
             # and the next one replayed stream-to-sync, its events held with it.
             reset = Reset(turn.id, why, attempt)
         if reset is not None:
             if listeners:
                 notify(listeners, reset)
-            yield reset
+            out.append(reset)
         release.again()  # the next answer is replayed stream-to-sync
         if repairing:
             _finish.repair(turn, message, again)  # type: ignore[arg-type]
         else:
             _finish.reask(turn, message, again)  # type: ignore[arg-type]
         turn.attempt += 1
-        turn.phase = Phase.REQUEST
+        turn.phase = _REQUEST
         return
     if moderation is not None and moderation.answer and text:
         judging = _moderate.judge(turn, moderation, text, "answer")
@@ -279,23 +298,23 @@ async def answer(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]
             assert turn.response is not None
             final = ResponseReceived(turn.id, turn.response, turn.round)
         for event in pending:
-            yield event
+            out.append(event)
         pending.clear()
     if streams:
         if immediate:
-            yield TextDelta(text)
+            out.append(TextDelta(text))
         elif release.mode is Mode.HOLD:  # the accepted answer, as one delta, then its response
             assert turn.response is not None
             thinking = turn.response.message.thinking
             if thinking:
-                yield ThinkingDelta(thinking)
+                out.append(ThinkingDelta(thinking))
             if text:
-                yield TextDelta(text)
+                out.append(TextDelta(text))
             if final is not None:
-                yield final
+                out.append(final)
         elif release.released is not None:  # the rest of the accepted answer (or a Reset, and all of it)
             thought = ""
-            if release.mode is Mode.CHUNKED:
+            if release.mode is _CHUNKED:
                 thought = turn.unthought
             else:  # optimistic: the reader has all of the model's answer
                 assert message is not None
@@ -303,8 +322,8 @@ async def answer(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]
             for event in release.released.release(turn.id, attempt, text, thought):
                 if listeners and event.__class__ is Reset:
                     notify(listeners, event)
-                yield event
+                out.append(event)
             if final is not None:
-                yield final
+                out.append(final)
     turn.value, turn.text = value, text
-    turn.phase = Phase.COMMIT
+    turn.phase = _COMMIT

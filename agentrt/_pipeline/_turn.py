@@ -72,6 +72,11 @@ _LIMIT_TEXT: Final[dict[str, str]] = {
 }
 
 
+_AWAITED: Final = Release("plain", False, None)
+"""The release state of every awaited call without output guardrails: it never changes
+(`Release.again` leaves a plain awaited call as it is)."""
+
+
 class Turn:
     """One invocation's state, stage by stage (see the module docstring). Not shared between tasks."""
 
@@ -172,7 +177,10 @@ class Turn:
         self.round = 0
         """Model requests sent so far (each response's round)."""
         chain = plan.output_chain
-        self.release = Release(plan.release, plan.streams, chain.chunk if chain is not None else None)
+        if plan.release == "plain" and not plan.streams:
+            self.release = _AWAITED  # nothing to hold or withdraw, ever: one shared state
+        else:
+            self.release = Release(plan.release, plan.streams, chain.chunk if chain is not None else None)
         self.moderating = False
         """Moderation races the next request's first chunks (the first request's, once)."""
         self.checking = False

@@ -17,7 +17,6 @@ be read, and closed, by any task, the finalizer of an abandoned stream included.
 from __future__ import annotations
 
 import os
-from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import anyio
@@ -67,7 +66,14 @@ _FORWARD: Final = frozenset({TextDelta, ThinkingDelta, RefusalDelta, Usage})
 _METERED: Final = frozenset({ThinkingDelta, ToolCallDelta, Usage})
 
 
-_STEPS: Final = {Phase.RESPONSE: _steps.respond, Phase.TOOLS: _steps.tool_round, Phase.ANSWER: _steps.answer}
+# Enum members and their hashes are looked up in Python code: the driver reads them as constants.
+_PREPARE: Final = Phase.PREPARE
+_REQUEST: Final = Phase.REQUEST
+_RESPONSE: Final = Phase.RESPONSE
+_TOOLS: Final = Phase.TOOLS
+_COMMIT: Final = Phase.COMMIT
+_HOLD: Final = Mode.HOLD
+_CHUNKED: Final = Mode.CHUNKED
 
 
 class _Ready:
@@ -212,7 +218,7 @@ class Invocation:
         runtime = turn.runtime
         listeners = runtime.listeners
         model = runtime.model
-        restored = turn.phase is not Phase.PREPARE
+        restored = turn.phase is not _PREPARE
         held: list[Event] | None = [] if prime else None
         if not restored:
             started = Started(self.id, turn.spec.qualname, turn.memory_id, model.name, runtime.provider)
@@ -253,9 +259,9 @@ class Invocation:
                 # Moderation: the user's message is judged while the model answers its first request.
                 turn.moderating = moderation is not None and bool(turn.user is not None and turn.user.text)
                 turn.checking = plan.input_chain is not None and getattr(plan.input_chain, "parallel", False)
-                turn.phase = Phase.REQUEST
+                turn.phase = _REQUEST
 
-            if held is not None and turn.phase is not Phase.REQUEST:
+            if held is not None and turn.phase is not _REQUEST:
                 # Restored past its request: the model accepted that long ago.
                 yield cast("Event", READY)
                 for event in held:
@@ -265,7 +271,7 @@ class Invocation:
                 phase = turn.phase
                 if turn.boundary is not None and phase in BOUNDARIES:
                     turn.boundary(turn)
-                if phase is Phase.REQUEST:
+                if phase is _REQUEST:
                     turn.round += 1
                     round_ = turn.round
                     attempt = turn.attempt
@@ -279,8 +285,8 @@ class Invocation:
                             yield issued
                         else:
                             held.append(issued)
-                    hold = release.mode is Mode.HOLD
-                    chunking = release.mode is Mode.CHUNKED
+                    hold = release.mode is _HOLD
+                    chunking = release.mode is _CHUNKED
                     released = release.released
                     pending = release.pending
                     accumulator = turn.streaming = ResponseAccumulator()
@@ -426,7 +432,7 @@ class Invocation:
                         if listeners:
                             notify(listeners, ResponseReceived(self.id, response, round_))
                         turn.stopped = stopped
-                        turn.phase = Phase.ANSWER
+                        turn.phase = Phase.ANSWER  # (rare: a refused chunk)
                         continue
                     for verdict in turn.verdicts:  # a parallel input chain's (listeners had them)
                         yield verdict
@@ -438,12 +444,25 @@ class Invocation:
                         # what the reader has not been released yet, for the answer's check
                         turn.unreleased = accumulator.text_from(released.text_at)[0]
                         turn.unthought = accumulator.thinking_from(released.thought_at)[0]
-                    turn.phase = Phase.RESPONSE
-                elif phase is not Phase.COMMIT:
-                    # A step after the response, closed here if the reader stops during it.
-                    async with aclosing(_STEPS[phase](turn, guard)) as step:
+                    turn.phase = _RESPONSE
+                elif phase is _TOOLS:
+                    step = _steps.tool_round(turn, guard)
+                    try:
                         async for event in step:
                             yield event
+                    except BaseException:
+                        await step.aclose()  # the reader stopped during the round (or it raised)
+                        raise
+                elif phase is not _COMMIT:  # RESPONSE, ANSWER
+                    made: list[Event] = []
+                    try:
+                        await (_steps.respond if phase is _RESPONSE else _steps.answer)(turn, guard, made)
+                    except Exception:
+                        for event in made:  # what the step made before its error, then the error
+                            yield event
+                        raise
+                    for event in made:
+                        yield event
                 else:  # Phase.COMMIT
                     conversation = turn.conversation
                     if conversation is not None:
