@@ -9,6 +9,7 @@ the deadline, and a body read on after the deadline from what is already buffere
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -222,6 +223,18 @@ async def test_no_watchdog_outlives_its_stream() -> None:
         await settled()
         assert watchdogs() == 0
     assert texts == ["a", "b"]
+
+
+async def test_an_abandoned_stream_leaves_no_watchdog() -> None:
+    async with served([event("x"), math.inf], answer("next"), budget=Budget(seconds=30)) as service:
+        async for delta in await service.stream("hi"):
+            assert delta == "x"
+            assert watchdogs() == 1
+            break
+        gc.collect()  # nothing holds the stream: its finalizer closes it from another task
+        assert await service.ask("hi") == "next"
+        await settled()
+        assert watchdogs() == 0
 
 
 async def test_a_connection_cut_at_the_deadline_is_not_reused() -> None:
