@@ -23,7 +23,7 @@ import orjson
 import pytest
 
 import agentrt
-from agentrt import Budget, BudgetExceededError, TokenStream
+from agentrt import Budget, BudgetExceededError, TokenStream, _watchdog
 from agentrt._watchdog import Watchdog
 from agentrt.models import OpenAIChatModel, RetryPolicy
 
@@ -116,16 +116,16 @@ async def served(*scripts: Script, budget: Budget) -> AsyncIterator[Chat]:
 
 
 def watchdogs() -> int:
-    """The watchdog timers (asyncio) or tasks (trio) still armed in this event loop."""
+    """The watchdog timers still armed in this event loop: asyncio's timer handles; on trio, the
+    entries of the run's heap that are not closed (then its task must sleep until the earliest)."""
     if "trio" in sys.modules and sys.modules["trio"].lowlevel.in_trio_run():
-        import trio
-
-        root = trio.lowlevel.current_root_task()
-        return sum(
-            task.name == "agentrt watchdog"
-            for nursery in root.child_nurseries
-            for task in nursery.child_tasks
-        )
+        timers = _watchdog._TRIO_TIMERS.get(None) if _watchdog._TRIO_TIMERS is not None else None
+        if timers is None:
+            return 0
+        armed = sorted(deadline for deadline, _, dog in timers._heap if not dog.closed)
+        if timers._scope is not None:  # the task sleeps until the earliest armed deadline, or forever
+            assert timers._scope.deadline == (armed[0] if armed else math.inf)
+        return len(armed)
     loop: Any = asyncio.get_running_loop()
     return sum(
         not handle.cancelled() and getattr(handle._callback, "__func__", None) is Watchdog._fire
@@ -255,3 +255,22 @@ async def test_a_watchdog_closed_before_its_deadline_never_interrupts() -> None:
     await anyio.sleep(3)
     assert fired == ["armed"]
     assert armed.fired and not closed.fired
+
+
+async def test_watchdogs_fire_in_deadline_order_whatever_the_order_they_were_armed_in() -> None:
+    start = anyio.current_time()
+    fired: list[tuple[str, float]] = []
+
+    def note(name: str) -> Callable[[], None]:
+        return lambda: fired.append((name, anyio.current_time() - start))
+
+    late = Watchdog(start + 3, note("late"))
+    await anyio.sleep(0.5)  # the timer now sleeps until the late deadline
+    early = Watchdog(start + 1, note("early"))  # armed after, due before: the timer wakes for it
+    dropped = Watchdog(start + 2, note("dropped"))
+    await anyio.sleep(1)
+    dropped.close()  # after the early one fired, before its own deadline
+    await anyio.sleep(3)
+    assert fired == [("early", 1.0), ("late", 3.0)]
+    assert early.fired and late.fired and not dropped.fired
+    assert watchdogs() == 0
