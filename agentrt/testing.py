@@ -139,8 +139,8 @@ def _steps(script: Script) -> list[Step]:
 
 
 def _guard(request: ModelRequest, handles_deadline: bool) -> float | None:
-    """The deadline a test model stops its waits at: the request's, unless the caller watches it."""
-    return request.deadline if handles_deadline and not request.deadline_watched else None
+    """The deadline a test model stops its waits at: the request's, if it handles deadlines."""
+    return request.deadline if handles_deadline else None
 
 
 async def _wait(seconds: float, deadline: float | None) -> None:

@@ -235,7 +235,6 @@ def first_request(turn: Turn, history: list[ChatMessage]) -> ModelRequest:
         response_format=spec.parser.response_format(mode),
         settings=turn.settings,
         deadline=turn.deadline,
-        deadline_watched=turn.watched,
     )
 
 

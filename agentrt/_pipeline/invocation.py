@@ -39,6 +39,7 @@ from .._events import (
     ToolCallDelta,
     Usage,
 )
+from .._watchdog import read_before
 from ..models._protocol import ResponseAccumulator, aclose_iterator
 from ..output._modes import AnswerChunks
 from . import _checkpoint, _finish, _loop, _meter, _moderate, _release, _stages, _steps
@@ -88,8 +89,9 @@ READY: Final = _Ready()
 class _Deadline:
     """A model stream read under a deadline, for models that do not handle `request.deadline`.
 
-    Each read enters and leaves its own cancel scope (never held across the pipeline's `yield`); a read
-    cut at the deadline raises `ModelTimeoutError`, as the HTTP adapters do.
+    A model's iterator has nothing a watchdog could interrupt, so each read takes its own cancel
+    scope (`read_before`: never held across the pipeline's `yield`); a read cut at the deadline
+    raises `ModelTimeoutError`, as the HTTP adapters do.
     """
 
     __slots__ = ("_chunks", "_deadline")
@@ -102,10 +104,12 @@ class _Deadline:
         return self
 
     async def __anext__(self) -> ModelChunk:
-        with anyio.CancelScope(deadline=self._deadline) as scope:
-            return await self._chunks.__anext__()
-        assert scope.cancelled_caught
-        raise ModelTimeoutError("the model stream reached the invocation's deadline", mid_stream=True)
+        chunk, cut = await read_before(self._chunks, self._deadline, None)
+        if cut:
+            raise ModelTimeoutError("the model stream reached the invocation's deadline", mid_stream=True)
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
 
     async def aclose(self) -> None:
         await aclose_iterator(self._chunks)

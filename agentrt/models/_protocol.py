@@ -157,9 +157,6 @@ class ModelRequest:
     deadline: float | None = field(default=None, compare=False)
     """When the response must be complete, on the async backend's clock (`anyio.current_time()`): set
     when the invocation has a time budget. Not sent to the provider."""
-    deadline_watched: bool = field(default=False, compare=False)
-    """The caller reads the whole response under a cancel scope at `deadline`: a model need not put
-    each read under one (it still must not sleep for a retry past the deadline)."""
 
 
 # `RequestIssued.request` is annotated with ModelRequest in _events, which cannot import this module
@@ -175,10 +172,10 @@ class ChatModel(Protocol):
     its connection there. An adapter translates its transport errors into `agentrt.ModelError` kinds.
 
     A model whose class sets `handles_deadline = True` promises to stop waiting at `request.deadline`
-    (no retry sleeps past it, and unless `request.deadline_watched`, no read that outlasts it) and to
-    raise `ModelTimeoutError` there. For any other model the pipeline enforces the deadline itself:
-    around every chunk it reads from a stream (a cancel scope per chunk), around the whole call when
-    it is awaited.
+    (no retry sleeps past it, no read that outlasts it) and to raise `ModelTimeoutError` there; the
+    HTTP adapters keep it with one watchdog per response (see `agentrt._watchdog`). For any other
+    model the pipeline enforces the deadline itself: around every chunk it reads from a stream (a
+    cancel scope per chunk), around the whole call when it is awaited.
 
     Optional, read where present: a `provider` attribute (who serves the model, e.g. `"openai"`;
     `Started.provider`), and `check_settings(settings, where)`, which `build` calls with the build's

@@ -238,7 +238,6 @@ class AnthropicChatModel(HttpChatModel):
             partial(self.request_body, request),
             self._decoder,
             request.deadline,
-            request.deadline_watched,
         )
 
     # --- request ---------------------------------------------------------------------------------

@@ -140,7 +140,6 @@ class OllamaChatModel(HttpChatModel):
             partial(self.request_body, request),
             partial(self._decoder, request),
             request.deadline,
-            request.deadline_watched,
         )
 
     # --- request ---------------------------------------------------------------------------------

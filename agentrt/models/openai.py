@@ -164,7 +164,6 @@ class OpenAIChatModel(HttpChatModel):
             partial(self.request_body, request),
             self._decoder,
             request.deadline,
-            request.deadline_watched,
         )
 
     # --- request ---------------------------------------------------------------------------------
