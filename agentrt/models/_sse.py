@@ -30,10 +30,13 @@ _BOM: Final = b"\xef\xbb\xbf"
 class SSEDecoder:
     """Feed bytes as they arrive; get back the events they complete, in order."""
 
-    __slots__ = ("_buf", "_data", "_event", "_skip_lf", "_started", "idle")
+    __slots__ = ("_buf", "_data", "_event", "_more", "_skip_lf", "_started", "idle")
 
     def __init__(self) -> None:
         self._buf = b""
+        """The start of an unterminated line (never holds a line end)."""
+        self._more: list[bytes] = []
+        """The reads that continued that line without ending it: joined once, when it ends."""
         self._data: list[bytes] = []
         self._event = ""
         self._skip_lf = False
@@ -53,7 +56,12 @@ class SSEDecoder:
                 chunk = chunk[1:]
                 if not chunk:
                     return events
-        buf = self._buf + chunk if self._buf else chunk
+        if self._buf and self._started and 10 not in chunk and 13 not in chunk:
+            self._hold(chunk)
+            return events
+        buf = self._joined(chunk)
+        if self._more:
+            self._more = []
         if not self._started:
             if len(buf) < 3 and _BOM.startswith(buf):
                 self._buf = buf
@@ -83,7 +91,10 @@ class SSEDecoder:
         """
         if self._data or self._event or self._skip_lf or not self._started or 13 in chunk:
             return None
-        buf = self._buf + chunk if self._buf else chunk
+        if self._buf and 10 not in chunk:
+            self._hold(chunk)
+            return []
+        buf = self._joined(chunk)
         if not buf.startswith(b"data: "):
             return None
         # Split between events, at "\n\ndata: ": every piece is then one event's data, except
@@ -94,13 +105,17 @@ class SSEDecoder:
         if last.endswith(b"\n\n"):
             payloads[-1] = last[:-2]  # not plain if a "\n" remains in it: see below
             rest = b""
+        elif 10 not in last:
+            # An unfinished line, kept as `feed` keeps it. It follows the last line end of the read
+            # (there is one), so it is no longer than the read: the bytes kept are never copied again.
+            payloads.pop()
+            rest = b"data: " + last
         else:
-            end = last.find(b"\n\n") if 10 in last else -1
+            end = last.find(b"\n\n")
             if end < 0:
-                # An unfinished event, kept whole (it may hold complete lines: `feed` reparses its
-                # buffer from the start). With no blank line in it, `feed` dispatches none of it either.
-                payloads.pop()
-                rest = b"data: " + last
+                # An event cut after a complete line: `feed` takes the read and keeps the line's data,
+                # so that no byte is scanned twice (an event of many lines would be, at every read).
+                return None
             else:
                 rest = last[end + 2 :]
                 if not b"data: ".startswith(rest):
@@ -112,6 +127,8 @@ class SSEDecoder:
             if 10 in payload:
                 return None
         self._buf = rest
+        if self._more:
+            self._more = []
         self.idle = not rest
         return payloads
 
@@ -119,16 +136,29 @@ class SSEDecoder:
         """End of stream: the events still pending (see the module docstring). Resets the decoder."""
         events: list[SSEEvent] = []
         if self._buf and self._started:
-            for line in self._buf.splitlines():
+            for line in self._joined(b"").splitlines():
                 self._line(line, events)
         if self._data:
             data = self._data
             events.append((self._event, data[0] if len(data) == 1 else b"\n".join(data)))
         self._buf = b""
+        self._more = []
         self._data = []
         self._event = ""
         self._skip_lf = self._started = self.idle = False
         return events
+
+    def _hold(self, chunk: bytes) -> None:
+        """Keep a read that ends no line, without copying or rescanning what is held already: one
+        long event arriving in small reads then costs its length, not its length times its reads."""
+        self._more.append(chunk)
+        self.idle = False
+
+    def _joined(self, chunk: bytes) -> bytes:
+        """The held line followed by `chunk` (the decoder is unchanged)."""
+        if self._more:
+            return b"".join((self._buf, *self._more, chunk))
+        return self._buf + chunk if self._buf else chunk
 
     def _newlines(self, buf: bytes, events: list[SSEEvent]) -> bytes:
         """Line by line, "\\n" line ends only (what nearly every server sends). Returns the rest."""
