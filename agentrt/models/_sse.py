@@ -59,9 +59,12 @@ class SSEDecoder:
         if self._buf and self._started and 10 not in chunk and 13 not in chunk:
             self._hold(chunk)
             return events
-        buf = self._joined(chunk)
         if self._more:
-            self._more = []
+            chunk = self._end_held_line(chunk, events)
+            if not chunk:
+                self.idle = not (self._data or self._event or self._skip_lf)
+                return events
+        buf = self._buf + chunk if self._buf else chunk
         if not self._started:
             if len(buf) < 3 and _BOM.startswith(buf):
                 self._buf = buf
@@ -94,7 +97,9 @@ class SSEDecoder:
         if self._buf and 10 not in chunk:
             self._hold(chunk)
             return []
-        buf = self._joined(chunk)
+        if self._more:
+            return None  # a long line ends: `feed` copies it once
+        buf = self._buf + chunk if self._buf else chunk
         if not buf.startswith(b"data: "):
             return None
         # Split between events, at "\n\ndata: ": every piece is then one event's data, except
@@ -127,8 +132,6 @@ class SSEDecoder:
             if 10 in payload:
                 return None
         self._buf = rest
-        if self._more:
-            self._more = []
         self.idle = not rest
         return payloads
 
@@ -136,7 +139,7 @@ class SSEDecoder:
         """End of stream: the events still pending (see the module docstring). Resets the decoder."""
         events: list[SSEEvent] = []
         if self._buf and self._started:
-            for line in self._joined(b"").splitlines():
+            for line in b"".join((self._buf, *self._more)).splitlines():
                 self._line(line, events)
         if self._data:
             data = self._data
@@ -154,11 +157,23 @@ class SSEDecoder:
         self._more.append(chunk)
         self.idle = False
 
-    def _joined(self, chunk: bytes) -> bytes:
-        """The held line followed by `chunk` (the decoder is unchanged)."""
-        if self._more:
-            return b"".join((self._buf, *self._more, chunk))
-        return self._buf + chunk if self._buf else chunk
+    def _end_held_line(self, chunk: bytes, events: list[SSEEvent]) -> bytes:
+        """The line held in pieces ends in `chunk` (which has a line end): decode it, a data line's
+        value copied once from its pieces, and return what follows its line end in `chunk`."""
+        lf, cr = chunk.find(b"\n"), chunk.find(b"\r")
+        end = lf if cr < 0 or 0 <= lf < cr else cr
+        head, more = self._buf, self._more
+        self._buf, self._more = b"", []
+        if len(head) > 5 and head.startswith(b"data:"):
+            self._data.append(b"".join((head[6 if head[5] == 32 else 5 :], *more, chunk[:end])))
+        else:
+            self._line(b"".join((head, *more, chunk[:end])), events)
+        if chunk[end] == 13:
+            if end + 1 == len(chunk):
+                self._skip_lf = True
+            elif chunk[end + 1] == 10:
+                end += 1
+        return chunk[end + 1 :]
 
     def _newlines(self, buf: bytes, events: list[SSEEvent]) -> bytes:
         """Line by line, "\\n" line ends only (what nearly every server sends). Returns the rest."""
