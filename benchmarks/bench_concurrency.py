@@ -10,6 +10,7 @@ agentrt at most 1.2x plain httpx's CPU per token, at 1,000 and at 10,000 streams
 asserts.
 
     .venv/bin/python benchmarks/bench_concurrency.py [STREAMS:TOKENS ...] [--backend asyncio|trio]
+        [--clients httpx|agentrt]
 
 The default runs 1,000 streams of 200 tokens and 10,000 streams of 20 tokens, on asyncio then trio.
 10,000 streams need about 20,000 file descriptors in all (`ulimit -n`).
@@ -110,13 +111,15 @@ async def through_agentrt(base: str, streams: int, tokens: int) -> int:
     return count
 
 
-async def measure(port: int, runs: list[tuple[int, int]]) -> None:
+async def measure(port: int, runs: list[tuple[int, int]], clients: list[str]) -> None:
     base = f"http://127.0.0.1:{port}/v1"
     await raw(base, 10, 10)  # warm up: imports, the SSL context, the server's caches
     await through_agentrt(base, 10, 10)
     for streams, tokens in runs:
         rows = {}
         for name, client in (("plain httpx", raw), ("agentrt", through_agentrt)):
+            if name.split()[-1] not in clients:
+                continue
             cpu, wall, gap, count = await measured(partial(client, base, streams, tokens))
             assert count == streams * tokens, (name, count)
             rows[name] = cpu / count
@@ -125,16 +128,21 @@ async def measure(port: int, runs: list[tuple[int, int]]) -> None:
                 f"{cpu / count * 1e6:6.2f} µs CPU a token, {wall:6.2f} s wall, "
                 f"longest loop gap {gap * 1e3:6.1f} ms"
             )
-        print(f"    {'':27}agentrt / plain httpx: {rows['agentrt'] / rows['plain httpx']:.2f}x CPU a token")
+        if len(rows) == 2:
+            print(
+                f"    {'':27}agentrt / plain httpx: {rows['agentrt'] / rows['plain httpx']:.2f}x CPU a token"
+            )
 
 
 def main() -> None:
     args = sys.argv[1:]
-    backends = ["asyncio", "trio"]
-    if "--backend" in args:
-        at = args.index("--backend")
-        backends = [args[at + 1]]
-        del args[at : at + 2]
+    options = {"--backend": "asyncio,trio", "--clients": "httpx,agentrt"}
+    for option in options:
+        if option in args:
+            at = args.index(option)
+            options[option] = args[at + 1]
+            del args[at : at + 2]
+    backends, clients = options["--backend"].split(","), options["--clients"].split(",")
     runs = [tuple(int(n) for n in arg.split(":")) for arg in args] or [(1000, 200), (10_000, 20)]
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -148,7 +156,7 @@ def main() -> None:
         print(f"concurrent streams from one process, local server on loopback (file limit {hard:,})")
         for backend in backends:
             print(f"  {backend}")
-            anyio.run(measure, port, runs, backend=backend)  # type: ignore[arg-type]
+            anyio.run(measure, port, runs, clients, backend=backend)  # type: ignore[arg-type]
     finally:
         server.terminate()
         server.join()
