@@ -112,7 +112,7 @@ class SSEDecoder:
             rest = b""
         elif 10 not in last:
             # An unfinished line, kept as `feed` keeps it. It follows the last line end of the read
-            # (there is one), so it is no longer than the read: the bytes kept are never copied again.
+            # (there is one), so it is no longer than the read: what is kept never grows past a read.
             payloads.pop()
             rest = b"data: " + last
         else:
