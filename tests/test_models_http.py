@@ -151,20 +151,20 @@ async def test_the_pooled_client_is_created_lazily_and_closed_by_aclose() -> Non
     model = OpenAIChatModel("m", base_url="http://llm.test/v1")
     session = model._session
     assert session._client is None
-    first = session.client()
-    assert session.client() is first  # one pooled client per model
+    first = await session.client()
+    assert await session.client() is first  # one pooled client per model
     async with model:
         pass
     assert first.is_closed
     await model.aclose()  # idempotent
-    assert not session.client().is_closed  # a closed model opens a fresh client when used again
+    assert not (await session.client()).is_closed  # a closed model opens a fresh client when used again
     await model.aclose()
 
 
 async def test_a_client_passed_in_is_left_open() -> None:
     async with httpx.AsyncClient(transport=serve(Parts([FIRST, REST]))) as client:
         async with OllamaChatModel("m", base_url="http://o.test", client=client) as model:
-            assert model._session.client() is client
+            assert await model._session.client() is client
         assert not client.is_closed
 
 

@@ -20,6 +20,7 @@ loggers, or logged when no session holds a key, pass unchanged.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import weakref
@@ -33,6 +34,7 @@ import orjson
 
 from .._errors import ModelError, ModelTimeoutError
 from .._watchdog import NEVER, Watchdog, read_before
+from ._admission import AdmittedTransport
 from ._decoders import _PROBLEMS
 from ._failures import (
     ErrorContext,
@@ -49,6 +51,7 @@ from ._failures import (
 from ._retry import Retryable, RetryPolicy
 
 if TYPE_CHECKING:
+    import ssl
     from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
     import tenacity
@@ -58,6 +61,7 @@ if TYPE_CHECKING:
     from .._watchdog import _Never
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "DEFAULT_TIMEOUT",
     "ChunkDecoder",
     "Exchange",
@@ -73,6 +77,10 @@ logger = logging.getLogger("agentrt.models")
 
 DEFAULT_TIMEOUT: Final = httpx.Timeout(600.0, connect=10.0)
 """Connect within 10 s; then up to 10 minutes between bytes (long generations, slow first tokens)."""
+
+DEFAULT_LIMITS: Final = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+"""The pool of a client agentrt creates (the openai SDK's): up to 1,000 responses streaming at once, 100
+idle connections kept. Requests beyond 1,000 wait in agentrt's FIFO queue (`AdmittedTransport`)."""
 
 _ERROR_BODY_LIMIT: Final = 64 * 1024
 _DRAIN_LIMIT: Final = 64 * 1024
@@ -91,6 +99,32 @@ _SCRUBBED_LOGGERS: Final = (
 )
 """The loggers an agentrt request goes through (a filter applies to its own logger's records only)."""
 _FORMATTER: Final = logging.Formatter()
+
+
+class _SSLContexts:
+    """httpx's default SSL context, built once per process (and per CA setting) instead of per client.
+
+    Loading the CA bundle takes 20-100 ms: an app that builds a model per user would pay it at each
+    user's first request. The context follows httpx's own rules (`SSL_CERT_FILE`, `SSL_CERT_DIR`, else
+    certifi's bundle), read when a client is built, so a changed setting gets its own context. Built
+    in a worker thread (the lock keeps two threads from building the same one); an `SSLContext` may
+    be shared by any number of connections.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._built: dict[tuple[str | None, str | None], ssl.SSLContext] = {}
+
+    def get(self) -> ssl.SSLContext:
+        key = (os.environ.get("SSL_CERT_FILE") or None, os.environ.get("SSL_CERT_DIR") or None)
+        with self._lock:
+            context = self._built.get(key)
+            if context is None:
+                context = self._built[key] = httpx.create_ssl_context()
+            return context
+
+
+_SSL_CONTEXTS: Final = _SSLContexts()
 
 
 class _KeyFilter(logging.Filter):
@@ -261,14 +295,36 @@ class HttpSession:
         self.on_response = on_response
         self.on_error = on_error
 
-    def client(self) -> httpx.AsyncClient:
-        """The pooled client, created on first use unless the user gave one."""
+    async def client(self) -> httpx.AsyncClient:
+        """The pooled client, created on first use unless the user gave one.
+
+        It is built in a worker thread: the first build in a process loads the CA bundle (tens of
+        milliseconds that would stall every other stream on the event loop). Cancellation (a request's
+        deadline) stops the wait at once; the thread finishes on its own and its client is dropped
+        (it has no connection yet), the SSL context it built is kept.
+        """
         client = self._client
         if client is None:
-            client = self._client = httpx.AsyncClient(
-                timeout=self._timeout or DEFAULT_TIMEOUT, headers={"user-agent": _USER_AGENT}
-            )
+            built = await anyio.to_thread.run_sync(self._new_client, abandon_on_cancel=True)
+            client = self._client
+            if client is None:  # else another request built one first: it has the connections
+                client = self._client = built
         return client
+
+    def _new_client(self) -> httpx.AsyncClient:
+        """A client whose pool has `DEFAULT_LIMITS`, with agentrt's FIFO admission in front of it."""
+        limits = DEFAULT_LIMITS
+        context = _SSL_CONTEXTS.get()
+        assert limits.max_connections is not None
+        pool = httpx.AsyncHTTPTransport(verify=context, limits=limits)
+        return httpx.AsyncClient(
+            transport=AdmittedTransport(pool, limits.max_connections),
+            # for the transports httpx mounts for proxies named in the environment
+            verify=context,
+            limits=limits,
+            timeout=self._timeout or DEFAULT_TIMEOUT,
+            headers={"user-agent": _USER_AGENT},
+        )
 
     async def aclose(self) -> None:
         """Close the client if this session created it (a user's own client stays open). Idempotent."""
@@ -305,7 +361,7 @@ class HttpSession:
         response. Cancellation while waiting or retrying propagates unchanged.
         """
         self._hold_key()
-        client = self.client()
+        client = await self.client()
         request = client.build_request(
             "POST",
             self.url,

@@ -30,10 +30,13 @@ _BOM: Final = b"\xef\xbb\xbf"
 class SSEDecoder:
     """Feed bytes as they arrive; get back the events they complete, in order."""
 
-    __slots__ = ("_buf", "_data", "_event", "_skip_lf", "_started", "idle")
+    __slots__ = ("_buf", "_data", "_event", "_more", "_skip_lf", "_started", "idle")
 
     def __init__(self) -> None:
         self._buf = b""
+        """The start of an unterminated line (never holds a line end)."""
+        self._more: list[bytes] = []
+        """The reads that continued that line without ending it: joined once, when it ends."""
         self._data: list[bytes] = []
         self._event = ""
         self._skip_lf = False
@@ -53,6 +56,14 @@ class SSEDecoder:
                 chunk = chunk[1:]
                 if not chunk:
                     return events
+        if self._buf and self._started and 10 not in chunk and 13 not in chunk:
+            self._hold(chunk)
+            return events
+        if self._more:
+            chunk = self._end_held_line(chunk, events)
+            if not chunk:
+                self.idle = not (self._data or self._event or self._skip_lf)
+                return events
         buf = self._buf + chunk if self._buf else chunk
         if not self._started:
             if len(buf) < 3 and _BOM.startswith(buf):
@@ -83,6 +94,11 @@ class SSEDecoder:
         """
         if self._data or self._event or self._skip_lf or not self._started or 13 in chunk:
             return None
+        if self._buf and 10 not in chunk:
+            self._hold(chunk)
+            return []
+        if self._more:
+            return None  # a long line ends: `feed` copies it once
         buf = self._buf + chunk if self._buf else chunk
         if not buf.startswith(b"data: "):
             return None
@@ -94,13 +110,17 @@ class SSEDecoder:
         if last.endswith(b"\n\n"):
             payloads[-1] = last[:-2]  # not plain if a "\n" remains in it: see below
             rest = b""
+        elif 10 not in last:
+            # An unfinished line, kept as `feed` keeps it. It follows the last line end of the read
+            # (there is one), so it is no longer than the read: what is kept never grows past a read.
+            payloads.pop()
+            rest = b"data: " + last
         else:
-            end = last.find(b"\n\n") if 10 in last else -1
+            end = last.find(b"\n\n")
             if end < 0:
-                # An unfinished event, kept whole (it may hold complete lines: `feed` reparses its
-                # buffer from the start). With no blank line in it, `feed` dispatches none of it either.
-                payloads.pop()
-                rest = b"data: " + last
+                # An event cut after a complete line: `feed` takes the read and keeps the line's data,
+                # so that no byte is scanned twice (an event of many lines would be, at every read).
+                return None
             else:
                 rest = last[end + 2 :]
                 if not b"data: ".startswith(rest):
@@ -119,16 +139,41 @@ class SSEDecoder:
         """End of stream: the events still pending (see the module docstring). Resets the decoder."""
         events: list[SSEEvent] = []
         if self._buf and self._started:
-            for line in self._buf.splitlines():
+            for line in b"".join((self._buf, *self._more)).splitlines():
                 self._line(line, events)
         if self._data:
             data = self._data
             events.append((self._event, data[0] if len(data) == 1 else b"\n".join(data)))
         self._buf = b""
+        self._more = []
         self._data = []
         self._event = ""
         self._skip_lf = self._started = self.idle = False
         return events
+
+    def _hold(self, chunk: bytes) -> None:
+        """Keep a read that ends no line, without copying or rescanning what is held already: one
+        long event arriving in small reads then costs its length, not its length times its reads."""
+        self._more.append(chunk)
+        self.idle = False
+
+    def _end_held_line(self, chunk: bytes, events: list[SSEEvent]) -> bytes:
+        """The line held in pieces ends in `chunk` (which has a line end): decode it, a data line's
+        value copied once from its pieces, and return what follows its line end in `chunk`."""
+        lf, cr = chunk.find(b"\n"), chunk.find(b"\r")
+        end = lf if cr < 0 or 0 <= lf < cr else cr
+        head, more = self._buf, self._more
+        self._buf, self._more = b"", []
+        if len(head) > 5 and head.startswith(b"data:"):
+            self._data.append(b"".join((head[6 if head[5] == 32 else 5 :], *more, chunk[:end])))
+        else:
+            self._line(b"".join((head, *more, chunk[:end])), events)
+        if chunk[end] == 13:
+            if end + 1 == len(chunk):
+                self._skip_lf = True
+            elif chunk[end + 1] == 10:
+                end += 1
+        return chunk[end + 1 :]
 
     def _newlines(self, buf: bytes, events: list[SSEEvent]) -> bytes:
         """Line by line, "\\n" line ends only (what nearly every server sends). Returns the rest."""
