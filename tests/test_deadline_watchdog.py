@@ -227,14 +227,18 @@ async def test_no_watchdog_outlives_its_stream() -> None:
 
 async def test_an_abandoned_stream_leaves_no_watchdog() -> None:
     async with served([event("x"), math.inf], answer("next"), budget=Budget(seconds=30)) as service:
-        # Nothing holds the stream after the loop: it warns, and its finalizer closes it from
-        # another task.
-        with pytest.warns(ResourceWarning, match="a stream was collected without being closed"):
+
+        async def read_one() -> None:
             async for delta in await service.stream("hi"):
                 assert delta == "x"
                 assert watchdogs() == 1
                 break
             gc.collect()
+
+        # Nothing holds the stream after the loop: it warns, and its finalizer closes it from
+        # another task.
+        with pytest.warns(ResourceWarning, match="a stream was collected without being closed"):
+            await read_one()
         assert await service.ask("hi") == "next"
         await settled()
         assert watchdogs() == 0
