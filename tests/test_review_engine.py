@@ -1,0 +1,291 @@
+"""An outside review of the turn state machine (issue 24): each test is one defect, failing today.
+
+Checkpoints are driven as tests/test_checkpoint.py drives them: stop at a step boundary, save the turn
+through JSON text, restore it in a fresh build sharing the conversation store, read it on.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+import anyio
+import orjson
+import pytest
+from pydantic import BaseModel, Field
+
+import agentrt
+from agentrt import (
+    Budget,
+    BudgetExceededError,
+    MemoryId,
+    PartialStream,
+    ResponseReceived,
+    Result,
+    TextDelta,
+    TokenStream,
+    ToolContext,
+    ToolSettings,
+    tool,
+)
+from agentrt._pipeline import Invocation
+from agentrt._pipeline._checkpoint import CheckpointError
+from agentrt._service import _RUNTIMES
+from agentrt.guardrails import OutputGuardrailRequest, failure, output_guardrails, success
+from agentrt.testing import CallTool, ScriptedModel
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+class Stop(Exception):
+    pass
+
+
+class Lookup:
+    def __init__(self) -> None:
+        self.memory_ids: list[Any] = []
+
+    @tool("Look something up.")
+    async def lookup(self, query: str, context: ToolContext) -> str:
+        self.memory_ids.append(context.memory_id)
+        return f"found {query}"
+
+
+async def read(invocation: Invocation) -> Any:
+    if invocation._turn.plan.streams:
+        result = None
+        events = invocation.events()
+        try:
+            async for event in events:
+                if type(event).__name__ == "Completed":
+                    result = event.result  # type: ignore[attr-defined]
+        finally:
+            await events.aclose()
+        return result
+    return await invocation.result()
+
+
+def built(cls: type, script: list[Any], store: Any, tools: Any = None, **options: Any) -> Any:
+    return agentrt.build(
+        cls,
+        model=ScriptedModel(*script),
+        memory=agentrt.memory.window(store=store),
+        tools=[tools if tools is not None else Lookup()],
+        **options,
+    )
+
+
+async def saved_at(
+    cls: type, name: str, arguments: dict[str, Any], script: list[Any], phase: str, **options: Any
+) -> tuple[dict[str, Any], Any, Any, Any]:
+    """The checkpoint at the first boundary of `phase`, and a fresh build (same store) to restore it
+    in, with the rest of the script; and the method's spec."""
+    store = agentrt.memory.InMemoryStore()
+    service = built(cls, script, store, **options)
+    runtime, spec = _RUNTIMES[type(service)], getattr(service, name).__agentrt_spec__
+    invocation = Invocation(runtime, spec, dict(arguments))
+    saved: list[dict[str, Any]] = []
+
+    def boundary(at: Any) -> None:
+        if at.value == phase:
+            saved.append(orjson.loads(orjson.dumps(invocation.checkpoint())))
+            raise Stop
+
+    invocation.on_boundary(boundary)
+    with pytest.raises(Stop):
+        await read(invocation)
+    sent = len(runtime.model.requests)
+    fresh = built(cls, script[sent:], store, **options)
+    return saved[0], _RUNTIMES[type(fresh)], spec, fresh
+
+
+# --- 1. a structured value with field aliases cannot be restored at COMMIT ------------------------
+
+
+class Person(BaseModel):
+    first_name: str = Field(alias="firstName")
+    age: int
+
+
+class People:
+    async def person(self, conversation: Annotated[str, MemoryId], question: str) -> Result[Person]: ...
+
+    async def partial(self, conversation: Annotated[str, MemoryId], question: str) -> PartialStream[Person]: ...
+
+
+@pytest.mark.parametrize("name", ["person", "partial"])
+async def test_a_value_with_field_aliases_is_restored_at_commit(name: str) -> None:
+    # _checkpoint._value dumps by field name (dump_python(mode="json")), _revalue validates by alias:
+    # restore raises pydantic's ValidationError (not even CheckpointError) for a plain pydantic model.
+    script = [['{"firstName": "Ann", "age": 3}']]
+    checkpoint, runtime, spec, _ = await saved_at(
+        People, name, {"conversation": "c", "question": "q"}, script, "commit"
+    )
+    with anyio.fail_after(5):
+        result = await read(Invocation.restore(runtime, spec, checkpoint))
+    assert result.value == Person(firstName="Ann", age=3)
+
+
+# --- 2. the output meter stops a response the budget allows -------------------------------------
+
+
+class Chat:
+    async def ask(self, question: str) -> str: ...
+
+    async def stream(self, question: str) -> TokenStream: ...
+
+
+@pytest.mark.parametrize("view", ["await", "stream"])
+async def test_a_budget_of_n_output_tokens_allows_n_for_deltas_of_mixed_sizes(view: str) -> None:
+    # 10 deltas, 40 characters: the accumulator (and the result's usage) count 10 output tokens. The
+    # meter charges each delta max(len, 4) characters (4 + 7 per pair = 55 > 40), so it cuts the
+    # response at 8 tokens and reports "stopped past 10 output tokens" with spent.output_tokens == 8.
+    deltas = ["a", "bbbbbbb"] * 5
+    service = agentrt.build(Chat, model=ScriptedModel(deltas), budget=Budget(output_tokens=10))
+    try:
+        if view == "await":
+            text = await service.ask("q")
+        else:
+            async with await service.stream("q") as tokens:
+                text = "".join([t async for t in tokens])
+    except BudgetExceededError as error:
+        spent = error.partial.spent
+        assert spent is not None
+        pytest.fail(f"refused at {spent.output_tokens} output tokens under a budget of 10")
+    assert text == "abbbbbbb" * 5
+
+
+# --- 3. text sent with tool calls past a loop limit is never checked ------------------------------
+
+SECRET = "ALPHA-7731"
+
+
+class Refuses:
+    name = "refuses"
+    partial_text = True
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def validate(self, request: OutputGuardrailRequest) -> Any:
+        self.seen.append(request.text)
+        return failure("a code") if SECRET in request.text else success()
+
+
+@pytest.mark.parametrize("release", ["buffer", "chunked", "optimistic"])
+async def test_text_with_tool_calls_that_hit_a_loop_limit_passes_the_chain(release: str) -> None:
+    # _loop.after_response returns Step.ASK for a round past a loop limit (on_limit="final_answer"),
+    # and _steps.respond only checks text when the step is TOOLS. Under `buffer` the reader still
+    # gets the response (ResponseReceived, released with the answer) carrying the unchecked text;
+    # under `optimistic` it was shown as text; `chunked` checks it while it streams and refuses the
+    # turn. The policies drift apart again, which issue 24 point 2 set out to end.
+    guard = Refuses()
+
+    class Guarded:
+        @output_guardrails(guard, release=release)  # type: ignore[arg-type]
+        async def stream(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+    model = ScriptedModel(
+        [CallTool("lookup", {"query": "a"}, id="x1")],
+        [f"The code is {SECRET}. ", CallTool("lookup", {"query": "b"}, id="x2")],
+        ["Fine."],
+    )
+    service = agentrt.build(
+        Guarded,
+        model=model,
+        memory=agentrt.memory.window(),
+        tools=[Lookup()],
+        tool_settings=ToolSettings(max_rounds=1, on_limit="final_answer"),
+    )
+    shown: list[str] = []
+    with anyio.fail_after(5):
+        try:
+            async with await service.stream("c", "q") as stream:
+                async for event in stream.events():
+                    if type(event) is TextDelta:
+                        shown.append(event.text)
+                    elif type(event) is ResponseReceived:
+                        shown.append(event.response.message.text or "")
+        except agentrt.OutputGuardrailError:
+            pass
+    assert any(SECRET in text for text in guard.seen), (guard.seen, shown)
+
+
+# --- 4. restore takes checkpoints it cannot resume -------------------------------------------------
+
+
+class Guard:
+    name = "pass"
+    partial_text = True
+
+    def validate(self, request: OutputGuardrailRequest) -> Any:
+        return success()
+
+
+class Plain:
+    async def ask(self, conversation: Annotated[str, MemoryId], question: str) -> Result[str]: ...
+
+    async def number(self, conversation: Annotated[str, MemoryId], question: str) -> Result[int]: ...
+
+    @output_guardrails(Guard(), release="buffer")
+    async def stream(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+
+TAMPERED = {
+    # (method, boundary, key, value): what runs instead is an AssertionError, KeyError, TypeError or
+    # pydantic ValidationError, after the conversation was locked again (or at restore, not typed).
+    "loop-state": ("ask", "tools", "loop", {}),
+    "release-mode": ("stream", "request", "mode", "chunked"),
+    "no-response-to-decide": ("ask", "response", "received", None),
+    "no-request-to-send": ("ask", "request", "request", None),
+    "no-response-at-tools": ("ask", "tools", "response", None),
+    "value-of-another-type": ("number", "commit", "value", "not a number"),
+    "memory-id-null": ("ask", "request", "memory_id", None),
+}
+
+
+@pytest.mark.parametrize("case", list(TAMPERED))
+async def test_restore_refuses_a_checkpoint_it_cannot_resume(case: str) -> None:
+    name, phase, key, value = TAMPERED[case]
+    script = [["Look. ", CallTool("lookup", {"query": "a"}, id="x1")], ["42"]]
+    checkpoint, runtime, spec, _ = await saved_at(
+        Plain, name, {"conversation": "c", "question": "q"}, script, phase
+    )
+    checkpoint[key] = value
+    with pytest.raises(CheckpointError):
+        invocation = Invocation.restore(runtime, spec, checkpoint)
+        with anyio.fail_after(5):
+            await read(invocation)  # (fails here, untyped, when restore took it)
+
+
+# --- 5. a restored turn's memory id is not the id the turn had ------------------------------------
+
+
+class Nested:
+    async def ask(
+        self, conversation: Annotated[tuple[tuple[str, int], str], MemoryId], question: str
+    ) -> Result[str]: ...
+
+
+class ByUuid:
+    async def ask(self, conversation: Annotated[uuid.UUID, MemoryId], question: str) -> Result[str]: ...
+
+
+@pytest.mark.parametrize(
+    ("cls", "memory_id"), [(Nested, (("a", 1), "b")), (ByUuid, uuid.UUID(int=7))], ids=["nested-tuple", "uuid"]
+)
+async def test_a_restored_turn_keeps_its_memory_id(cls: type, memory_id: Any) -> None:
+    # _checkpoint.dump saves the id as JSON (a UUID becomes a str, an inner tuple a list) and load only
+    # turns the outer list back into a tuple: a nested tuple id is unhashable (TypeError at the memory
+    # stage), a UUID id reaches tools (ToolContext), guardrails and providers as a str.
+    script = [[CallTool("lookup", {"query": "a"}, id="x1")], ["Done."]]
+    lookup = Lookup()
+    checkpoint, runtime, spec, _ = await saved_at(
+        cls, "ask", {"conversation": memory_id, "question": "q"}, script, "tools", tools=lookup
+    )
+    invocation = Invocation.restore(runtime, spec, checkpoint)
+    with anyio.fail_after(5):
+        result = await read(invocation)
+    assert result.text == "Done."
+    assert lookup.memory_ids == [memory_id]
+    assert type(lookup.memory_ids[0]) is type(memory_id)
