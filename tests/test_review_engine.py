@@ -289,3 +289,96 @@ async def test_a_restored_turn_keeps_its_memory_id(cls: type, memory_id: Any) ->
     assert result.text == "Done."
     assert lookup.memory_ids == [memory_id]
     assert type(lookup.memory_ids[0]) is type(memory_id)
+
+
+# --- 6. checkpoint() takes a turn stopped in the middle of a step ---------------------------------
+
+
+class Streams:
+    async def stream(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+
+class Counted:
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    @tool("Look something up.")
+    async def lookup(self, query: str) -> str:
+        self.ran.append(query)
+        return f"found {query}"
+
+
+@pytest.mark.parametrize("stop_after", ["ToolExecuted", "ResponseReceived"])
+async def test_checkpoint_of_a_turn_stopped_inside_a_step_is_refused_or_resumes_once(stop_after: str) -> None:
+    # `checkpoint()` is documented for "once the events stopped there" (at a boundary), "CheckpointError
+    # elsewhere", but _checkpoint.dump only checks `turn.phase in BOUNDARIES`. A reader that stops
+    # inside a step (the tool round after ToolExecuted; `respond` after ResponseReceived) leaves the
+    # phase at TOOLS / RESPONSE, half done: the saved turn runs the tools again on restore (and counts
+    # the round twice), or has `received` already consumed and fails an assert in `_steps.respond`.
+    store = agentrt.memory.InMemoryStore()
+    lookup = Counted()
+    script = [["Look. ", CallTool("lookup", {"query": "a"}, id="x1")], ["Done."]]
+    service = built(Streams, script, store, tools=lookup)
+    runtime, spec = _RUNTIMES[type(service)], service.stream.__agentrt_spec__
+    invocation = Invocation(runtime, spec, {"conversation": "c", "question": "q"})
+    events = invocation.events()
+    async for event in events:
+        if type(event).__name__ == stop_after:
+            break
+    await events.aclose()
+    try:
+        checkpoint = orjson.loads(orjson.dumps(invocation.checkpoint()))
+    except CheckpointError:
+        return  # refused: what the docstring promises
+    fresh = built(Streams, script[len(runtime.model.requests) :], store, tools=lookup)
+    with anyio.fail_after(5):
+        result = await read(Invocation.restore(_RUNTIMES[type(fresh)], spec, checkpoint))
+    assert result.text == "Done."
+    assert lookup.ran == ["a"]  # the tool ran once
+    assert len(result.tool_executions) == 1
+
+
+# --- 7. @moderate(answer=True) does not see text sent with tool calls -----------------------------
+
+
+class Flags:
+    name = "flags"
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    async def moderate(self, texts: Any) -> list[Any]:
+        from agentrt.moderation import Moderation
+
+        self.texts.extend(texts)
+        return [Moderation("weapon" in t, {"violence": "weapon" in t}, {"violence": 0.0}, "m") for t in texts]
+
+
+@pytest.mark.parametrize("view", ["await", "stream"])
+async def test_moderated_answers_also_moderate_text_sent_with_tool_calls(view: str) -> None:
+    # Issue 24 point 2 made the output chain see every assistant text that reaches memory or a reader;
+    # moderation of answers (`_steps.answer` only) was left behind: text sent with tool calls is
+    # stored and shown (ResponseReceived) without the moderation model seeing it.
+    from agentrt.moderation import moderate
+
+    @moderate(answer=True)
+    class Moderated:
+        async def ask(self, conversation: Annotated[str, MemoryId], question: str) -> str: ...
+
+        async def stream(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+    flags = Flags()
+    model = ScriptedModel(["To build a weapon, start here. ", CallTool("lookup", {"query": "a"})], ["Fine."])
+    service = agentrt.build(
+        Moderated, model=model, memory=agentrt.memory.window(), tools=[Lookup()], moderation_model=flags
+    )
+    with anyio.fail_after(5):
+        try:
+            if view == "await":
+                await service.ask("c", "hello")
+            else:
+                async with await service.stream("c", "hello") as stream:
+                    await stream.result()
+        except agentrt.ModerationError:
+            pass
+    assert any("weapon" in text for text in flags.texts), flags.texts
