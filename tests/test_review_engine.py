@@ -382,3 +382,33 @@ async def test_moderated_answers_also_moderate_text_sent_with_tool_calls(view: s
         except agentrt.ModerationError:
             pass
     assert any("weapon" in text for text in flags.texts), flags.texts
+
+
+# --- 8. one checkpoint restored twice commits the turn twice --------------------------------------
+
+
+class Asks:
+    async def ask(self, conversation: Annotated[str, MemoryId], question: str) -> Result[str]: ...
+
+
+async def test_a_checkpoint_restored_twice_commits_its_turn_once() -> None:
+    # A design gap more than a slip: nothing records that turn `id` was committed, so a second worker
+    # restoring the same checkpoint (the crash-recovery case issue 24 names) runs the tools again and
+    # appends the whole turn to the conversation a second time, under the same invocation id.
+    script = [[CallTool("lookup", {"query": "a"}, id="x1")], ["Done."]]
+    lookup = Counted()
+    checkpoint, _, spec, fresh = await saved_at(
+        Asks, "ask", {"conversation": "c", "question": "q"}, script, "tools", tools=lookup
+    )
+    store = agentrt.memory.access(fresh)
+    with anyio.fail_after(5):
+        first = await read(Invocation.restore(_RUNTIMES[type(fresh)], spec, checkpoint))
+        assert first.text == "Done."
+        stored = await store.read("c")
+        again = built(Asks, script[1:], _RUNTIMES[type(fresh)].memory.store, tools=lookup)
+        try:
+            await read(Invocation.restore(_RUNTIMES[type(again)], spec, checkpoint))
+        except Exception:
+            pass  # refused: fine
+    assert await store.read("c") == stored
+    assert lookup.ran == ["a"]
