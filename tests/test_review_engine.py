@@ -412,3 +412,31 @@ async def test_a_checkpoint_restored_twice_commits_its_turn_once() -> None:
             pass  # refused: fine
     assert await store.read("c") == stored
     assert lookup.ran == ["a"]
+
+
+# --- 9. a turn with a time budget cannot be restored outside the event loop -----------------------
+
+
+async def test_a_checkpoint_with_a_time_budget_is_restored_off_the_event_loop() -> None:
+    # Invocation.restore is a plain (sync) function, but with a budget _checkpoint.load (and Turn)
+    # read the event loop's clock (`_budget.now()`, falling back to anyio.current_time()): called where
+    # no loop runs (a worker thread deserializing saved turns, a sync setup step) it raises
+    # NoEventLoopError. The clock could be read when the restored events start instead.
+    store = agentrt.memory.InMemoryStore()
+    service = built(Asks, [["Done."]], store, budget=Budget(seconds=30))
+    runtime, spec = _RUNTIMES[type(service)], service.ask.__agentrt_spec__
+    invocation = Invocation(runtime, spec, {"conversation": "c", "question": "q"}, budget=Budget(seconds=30))
+    saved: list[dict[str, Any]] = []
+
+    def stop(phase: Any) -> None:
+        saved.append(orjson.loads(orjson.dumps(invocation.checkpoint())))
+        raise Stop
+
+    invocation.on_boundary(stop)
+    with pytest.raises(Stop):
+        await invocation.result()
+    fresh = built(Asks, [["Done."]], store)
+    restored = await anyio.to_thread.run_sync(Invocation.restore, _RUNTIMES[type(fresh)], spec, saved[0])
+    with anyio.fail_after(5):
+        result = await read(restored)
+    assert result.text == "Done."
