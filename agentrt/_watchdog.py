@@ -23,6 +23,7 @@ import heapq
 import logging
 import math
 import sys
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
@@ -30,7 +31,13 @@ import anyio
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
-__all__ = ["NEVER", "Watchdog", "read_before"]
+__all__ = ["NEVER", "WATCHED", "Watchdog", "read_before"]
+
+WATCHED: ContextVar[float | None] = ContextVar("agentrt_watched_deadline", default=None)
+"""The deadline that an enclosing cancel scope of the caller's watches, in this context: an awaited
+invocation (`Invocation.result`) holds one scope at its deadline around everything it runs, so an
+adapter whose request carries that same deadline needs neither a scope of its own around opening it
+nor a watchdog on its body. Compared by value: a request with another deadline is watched as usual."""
 
 logger = logging.getLogger("agentrt")
 

@@ -19,12 +19,14 @@ What a checkpoint does not carry, and why:
 from __future__ import annotations
 
 import functools
+import typing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import TypeAdapter
 
-from .._budget import Budget, now
+from .._budget import Budget, BudgetAccount, now
+from .._errors import OutputParsingError
 from .._events import (
     ModelResponse,
     ResponseReceived,
@@ -35,7 +37,7 @@ from .._events import (
 )
 from .._messages import ChatMessage, ToolCall, UserMessage
 from ..models._protocol import JsonObjectFormat, JsonSchemaFormat, ModelRequest, ModelSettings, ToolSpec
-from ..output._parsers import NoneParser, TextParser, TypeParser
+from ..output._parsers import TypeParser
 from ..rag._types import Content
 from ..tools._run import LoopLimit
 from ._release import Mode, Release, Released
@@ -130,6 +132,7 @@ class _Checkpoint:
     executions: list[ToolExecution] = field(default_factory=list)
     value: Any = None
     text: str = ""
+    parsed: bool = False
 
 
 @functools.cache
@@ -148,7 +151,7 @@ def dump(turn: Turn) -> dict[str, Any]:
     """The turn at a step boundary as JSON-ready data (`orjson.dumps` takes it as it is).
 
     Raises `CheckpointError` off a boundary, where part of the turn is a live stream."""
-    if turn.phase not in BOUNDARIES:
+    if not turn.at_boundary:
         raise CheckpointError(
             f"{turn.spec.qualname}: a turn is saved at a step boundary, not at {turn.phase}"
         )
@@ -166,7 +169,7 @@ def dump(turn: Turn) -> dict[str, Any]:
         id=turn.id,
         method=turn.spec.qualname,
         phase=turn.phase.value,
-        memory_id=list(memory_id) if isinstance(memory_id, tuple) else memory_id,
+        memory_id=memory_id,
         attempt=turn.attempt,
         attempts=turn.attempts,
         reasks=turn.reasks,
@@ -211,6 +214,7 @@ def dump(turn: Turn) -> dict[str, Any]:
         executions=list(loop.executions) if loop is not None else [],
         value=_value(turn) if turn.phase is Phase.COMMIT else None,
         text=turn.text,
+        parsed=turn.parsed,
     )
     data: dict[str, Any] = _adapter(_Checkpoint).dump_python(checkpoint, mode="json", fallback=_no_json)
     return data
@@ -219,25 +223,38 @@ def dump(turn: Turn) -> dict[str, Any]:
 def load(runtime: Runtime, spec: MethodSpec, plan: Plan, data: Mapping[str, Any]) -> Turn:
     """The turn saved in `data`, for `spec` under `runtime` (a fresh build of the same class).
 
-    Raises `CheckpointError` for another format version or method, or data that does not validate."""
+    Needs no event loop: the turn's clock starts when it is read (`Turn.resume_clock`). Raises
+    `CheckpointError` for another format version or method, or data that does not validate or that
+    the method cannot go on from (a step without what it needs, a release state not its own)."""
     if not isinstance(data, dict) or data.get("version") != VERSION:
         found = data.get("version") if isinstance(data, dict) else type(data).__name__
         raise CheckpointError(f"{spec.qualname}: a checkpoint of version {VERSION} is needed, not {found!r}")
     if data.get("method") != spec.qualname:
         raise CheckpointError(f"{spec.qualname}: the checkpoint is of {data.get('method')!r}")
     try:
-        saved = _adapter(_Checkpoint).validate_python(data)
-        phase = Phase(saved.phase)
-        if phase not in BOUNDARIES:
-            raise ValueError(f"{phase} is not a step boundary")
-        mode = Mode(saved.mode)
-        pending = [_loaded(item, saved.id) for item in saved.pending] if saved.pending is not None else None
-    except ValueError as error:  # pydantic's ValidationError is one
+        return _load(runtime, spec, plan, data)
+    except CheckpointError:
+        raise
+    except (ValueError, TypeError, KeyError, LookupError, OutputParsingError) as error:
+        # (pydantic's ValidationError is a ValueError)
         raise CheckpointError(f"{spec.qualname}: the checkpoint does not validate: {error}") from error
-    memory_id = tuple(saved.memory_id) if isinstance(saved.memory_id, list) else saved.memory_id
+
+
+def _load(runtime: Runtime, spec: MethodSpec, plan: Plan, data: Mapping[str, Any]) -> Turn:
+    saved = _adapter(_Checkpoint).validate_python(data)
+    phase = Phase(saved.phase)
+    if phase not in BOUNDARIES:
+        raise ValueError(f"{phase.value!r} is not a step boundary")
+    mode = Mode(saved.mode)
+    if mode not in _MODES[(plan.release, plan.streams)]:
+        raise ValueError(f"release mode {mode.value!r} is not one this method can be in")
+    _needs(phase, saved)
+    pending = [_loaded(item, saved.id) for item in saved.pending] if saved.pending is not None else None
+    if (pending is None) != (mode is Mode.PLAIN or mode is Mode.OPTIMISTIC):
+        raise ValueError("held events do not fit the release mode")
+    memory_id = _memory_id(spec, saved.memory_id)
     arguments = {spec.memory_param: memory_id} if spec.memory_param else {}
-    budget = saved.account.budget if saved.account is not None else None
-    turn = Turn(saved.id, runtime, spec, arguments, saved.settings, budget, plan)
+    turn = Turn(saved.id, runtime, spec, arguments, saved.settings, None, plan)
     turn.phase = phase
     turn.attempt, turn.attempts = saved.attempt, saved.attempts
     turn.reasks, turn.repairs, turn.round = saved.reasks, saved.repairs, saved.round
@@ -253,23 +270,20 @@ def load(runtime: Runtime, spec: MethodSpec, plan: Plan, data: Mapping[str, Any]
     turn.final = LoopLimit(saved.final) if saved.final is not None else None
     turn.immediate = saved.immediate
     if saved.account is not None:
-        account = turn.account
-        assert account is not None
-        # The clock goes on from what the turn had spent: time between save and restore is not spent.
-        account.started = now() - saved.account.seconds
-        if account.deadline is not None and budget is not None and budget.seconds is not None:
-            account.deadline = account.started + budget.seconds
-        turn.deadline = account.deadline
+        # No clock here: the turn's resumes from the seconds it had spent when it is read, so time
+        # between save and restore is not spent.
+        account = turn.account = BudgetAccount(saved.account.budget, 0.0)
         account.input_tokens = saved.account.input_tokens
         account.output_tokens = saved.account.output_tokens
         account.model_requests = saved.account.model_requests
         account.tool_calls = saved.account.tool_calls
         account.estimated = saved.account.estimated
+        turn.resume_from = saved.account.seconds
     release = turn.release = Release(plan.release, plan.streams, _chunk(plan))  # its own, not shared
     release.mode = mode
     if saved.released is not None:
         if release.released is None:
-            raise CheckpointError(f"{spec.qualname}: the checkpoint's release state is not this method's")
+            raise ValueError("the checkpoint's release state is not this method's")
         r = saved.released
         release.released.text, release.released.thinking = r.text, r.thinking
         release.released.text_at, release.released.thought_at, release.released.size = (
@@ -279,10 +293,71 @@ def load(runtime: Runtime, spec: MethodSpec, plan: Plan, data: Mapping[str, Any]
         )
     release.pending = pending
     if saved.loop is not None:
-        turn.restoring = (saved.loop, saved.executions)
+        if turn.plan.answer is None and not runtime.tools and runtime.tool_provider is None:
+            raise ValueError("the checkpoint has a tool loop, the method no tools")
+        turn.restoring = (_loop_state(saved.loop), saved.executions)
     if phase is Phase.COMMIT:
-        turn.value, turn.text = _revalue(spec, saved.value, saved.text), saved.text
+        turn.value, turn.text = _revalue(spec, saved.value, saved.text, saved.parsed), saved.text
+        turn.parsed = saved.parsed
     return turn
+
+
+_MODES: Final = {
+    ("plain", False): frozenset({Mode.PLAIN}),
+    ("plain", True): frozenset({Mode.PLAIN, Mode.HOLD}),
+    ("buffer", True): frozenset({Mode.HOLD}),
+    ("chunked", True): frozenset({Mode.CHUNKED, Mode.HOLD}),
+    ("optimistic", True): frozenset({Mode.OPTIMISTIC}),
+}
+"""The release modes a method's plan can be in: its own, and the held replay after a re-ask."""
+
+
+def _needs(phase: Phase, saved: _Checkpoint) -> None:
+    """What each step reads of the turn must be there."""
+    if saved.user is None or saved.outgoing is None:
+        raise ValueError("the checkpoint has no user message")
+    if phase is Phase.REQUEST and saved.request is None:
+        raise ValueError("a turn before a request needs the request")
+    if phase is Phase.RESPONSE and (saved.received is None or saved.sent is None):
+        raise ValueError("a turn after a response needs the response")
+    if phase is Phase.TOOLS:
+        if saved.response is None or not saved.response.message.tool_calls or saved.loop is None:
+            raise ValueError("a turn before a tool round needs the response's calls and the tool loop")
+        if saved.request is None:
+            raise ValueError("a turn before a tool round needs the request")
+    if phase is Phase.COMMIT and saved.response is None and saved.immediate is None:
+        raise ValueError("a turn before the commit needs its answer")
+    if phase is not Phase.REQUEST and saved.sent is None:
+        raise ValueError("the checkpoint has no request sent")
+
+
+def _loop_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The tool loop's counts, checked."""
+    rounds, calls, failed = state["rounds"], state["calls"], state["failed_rounds"]
+    identical = [(str(name), str(arguments), int(count)) for name, arguments, count in state["identical"]]
+    if not all(isinstance(n, int) and n >= 0 for n in (rounds, calls, failed)):
+        raise ValueError("the tool loop's counts are not counts")
+    return {"rounds": rounds, "calls": calls, "failed_rounds": failed, "identical": identical}
+
+
+def _memory_id(spec: MethodSpec, saved: Any) -> Any:
+    """The memory id as the method declares it (a tuple, a UUID, ...), from its JSON."""
+    if spec.memory_param is None:
+        return saved
+    if saved is None:
+        raise ValueError("the checkpoint's memory id is None")
+    annotation = typing.get_type_hints(spec.function, include_extras=True).get(spec.memory_param, Any)
+    base = typing.get_args(annotation)[0] if typing.get_origin(annotation) is typing.Annotated else annotation
+    if base is Any:
+        return _tuples(saved)
+    return _adapter(base).validate_python(saved)
+
+
+def _tuples(value: Any) -> Any:
+    """JSON arrays back as tuples (a memory id of no declared type: hashable, as it was)."""
+    if isinstance(value, list):
+        return tuple(_tuples(item) for item in value)
+    return value
 
 
 def _chunk(plan: Plan) -> int | None:
@@ -373,18 +448,23 @@ def _loaded(item: Mapping[str, Any], invocation_id: str) -> Event:
 
 
 def _value(turn: Turn) -> Any:
-    """The accepted value as JSON data (by the method's return type)."""
-    value = turn.value
+    """The accepted value as JSON text (`None` when the turn parses its text again on restore)."""
+    if turn.parsed:
+        return None
     parser = turn.spec.parser
     if isinstance(parser, TypeParser):
-        return parser.adapter.dump_python(value, mode="json")
-    return value
+        return parser.adapter.dump_json(turn.value, by_alias=True).decode()
+    return turn.value
 
 
-def _revalue(spec: MethodSpec, data: Any, text: str) -> Any:
+def _revalue(spec: MethodSpec, data: Any, text: str, parsed: bool) -> Any:
+    """The accepted value again: the text parsed as it was (the common case), or a guardrail's or
+    an immediate tool's value from its JSON."""
     parser = spec.parser
+    if parsed:
+        return parser.parse(text)
     if isinstance(parser, TypeParser):
-        return parser.adapter.validate_python(data)
-    if isinstance(parser, TextParser | NoneParser):
-        return data
-    return parser.parse(text)  # pragma: no cover - every parser is one of the above
+        if not isinstance(data, str):
+            raise ValueError(f"the saved value is not JSON text: {data!r}")
+        return parser.adapter.validate_json(data)
+    return data

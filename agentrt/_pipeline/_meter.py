@@ -1,10 +1,11 @@
 """The output meter: what a streamed chunk spends of a response's output-token allowance.
 
-While a response streams, its output tokens are estimated as the usage fold estimates them (about
-four characters a token, and never fewer tokens than deltas), or read from usage the provider reports
-mid-stream. The allowance is kept in characters, in a local of the pipeline's chunk loop: a text
-delta, the common chunk, is metered there inline (a subtraction and two comparisons); `spend` meters
-the rest.
+While a response streams, its output tokens are estimated exactly as the usage fold estimates them
+(about four characters a token, each text or thinking delta at least one; tool calls' names and
+arguments), or read from usage the provider reports mid-stream: a budget of N output tokens allows a
+response the fold counts as N, and a response cut at it reports usage past N. The allowance is kept
+in characters, in a local of the pipeline's chunk loop: a text delta, the common chunk, is metered
+there inline (a subtraction and two comparisons); `spend` meters the rest.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def spend(chunk: ModelChunk, allowance: int) -> int:
         size = len(chunk.text)  # type: ignore[union-attr]
         return size if size > TOKEN else TOKEN
     if kind is ToolCallDelta:
-        return len(chunk.arguments)  # type: ignore[union-attr]
+        return len(chunk.arguments) + len(chunk.name or "")  # type: ignore[union-attr]
     if kind is Usage and chunk.output_tokens > allowance:  # type: ignore[union-attr]
         return _ALL
     return 0

@@ -110,10 +110,12 @@ async def respond(turn: Turn, guard: float | None, out: list[Event]) -> None:
     if step is _GO_ANSWER:
         turn.phase = _ANSWER
         return
-    said = response.message.text
-    if chain is not None and step is _GO_TOOLS and said and not said.isspace():
-        # Text sent with tool calls is not the answer, but memory stores it and
-        # readers get it: the chain checks it as it checks answers (DESIGN §5).
+    said = response.message.text or ""
+    checks = bool(said) and not said.isspace()
+    if chain is not None and checks:
+        # Text sent with tool calls is not the answer, but memory stores it and readers get it
+        # (also when a loop limit stops the calls): the chain checks it as it checks answers
+        # (DESIGN §5).
         turn.attempts = attempt
         checked = _finish.output_guardrails(
             turn,
@@ -133,7 +135,8 @@ async def respond(turn: Turn, guard: float | None, out: list[Event]) -> None:
         if decision is not _ACCEPT:
             if decision is _REFUSE:
                 raise _finish.refused(turn, outcome, attempt)
-            _loop.unspend_round(turn, response.message.tool_calls)  # they never run
+            if step is _GO_TOOLS:
+                _loop.unspend_round(turn, response.message.tool_calls)  # they never run
             turn.rejected = outcome.reask
             turn.phase = _ANSWER
             return
@@ -141,6 +144,14 @@ async def respond(turn: Turn, guard: float | None, out: list[Event]) -> None:
             response = _loop.rewrite(turn, outcome.text)
             if release.pending:
                 release.pending[-1] = ResponseReceived(turn.id, response, round_)
+            said = outcome.text
+    moderation = turn.plan.moderation
+    if checks and moderation is not None and moderation.answer:
+        # Moderated answers: the text that comes with tool calls is judged as an answer is.
+        judging = _moderate.judge(turn, moderation, said, "answer")
+        if guard is not None:
+            judging = scoped(turn, judging, guard)
+        await judging
     released = release.released
     if released is not None:
         # Not the answer (it calls tools): what the reader has of it is withdrawn.
@@ -238,7 +249,8 @@ async def answer(turn: Turn, guard: float | None, out: list[Event]) -> None:
             text, value = outcome.text, outcome.value
             if value is not NO_VALUE:
                 _finish.check_value(turn, value)  # before any text is released
-    if again is None and value is NO_VALUE:
+    parsed = again is None and value is NO_VALUE
+    if parsed:
         # Parsed before the answer is accepted: one that does not parse is repaired
         # (asked again with what was wrong), and nothing of it is stored or released.
         turn.attempts = attempt
@@ -326,4 +338,7 @@ async def answer(turn: Turn, guard: float | None, out: list[Event]) -> None:
             if final is not None:
                 out.append(final)
     turn.value, turn.text = value, text
+    # Parsed from the model's text (not a guardrail's value, not an immediate tool's): a restored
+    # turn parses the text again rather than trusting a JSON round trip of the value.
+    turn.parsed = parsed and not immediate
     turn.phase = _COMMIT

@@ -12,6 +12,7 @@ steps the turn can be saved as data and restored (`_checkpoint`).
 from __future__ import annotations
 
 import enum
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 from .._budget import Budget, BudgetAccount, BudgetLimit, now
@@ -85,6 +86,7 @@ class Turn:
         "answer",
         "answered",
         "arguments",
+        "at_boundary",
         "attempt",
         "attempts",
         "boundary",
@@ -102,6 +104,7 @@ class Turn:
         "moderating",
         "opening",
         "outgoing",
+        "parsed",
         "phase",
         "plan",
         "reasks",
@@ -112,6 +115,7 @@ class Turn:
         "request",
         "response",
         "restoring",
+        "resume_from",
         "retrieved",
         "round",
         "runtime",
@@ -151,6 +155,9 @@ class Turn:
         self.phase = Phase.PREPARE
         self.boundary: Callable[[Turn], None] | None = None
         """Called at each step boundary (`BOUNDARIES`), where the turn may be checkpointed."""
+        self.at_boundary = False
+        """True while `boundary` runs: the turn is whole data only then (a turn stopped inside a
+        step has part of the step done)."""
         self.arguments = arguments
         self.settings = settings
         self.account = BudgetAccount(budget, now()) if budget is not None else None
@@ -196,10 +203,13 @@ class Turn:
         """The chain refused a chunk of the response under way: the answer stops there."""
         self.rejected: GuardrailResult | None = None
         """The chain asked again about text sent with tool calls."""
+        self.resume_from: float | None = None
+        """A restored turn's seconds spent, until its clock starts again (`resume_clock`)."""
         self.restoring: Any = None
         """A restored turn's tool-loop state, until its tools are attached again."""
         self.value: Any = NO_VALUE
         self.text = ""
+        self.parsed = False
         """The accepted answer's value and text (`Phase.COMMIT`)."""
         self.max_repairs = runtime.max_repairs
         """How often an answer that does not parse may be asked for again."""
@@ -235,6 +245,22 @@ class Turn:
         """The method's `final_answer` tool, in tool mode."""
 
     # --- budget --------------------------------------------------------------------------------
+
+    def resume_clock(self) -> None:
+        """Start a restored turn's clock (on the event loop that runs it) from the seconds it had
+        spent: its deadline, and its requests', move by the time it spent saved."""
+        spent, self.resume_from = self.resume_from, None
+        account = self.account
+        assert spent is not None
+        assert account is not None
+        account.started = now() - spent
+        seconds = account.budget.seconds
+        account.deadline = account.started + seconds if seconds is not None else None
+        self.deadline = account.deadline
+        if self.request is not None:
+            self.request = replace(self.request, deadline=self.deadline)
+        if self.sent is not None:
+            self.sent = replace(self.sent, deadline=self.deadline)
 
     def exceeded(
         self, limit: BudgetLimit, *, streamed: ModelResponse | None = None, cause: str = ""

@@ -39,7 +39,7 @@ from .._events import (
     ToolCallDelta,
     Usage,
 )
-from .._watchdog import read_before
+from .._watchdog import WATCHED, read_before
 from ..models._protocol import ResponseAccumulator, aclose_iterator
 from ..output._modes import AnswerChunks
 from . import _checkpoint, _finish, _loop, _meter, _moderate, _release, _stages, _steps
@@ -156,8 +156,9 @@ class Invocation:
         return invocation
 
     def checkpoint(self) -> dict[str, Any]:
-        """The turn as versioned JSON data, at a step boundary (from an `on_boundary` callback, or
-        once the events stopped there). Raises `CheckpointError` elsewhere."""
+        """The turn as versioned JSON data, at a step boundary: from an `on_boundary` callback, or
+        after the callback raised to stop the invocation there. Raises `CheckpointError` elsewhere
+        (a turn stopped inside a step has part of the step done)."""
         return _checkpoint.dump(self._turn)
 
     def on_boundary(self, callback: Callable[[Phase], None] | None) -> None:
@@ -173,6 +174,8 @@ class Invocation:
         not the network reads, not the tool rounds. Cut there, the call raises `BudgetExceededError`.
         """
         turn = self._turn
+        if turn.resume_from is not None:
+            turn.resume_clock()
         deadline = turn.deadline
         if deadline is None:
             return await self._fold(self.events())
@@ -180,6 +183,7 @@ class Invocation:
         # have caused it, and only here is it known which.
         turn.watched = True
         listeners = turn.runtime.listeners
+        watching = WATCHED.set(deadline)  # adapters need no scope or watchdog of their own
         try:
             with anyio.CancelScope(deadline=deadline) as scope:
                 return await self._fold(self.events())
@@ -187,6 +191,8 @@ class Invocation:
             if listeners:
                 notify(listeners, CancelledEvent(self.id))  # someone else's cancellation
             raise
+        finally:
+            WATCHED.reset(watching)
         assert scope.cancelled_caught
         error = _timed_out(turn)
         if listeners:
@@ -219,6 +225,8 @@ class Invocation:
         events before it (`Started`, `RequestIssued`) follow it; listeners get them as they happen.
         """
         turn = self._turn
+        if turn.resume_from is not None:
+            turn.resume_clock()
         runtime = turn.runtime
         listeners = runtime.listeners
         model = runtime.model
@@ -274,7 +282,9 @@ class Invocation:
             while True:
                 phase = turn.phase
                 if turn.boundary is not None and phase in BOUNDARIES:
+                    turn.at_boundary = True
                     turn.boundary(turn)
+                    turn.at_boundary = False
                 if phase is _REQUEST:
                     turn.round += 1
                     round_ = turn.round

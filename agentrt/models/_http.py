@@ -33,7 +33,7 @@ import httpx
 import orjson
 
 from .._errors import ModelError, ModelTimeoutError
-from .._watchdog import NEVER, Watchdog, read_before
+from .._watchdog import NEVER, WATCHED, Watchdog, read_before
 from ._admission import AdmittedTransport
 from ._decoders import _PROBLEMS
 from ._failures import (
@@ -533,10 +533,13 @@ async def stream_chunks(
     deadline either way.
     """
     body = build()
-    if deadline is None:
-        exchange = await session.open(body)
+    # An awaited invocation's one scope at this deadline is around the whole call already: it cuts
+    # opening and every read. Retries still never sleep past the deadline, nor does the drain.
+    guard = None if deadline is not None and WATCHED.get() == deadline else deadline
+    if guard is None:
+        exchange = await session.open(body, deadline)
     else:
-        with anyio.CancelScope(deadline=deadline) as scope:
+        with anyio.CancelScope(deadline=guard) as scope:
             exchange = await session.open(body, deadline)
         if scope.cancelled_caught:
             raise session.deadline_error(body, 1, mid_stream=False)
@@ -545,12 +548,12 @@ async def stream_chunks(
     ended = False  # the body was read to its end: nothing left to release
     watchdog: Watchdog | _Never = NEVER
     scoped = False  # reads under a cancel scope each (no socket to interrupt)
-    if deadline is not None:
+    if guard is not None:
         interrupt = _interrupter(response)
         if interrupt is None:
             scoped = True
         else:
-            watchdog = Watchdog(deadline, interrupt)
+            watchdog = Watchdog(guard, interrupt)
     try:
         decoder = decoder_for(exchange)
         feed = decoder.feed

@@ -11,7 +11,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from .. import _events
 from .._events import (
@@ -223,6 +223,26 @@ def _message_chars(message: ChatMessage) -> int:
     return size + sum(len(c.name) + len(c.arguments) for c in message.tool_calls)
 
 
+_DELTA_CHARS: Final = 4
+"""What a text or thinking delta counts at least, in characters (a token: servers stream about a
+token a delta, so short deltas of code or CJK text are not a quarter of a token each)."""
+
+
+def _delta_chars(deltas: list[str]) -> int:
+    """The characters `deltas` count for the output estimate: each at least `_DELTA_CHARS`. The
+    pipeline's meter (`_pipeline/_meter.py`) counts the same way, so a response stopped at an
+    output-token limit reports usage past the limit, and one within it never is stopped."""
+    total = 0
+    for delta in deltas:
+        size = len(delta)
+        total += size if size > _DELTA_CHARS else _DELTA_CHARS
+    return total
+
+
+def _calls_chars(calls: tuple[ToolCall, ...]) -> int:
+    return sum(len(call.name) + len(call.arguments) for call in calls)
+
+
 class ResponseAccumulator:
     """Folds chunks into a `ModelResponse`. Used by `complete` and by the pipeline while it streams.
 
@@ -346,10 +366,10 @@ class ResponseAccumulator:
     def build(self, request: ModelRequest, *, cut: bool = False) -> ModelResponse:
         """The response so far; usage is estimated (and marked so) when the model reported none.
 
-        The estimate is about four characters a token, and never fewer output tokens than text and
-        thinking deltas received. For a response `cut` short (a budget stopped it), reported output
-        tokens are raised to the estimate where they are lower: a provider may have reported only
-        early counts.
+        The estimate is about four characters a token, each text and thinking delta counting at least
+        one token (as the pipeline's meter counts them). For a response `cut` short (a budget stopped
+        it), reported output tokens are raised to the estimate where they are lower: a provider may
+        have reported only early counts.
         """
         text = "".join(self._text)
         thinking = "".join(self._thinking)
@@ -366,13 +386,15 @@ class ResponseAccumulator:
             thinking_blocks=self._thinking_blocks(thinking),
         )
         usage = self._usage
+        if cut and usage is not None and self._finish is not None:
+            cut = False  # it ran to its end (its finish came): the usage it reported is its own
         if usage is None or cut:
             estimate = Usage(
                 input_tokens=_tokens_for_chars(request_text_chars(request.messages)),
                 # Servers that stream send about one token a delta: never estimate fewer.
                 # (one list item a delta: no counter on the per-token path)
-                output_tokens=max(
-                    _tokens_for_chars(_message_chars(message)), len(self._text) + len(self._thinking)
+                output_tokens=_tokens_for_chars(
+                    _delta_chars(self._text) + _delta_chars(self._thinking) + _calls_chars(calls)
                 ),
                 estimated=True,
             )
