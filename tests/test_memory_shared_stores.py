@@ -27,6 +27,7 @@ import anyio
 import pytest
 import redis
 
+import agentrt
 from agentrt import memory
 from agentrt._errors import ConfigurationError, ConversationLockLostError
 from agentrt._messages import (
@@ -460,3 +461,14 @@ async def test_a_lock_taken_after_its_caller_stopped_waiting_is_given_back(
     assert backend.lock_owner("c") is None  # ...and gave the lock back
     assert store.renewer.held() == frozenset()
     assert await store.try_lock("c", "next")
+
+
+# --- lease lengths that cannot work are refused at construction ---------------------------------------------
+
+
+@pytest.mark.parametrize("lease", [True, float("nan"), float("inf"), 1e-9, 0, -1, "30"])
+def test_a_lease_length_that_cannot_work_is_a_configuration_error(lease: Any, tmp_path: Any) -> None:
+    with pytest.raises(agentrt.ConfigurationError, match="lease_seconds must be a finite number"):
+        SQLiteStore(tmp_path / "chat.db", lease_seconds=lease)
+    with pytest.raises(agentrt.ConfigurationError, match="lease_seconds must be a finite number"):
+        RedisStore("redis://127.0.0.1:1/0", lease_seconds=lease)

@@ -20,6 +20,7 @@ from agentrt import (
     messages_from_json,
     messages_to_json,
 )
+from agentrt._messages import message_from_json
 
 CONVERSATION = [
     SystemMessage(text="Be brief."),
@@ -89,3 +90,11 @@ async def test_user_message_helpers_and_tool_call_arguments() -> None:
     assert message.text == "first\nsecond"
     assert ToolCall(id="1", name="f", arguments='{"a": [1, 2]}').parsed_arguments() == {"a": [1, 2]}
     assert ToolCall(id="1", name="f", arguments="").parsed_arguments() == {}
+
+
+# --- JSON that is not UTF-8 ---------------------------------------------------------------------------------
+
+
+def test_bytes_that_are_not_utf8_are_a_json_error_as_before() -> None:
+    with pytest.raises(orjson.JSONDecodeError):
+        message_from_json(b'{"role": "user", "contents": [\xff]}')

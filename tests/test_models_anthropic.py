@@ -2,7 +2,8 @@
 
 The recorded exchanges (cassettes 19-25) are replayed in `test_models_cassettes.py`; here they are
 also split at every byte offset, at random offsets (hypothesis), and their recorded requests are
-rebuilt. Everything else is served by `httpx.MockTransport` handlers.
+rebuilt. Everything else is served by `httpx.MockTransport` handlers, among them
+`anthropic_like.AnthropicLike`, which refuses (400) the requests the Messages API refuses.
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ import base64
 import json
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
+import anthropic_like as like
 import anyio
 import httpx
 import orjson
 import pytest
+from anthropic_like import AnthropicLike, anthropic, call_stream
 from cassettes import ANTHROPIC, Cassette, Parts, load, pick, split_at
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -42,8 +46,10 @@ from agentrt import (
     RateLimitError,
     ServerError,
     SystemMessage,
+    TokenStream,
     ToolCall,
     ToolResultMessage,
+    ToolSettings,
     UserMessage,
     VideoContent,
     messages_from_json,
@@ -1046,3 +1052,254 @@ def test_settings_the_api_refuses_with_thinking_are_build_errors_naming_the_meth
         agentrt.build(Desk, model=model, settings=ModelSettings(max_tokens=1024))
     # without thinking, any temperature goes
     agentrt.build(Desk, model=AnthropicChatModel("claude", api_key="k"))
+
+
+# --- requests the Messages API accepts: after a tool limit, after a blank answer, with thinking -------------
+
+
+# Served by `anthropic_like.AnthropicLike`, which refuses what the real API refuses (400).
+@agentrt.system_message("You are terse.")
+class Terse:
+    async def chat(self, conversation: Annotated[str, agentrt.MemoryId], question: str) -> str: ...
+
+    async def ask(self, question: str) -> str: ...
+
+    async def stream(self, question: str) -> TokenStream: ...
+
+
+async def test_a_final_answer_after_a_tool_limit_is_a_request_anthropic_accepts() -> None:
+    # ToolSettings(on_limit="final_answer") promises "one more request without tools that asks the
+    # model to answer with what it has". Against Anthropic that request carries the round's
+    # tool_use and tool_result blocks with no `tools` field: "Requests which include tool_use or
+    # tool_result blocks must define tools." Expected: the answer ("Final.") — e.g. keep the tools
+    # and send tool_choice {"type": "none"}, which the adapter already maps. Actual: BadRequestError.
+    server = AnthropicLike(
+        call_stream("toolu_1", "a"), call_stream("toolu_2", "b"), like.text_stream("Final.")
+    )
+    model = anthropic(server)
+    async with model:
+        service = agentrt.build(
+            Terse,
+            model=model,
+            tools=[Lookup()],
+            tool_settings=ToolSettings(max_rounds=1, on_limit="final_answer"),
+        )
+        assert await service.ask("Find a and b") == "Final."
+
+
+async def test_a_whitespace_answer_does_not_break_the_conversation() -> None:
+    # The adapter drops empty answers ("nothing the API accepts: the neighbours merge instead"), but
+    # not answers of whitespace only, which Claude does return (e.g. "\n\n" around a server tool).
+    # Replayed, `[{"type": "text", "text": " \n"}]` is refused: "text content blocks must contain
+    # non-whitespace text". Expected: the second turn answers. Actual: BadRequestError on every
+    # later turn (the memory is poisoned).
+    server = AnthropicLike(like.text_stream(" \n"), like.text_stream("second"))
+    model = anthropic(server)
+    async with model:
+        service = agentrt.build(Terse, model=model, memory=agentrt.memory.window(max_messages=20))
+        assert await service.chat("c1", "first") == " \n"
+        assert await service.chat("c1", "again") == "second"
+
+
+@pytest.mark.parametrize(
+    ("thinking", "settings", "why"),
+    [
+        pytest.param(
+            2048,
+            ModelSettings(max_tokens=1024),
+            "max_tokens",
+            id="build-max_tokens-below-budget",
+        ),
+        pytest.param(
+            512,
+            None,
+            "budget",
+            id="budget-below-1024",
+        ),
+        pytest.param(
+            2048,
+            ModelSettings(temperature=0.2),
+            "temperature",
+            id="temperature-with-thinking",
+        ),
+    ],
+)
+async def test_thinking_settings_the_api_refuses_fail_at_build_not_on_every_call(
+    thinking: int, settings: ModelSettings | None, why: str
+) -> None:
+    # DESIGN §3 "Definition-time validation" (and _check_tool_choice: "Tool choices the model cannot
+    # honour are build errors, not failures of every call"). The constructor checks the budget only
+    # against the model's own max_tokens. Expected: ConfigurationError when the model or the service
+    # is built — or a request the API takes. Actual: built fine, and every call is a 400.
+    server = AnthropicLike(like.text_stream("ok"))
+    try:
+        model = anthropic(server, thinking=thinking)
+        service = agentrt.build(Terse, model=model, settings=settings)
+    except ConfigurationError:
+        return
+    async with model:
+        assert await service.ask("q") == "ok", why
+
+
+# --- errors the API sends: any `event: error`, a 402, a 529 -------------------------------------------------
+
+
+async def test_an_error_event_is_an_error_whatever_its_json_says() -> None:
+    # The OpenAI decoder (SSEChunkDecoder) fails on any `event: error`; this one tells events apart by
+    # the data's `type` only, so `event: error` + `{"message": "upstream connect error"}` (what a
+    # proxy or gateway in front of the API sends) is ignored like a ping. Expected: a ModelError
+    # carrying "upstream connect error" (as for non-JSON error data, which works). Actual:
+    # ModelResponseError "the stream ended before the response was complete".
+    body = like.events(
+        like.start(), block(0, {"type": "text", "text": ""}), delta(0, type="text_delta", text="Hal")
+    )
+    body += b'event: error\ndata: {"message": "upstream connect error"}\n\n'
+
+    def server(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    async with anthropic(server) as model:
+        with pytest.raises(ModelError, match="upstream connect error"):
+            await complete(model, ModelRequest(messages=(UserMessage.of("hi"),)))
+
+
+async def test_a_billing_error_is_a_typed_error() -> None:
+    # Anthropic documents 402 billing_error. README: typed errors (AuthenticationError,
+    # RateLimitError, ... never a bare ModelError for a documented status). Anthropic's `error.type`
+    # is not kept as `code` either, so the caller cannot tell billing from any other failure without
+    # parsing `body`. Expected: a ModelError subclass (or at least code == "billing_error").
+    def server(request: httpx.Request) -> httpx.Response:
+        body = {"type": "error", "error": {"type": "billing_error", "message": "credit balance too low"}}
+        return httpx.Response(402, headers={"content-type": "application/json"}, json=body)
+
+    async with anthropic(server) as model:
+        with pytest.raises(ModelError) as info:
+            await complete(model, ModelRequest(messages=(UserMessage.of("hi"),)))
+    assert type(info.value) is not ModelError or info.value.code == "billing_error"
+
+
+@pytest.mark.virtual_clock
+async def test_a_529_waits_for_its_retry_after_and_x_should_retry_false_is_final() -> None:
+    overloaded = orjson.dumps(
+        {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    )
+    seen: list[float] = []
+    answers = [
+        httpx.Response(
+            529, headers={"content-type": "application/json", "retry-after": "20"}, content=overloaded
+        ),
+        httpx.Response(200, headers={"content-type": "text/event-stream"}, content=like.text_stream("Back.")),
+    ]
+
+    def server(request: httpx.Request) -> httpx.Response:
+        seen.append(anyio.current_time())
+        return answers[len(seen) - 1]
+
+    async with anthropic(server, retry=RetryPolicy(max_attempts=3)) as model:
+        response = await complete(model, ModelRequest(messages=(UserMessage.of("hi"),)))
+    assert response.message.text == "Back."
+    assert seen[1] - seen[0] >= 20
+
+    calls: list[int] = []
+
+    def refusing(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        headers = {"content-type": "application/json", "x-should-retry": "false", "request-id": "req_9"}
+        return httpx.Response(529, headers=headers, content=overloaded)
+
+    async with anthropic(refusing, retry=RetryPolicy(max_attempts=3, initial_delay=0)) as model:
+        with pytest.raises(OverloadedError) as info:
+            await complete(model, ModelRequest(messages=(UserMessage.of("hi"),)))
+    assert len(calls) == 1
+    assert (info.value.status, info.value.request_id) == (529, "req_9")
+
+
+# --- thinking with tools goes back byte for byte through SQLite memory --------------------------------------
+
+
+ODD_SIGNATURE = "EqQBCkgIAxABGAIiQL+/3c0ffee==\n/+\u2028é"  # opaque; unusual bytes on purpose
+
+
+def _thinking_of_each_kind_then_call() -> bytes:
+    return like.events(
+        like.start(),
+        {"type": "ping"},
+        block(0, {"type": "thinking", "thinking": "", "signature": ""}),
+        delta(0, type="thinking_delta", thinking="Look it up ☃\u2028"),
+        delta(0, type="thinking_delta", thinking=""),
+        delta(0, type="signature_delta", signature=ODD_SIGNATURE),
+        stop(0),
+        block(1, {"type": "redacted_thinking", "data": "ENCRYPTED+/=="}),
+        stop(1),
+        block(2, {"type": "thinking", "thinking": "", "signature": ""}),  # display "omitted"
+        delta(2, type="signature_delta", signature="SIG-omitted"),
+        stop(2),
+        block(3, {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {}}),
+        delta(3, type="input_json_delta", partial_json=""),
+        delta(3, type="input_json_delta", partial_json='{"q": "ca'),
+        delta(3, type="input_json_delta", partial_json='ts"}'),
+        stop(3),
+        *like.end("tool_use"),
+    )
+
+
+async def test_thinking_with_tools_goes_back_byte_for_byte_through_sqlite_memory(tmp_path: Path) -> None:
+    server = AnthropicLike(
+        _thinking_of_each_kind_then_call(), like.text_stream("Cats: found."), like.text_stream("Cats.")
+    )
+    store = agentrt.memory.SQLiteStore(tmp_path / "memory.db")
+    lookup = Lookup()
+    model = anthropic(server, thinking=1024)
+    async with model:
+        service = agentrt.build(
+            Terse, model=model, tools=[lookup], memory=agentrt.memory.window(max_messages=20, store=store)
+        )
+        assert await service.chat("c1", "What about cats?") == "Cats: found."
+        assert await service.chat("c1", "And?") == "Cats."
+    assert lookup.asked == ["cats"]
+    second_round, next_turn = server.bodies()[1:]
+    replayed = [
+        {"type": "thinking", "thinking": "Look it up ☃\u2028", "signature": ODD_SIGNATURE},
+        {"type": "redacted_thinking", "data": "ENCRYPTED+/=="},
+        {"type": "thinking", "thinking": "", "signature": "SIG-omitted"},
+        {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"q": "cats"}},
+    ]
+    assert second_round["messages"][1] == {"role": "assistant", "content": replayed}
+    assert next_turn["messages"][1] == second_round["messages"][1]
+    sealed = orjson.dumps(replayed[0])
+    assert server.sent[1].content.count(sealed) == server.sent[2].content.count(sealed) == 1
+
+
+# --- wire corners: pings, unknown events and deltas, server tools, any split --------------------------------
+
+
+async def test_wire_corners_fold_to_the_answer() -> None:
+    body = like.events(
+        like.start(),
+        {"type": "ping"},
+        {"type": "some_future_event", "x": 1},
+        block(0, {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}),
+        delta(0, type="input_json_delta", partial_json='{"query": "x"}'),
+        stop(0),
+        block(1, {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}),
+        stop(1),
+        block(2, {"type": "text", "text": ""}),
+        delta(2, type="text_delta", text="Gr"),
+        delta(2, type="citations_delta", citation={"type": "web_search_result_location"}),
+        delta(2, type="some_future_delta"),
+        delta(2, type="text_delta", text="üße ✓"),
+        stop(2),
+        *like.end("stop_sequence", stop_sequence="END"),
+    )
+    # every byte split, unicode included: the same as whole
+    for cut in (1, 7, len(body) // 2, body.index("ü".encode()) + 1, len(body) - 1):
+
+        def server(request: httpx.Request, cut: int = cut) -> httpx.Response:
+            return httpx.Response(
+                200, headers={"content-type": "text/event-stream"}, stream=Parts([body[:cut], body[cut:]])
+            )
+
+        async with anthropic(server) as model:
+            response = await complete(model, ModelRequest(messages=(UserMessage.of("hi"),)))
+        assert response.message == AssistantMessage(text="Grüße ✓")
+        assert response.finish_reason is FinishReason.STOP

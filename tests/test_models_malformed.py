@@ -21,14 +21,15 @@ import anyio
 import httpx
 import orjson
 import pytest
+from adapter_failures import ECHOED_KEY, ENDPOINT, fragments, raised_by, serving, texts_of
 from cassettes import Parts, load
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import agentrt
-from agentrt import ModelResponseError, UserMessage
+from agentrt import ModelError, ModelResponseError, UserMessage
 from agentrt.models import ModelRequest, OllamaChatModel, OpenAIChatModel, RetryPolicy, complete
-from agentrt.models._failures import MAX_BODY
+from agentrt.models._failures import MAX_BODY, ErrorContext, error_from_payload, error_from_response
 
 KEY = "sk-proj-mAlf0rmed-Payload-kEy-0123456789abcdef"
 OPENAI_URL = "https://llm.test/v1"
@@ -445,3 +446,62 @@ async def test_an_http_error_body_is_scrubbed_before_it_is_cut() -> None:
     error = info.value
     assert error.body is not None and len(error.body) <= MAX_BODY
     assert KEY[: len(KEY) // 3] not in error.body + str(error)
+
+
+# --- error payloads nested deeper than orjson writes --------------------------------------------------------
+
+
+# A deeply nested (valid JSON) error payload is a `ModelError`, not orjson's `TypeError`.
+def deep(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+DEPTHS = [255, 300, 1020]  # orjson writes 254 levels at most, and reads 1024 (the envelope included)
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+@pytest.mark.parametrize(
+    ("adapter", "status", "content_type", "template", "kind"),
+    [
+        ("openai", 400, JSON, b'{"error":{"message":%s}}', agentrt.BadRequestError),
+        ("openai", 400, JSON, b'{"error":{"message":"x","param":%s}}', agentrt.BadRequestError),
+        ("openai", 400, JSON, b'{"detail":%s}', agentrt.BadRequestError),
+        ("openai", 200, SSE, b"event: error\ndata: %s\n\n", agentrt.ServerError),
+        ("openai", 200, SSE, b'event: error\ndata: {"error":{"message":%s}}\n\n', agentrt.ServerError),
+        ("openai", 200, SSE, b'data: {"error":{"message":%s}}\n\n', agentrt.ServerError),
+        ("ollama", 400, JSON, b'{"error":{"message":%s}}', agentrt.BadRequestError),
+        ("ollama", 400, JSON, b'{"detail":%s}', agentrt.BadRequestError),
+        ("ollama", 200, NDJSON, b'{"error":{"message":%s}}\n', agentrt.ServerError),
+    ],
+    ids=[
+        "openai-400-message",
+        "openai-400-param",
+        "openai-400-detail",
+        "openai-sse-error-event",
+        "openai-sse-error-event-envelope",
+        "openai-sse-error-data",
+        "ollama-400-message",
+        "ollama-400-detail",
+        "ollama-ndjson-error",
+    ],
+)
+async def test_a_deeply_nested_error_payload_is_a_model_error(
+    adapter: str, status: int, content_type: str, template: bytes, kind: type[ModelError], depth: int
+) -> None:
+    error = await raised_by(adapter, serving(status, content_type, template % deep(depth)))
+    assert type(error) is kind, repr(error)
+    assert isinstance(error, ModelError)
+    assert error.body is not None and len(error.body) <= MAX_BODY
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+def test_error_from_payload_and_response_take_any_depth_orjson_reads(depth: int) -> None:
+    context = ErrorContext(ENDPOINT, (ECHOED_KEY,))
+    nested = orjson.loads(deep(depth))
+    for payload in (nested, {"error": {"message": nested}}, {"error": {"message": "x", "param": nested}}):
+        error = error_from_payload(payload, context, request_id=None, mid_stream=True)
+        assert isinstance(error, agentrt.ServerError)
+    body = b'{"error":{"message":' + deep(depth) + b',"code":"' + ECHOED_KEY.encode() + b'"}}'
+    error = error_from_response(400, {}, body, context)
+    assert isinstance(error, agentrt.BadRequestError)
+    assert not fragments(ECHOED_KEY, texts_of(error))

@@ -11,8 +11,12 @@ import anyio
 import httpx
 import orjson
 import pytest
+from adapter_failures import JSON, raised_by, serving
 from cassettes import Parts, load
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
+import agentrt
 from agentrt import (
     ConfigurationError,
     ModelConnectionError,
@@ -292,3 +296,97 @@ def test_policy_validation() -> None:
     assert [policy.backoff(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 4.0, 4.0]
     assert all(RetryPolicy.retries_status(s) for s in (408, 409, 429, 500, 503, 529))
     assert not any(RetryPolicy.retries_status(s) for s in (200, 400, 401, 404, 422))
+
+
+# --- retry-after values no server should send ---------------------------------------------------------------
+
+
+# A hostile `retry-after` / `retry-after-ms` never makes `parse_retry_after` raise.
+HOSTILE_RETRY_AFTER = [
+    "Mon, 01 Jan 99999999999999999999 00:00:00 GMT",
+    "Mon, 01 Jan 10000 00:00:00 GMT",
+    "Mon, 01 Jan 0000 00:00:00 GMT",
+    "Mon, 01 Jan 0001 00:00:00 GMT",
+    "Fri, 31 Dec 9999 23:59:59 -9999",
+    "Fri, 31 Dec 9999 23:59:59 +2400",
+    "Fri, 31 Dec 9999 23:59:59 +99999999999999999999",
+    "Mon, 01 Jan 2026 00:00:00 -99999999999999999999",
+    "Mon, 32 Jan 2026 00:00:00 GMT",
+    "Mon, 01 Jan 2026 99999999999999999999:00:00 GMT",
+    "Mon, 01 Jan 2026 00:00:99999999999999999999 GMT",
+    "Mon, 99999999999999999999 Jan 2026 00:00:00 GMT",
+    "01 Jan 2026 00:00:00",
+    "Mon, 01 Jan 2026",
+    "nan",
+    "-nan",
+    "inf",
+    "-inf",
+    "infinity",
+    "1e999",
+    "-1e999",
+    "1e308",
+    "-1",
+    "-0",
+    "9" * 5000,
+    "0x10",
+    "1_000",
+    "١٢",
+    "",
+    " ",
+    ",",
+    "\x00",
+    "\udcff",
+    "GMT",
+]
+
+
+@pytest.mark.parametrize("value", HOSTILE_RETRY_AFTER)
+@pytest.mark.parametrize("header", ["retry-after", "retry-after-ms"])
+def test_parse_retry_after_never_raises(header: str, value: str) -> None:
+    seconds = parse_retry_after({header: value})
+    assert seconds is None or (seconds >= 0 and seconds == seconds and seconds != float("inf"))
+
+
+_DATE_TOKEN = st.one_of(
+    st.sampled_from(
+        ["Mon,", "Jan", "Dec", "GMT", "UT", "EST", "+0000", "-2359", "+2400", ":", ",", "-", "+"]
+    ),
+    st.integers(-(10**25), 10**25).map(str),
+    st.from_regex(r"\A[0-9]{1,25}(:[0-9]{1,25}){0,2}\Z"),
+    st.text(max_size=6),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(tokens=st.lists(_DATE_TOKEN, max_size=8), header=st.sampled_from(["retry-after", "retry-after-ms"]))
+@example(tokens=["Mon,", "01", "Jan", "99999999999999999999", "00:00:00", "GMT"], header="retry-after")
+def test_parse_retry_after_never_raises_on_generated_values(tokens: list[str], header: str) -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    seconds = parse_retry_after({header: " ".join(tokens)}, now=now)
+    assert seconds is None or 0 <= seconds < float("inf")
+
+
+@pytest.mark.parametrize("adapter", ["openai", "ollama"])
+async def test_a_429_with_an_absurd_retry_after_date_is_a_rate_limit_error(adapter: str) -> None:
+    body = b'{"error":{"message":"slow down"}}'
+    date = "Mon, 01 Jan 99999999999999999999 00:00:00 GMT"
+    error = await raised_by(adapter, serving(429, JSON, body, **{"retry-after": date}))
+    assert isinstance(error, agentrt.RateLimitError), repr(error)
+    assert error.retry_after is None
+
+
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize("adapter", ["openai", "ollama"])
+async def test_a_retried_429_with_an_absurd_retry_after_date_backs_off(adapter: str) -> None:
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        date = "Mon, 01 Jan 99999999999999999999 00:00:00 GMT"
+        return httpx.Response(429, headers={"retry-after": date}, json={"error": {"message": "slow"}})
+
+    retry = RetryPolicy(max_attempts=2, initial_delay=0.5, jitter=0)
+    error = await raised_by(adapter, httpx.MockTransport(handler), retry=retry)
+    assert isinstance(error, agentrt.RateLimitError), repr(error)
+    assert calls == 2

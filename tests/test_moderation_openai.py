@@ -11,18 +11,23 @@ import httpx
 import orjson
 import pytest
 from cassettes import load
-from json_server import SERVER_ERROR, Script, check_error, echoing_key, key_shown, rate_limited, respond
+from json_server import SERVER_ERROR, Body, Script, check_error, echoing_key, key_shown, rate_limited, respond
 
+import agentrt
+import agentrt.moderation
 from agentrt import (
     AuthenticationError,
     BadRequestError,
     ModelError,
     ModelNotFoundError,
     ModelResponseError,
+    ModerationError,
     RateLimitError,
     ServerError,
+    TokenStream,
 )
 from agentrt.models import RetryPolicy
+from agentrt.models.openai import OpenAIChatModel
 from agentrt.moderation._types import Moderation, ModerationModel
 from agentrt.moderation.openai import OpenAIModerationModel
 
@@ -335,3 +340,55 @@ async def test_an_error_object_in_a_2xx_answer_is_raised_as_its_kind() -> None:
     body = b'{"error": {"message": "The server is overloaded", "type": "server_error"}}'
     with pytest.raises(ServerError):
         await moderate(Script(respond(body)), ["a"])
+
+
+# --- a flag closes the chat response of the OpenAI adapter --------------------------------------------------
+
+
+@agentrt.moderation.moderate
+class Moderated:
+    async def ask(self, question: str) -> str: ...
+
+    async def stream(self, question: str) -> TokenStream: ...
+
+
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize("view", ["ask", "stream"])
+async def test_a_flag_closes_the_http_response_of_the_openai_adapter(view: str) -> None:
+    # Regression with the real adapters (OpenAIChatModel streaming, OpenAIModerationModel) over
+    # httpx: the chat response sends one chunk then stalls; the moderation endpoint flags after 1 s.
+    # The call fails at 1 s and the chat response body is closed.
+    bodies: list[Body] = []
+
+    def chunk(data: dict[str, Any]) -> bytes:
+        return b"data: " + orjson.dumps(data) + b"\n\n"
+
+    def handler(request: httpx.Request) -> Any:
+        if request.url.path.endswith("/moderations"):
+
+            async def later() -> httpx.Response:
+                await anyio.sleep(1.0)
+                result = {"flagged": True, "categories": {"hate": True}, "category_scores": {"hate": 0.9}}
+                return httpx.Response(200, json={"id": "m", "model": "omni", "results": [result]})
+
+            return later()
+        delta = {"role": "assistant", "content": "SECRET"}
+        first = {"id": "1", "object": "chat.completion.chunk", "model": "m",
+                 "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}  # fmt: skip
+        body = Body(chunk(first), hang=True)
+        bodies.append(body)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=body)
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    try:
+        model = OpenAIChatModel(model="m", base_url="http://x/v1", api_key="k", client=http)
+        judge = OpenAIModerationModel(base_url="http://x/v1", api_key="k", client=http)
+        service = agentrt.build(Moderated, model=model, moderation_model=judge)
+        start = anyio.current_time()
+        with pytest.raises(ModerationError) as caught:
+            await getattr(service, view)("hello")
+        assert anyio.current_time() - start == pytest.approx(1.0, abs=0.05)
+        assert caught.value.categories == ("hate",)
+        assert bodies[0].closed
+    finally:
+        await http.aclose()

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
+import httpx
+import orjson
 import pytest
+from anthropic_like import AnthropicLike, anthropic, block, delta, end, events, start, stop, text_stream
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
@@ -27,11 +31,12 @@ from agentrt import (
     ResponseReceived,
     Started,
     TokenStream,
+    ToolSettings,
     Usage,
     tool,
 )
 from agentrt.guardrails import output_guardrails, retry, success
-from agentrt.models import ResponseMeta
+from agentrt.models import OpenAIChatModel, ResponseMeta
 from agentrt.otel import OTelListener, instrument
 from agentrt.rag import Content, Query, Retrieval
 from agentrt.testing import CallTool, Hang, Raise, ScriptedModel
@@ -566,3 +571,222 @@ async def test_agentrt_does_not_import_opentelemetry() -> None:
     )
     result = await anyio.run_process([sys.executable, "-c", code])
     assert result.stdout.decode().strip() == "[]"
+
+
+# --- a terse assistant, on Anthropic's Messages API (tests/anthropic_like.py) or OpenAI's -------------------
+
+
+@agentrt.system_message("You are terse.")
+class Assistant:
+    async def chat(self, conversation: Annotated[str, agentrt.MemoryId], question: str) -> str: ...
+
+    async def ask(self, question: str) -> str: ...
+
+    async def stream(self, question: str) -> TokenStream: ...
+
+
+def attributes(span: ReadableSpan) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
+# --- providers named per service; tool spans that fail, and that last as long as their tool -----------------
+
+
+def _openai_answer(request: httpx.Request) -> httpx.Response:
+    chunk = {"id": "c", "object": "chat.completion.chunk", "model": "gpt-test",
+             "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]}  # fmt: skip
+    body = b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+
+async def test_one_listener_for_two_services_names_each_provider(telemetry: Telemetry) -> None:
+    # README "Tracing": `listeners=[otel.instrument()]`, spans "following OpenTelemetry's GenAI
+    # semantic conventions", where gen_ai.provider.name is required. `Started` carries the model's
+    # name but not its provider, so only `instrument(model=...)` finds it — and then names that one
+    # model and provider for every service sharing the listener. Expected: "anthropic" for the
+    # Anthropic service's spans, "openai" for the OpenAI one's. Actual: "_OTHER" for both.
+    listener = telemetry.listener()
+    claude = anthropic(AnthropicLike(text_stream("ok")))
+    gpt = OpenAIChatModel(
+        "gpt-test", api_key="sk-test", client=httpx.AsyncClient(transport=httpx.MockTransport(_openai_answer))
+    )
+    async with claude, gpt:
+        first = agentrt.build(Assistant, model=claude, listeners=[listener])
+        second = agentrt.build(Assistant, model=gpt, listeners=[listener])
+        assert await first.ask("q") == await second.ask("q") == "ok"
+    providers = {
+        (attributes(s)["gen_ai.request.model"], attributes(s)["gen_ai.provider.name"])
+        for s in telemetry.spans()
+    }
+    assert providers == {("claude-test", "anthropic"), ("gpt-test", "openai")}
+
+
+async def test_a_tool_that_fails_the_call_has_an_error_span(telemetry: Telemetry) -> None:
+    # agentrt.otel's docstring: "on a tool span, the tool's exception class name". With
+    # ToolSettings(on_error="raise") no ToolExecuted arrives; FailedEvent ends every open tool span
+    # with agentrt.cancelled=true, so the trace shows the invocation failing with
+    # ToolExecutionError and the tool that raised it as merely cancelled. The ToolError carries
+    # `call_id`, so the listener can tell which span failed. Expected: that span has ERROR status and
+    # error.type; its sibling (cancelled by the failure) has agentrt.cancelled=true.
+    @tool("Fails.")
+    async def boom(x: str) -> str:
+        raise ValueError(f"BOOM {x}")
+
+    @tool("Slow.")
+    async def slow(x: str) -> str:
+        await anyio.sleep(5)
+        return "late"
+
+    listener = telemetry.listener()
+    model = ScriptedModel(
+        [CallTool("boom", {"x": "1"}, id="a"), CallTool("slow", {"x": "2"}, id="b")], "done"
+    )
+    service = agentrt.build(
+        Assistant,
+        model=model,
+        tools=[boom, slow],
+        tool_settings=ToolSettings(on_error="raise"),
+        listeners=[listener],
+    )
+    with pytest.raises(agentrt.ToolExecutionError):
+        await service.ask("q")
+    spans = {s.name: s for s in telemetry.spans()}
+    assert telemetry.open_spans.open == {}
+    failed, cancelled = spans["execute_tool boom"], spans["execute_tool slow"]
+    assert attributes(cancelled)["agentrt.cancelled"] is True
+    assert failed.status.status_code is StatusCode.ERROR
+    assert "error.type" in attributes(failed)
+    assert attributes(failed).get("agentrt.cancelled") is not True
+
+
+async def test_a_tool_span_lasts_as_long_as_its_tool(telemetry: Telemetry) -> None:
+    # ToolExecuted events are delivered after the whole round (the pipeline awaits all executions,
+    # then notifies), and the listener ends each span on arrival; ToolExecution.duration, which has
+    # the tool's own time, is not used. Expected: `execute_tool fast` lasts about its own time (well
+    # under the slow tool's). Actual: both last the round (~0.4 s).
+    @tool("Fast.")
+    async def fast() -> str:
+        return "f"
+
+    @tool("Slow.")
+    async def slow() -> str:
+        await anyio.sleep(0.4)
+        return "s"
+
+    model = ScriptedModel([CallTool("fast", {}, id="a"), CallTool("slow", {}, id="b")], "done")
+    service = agentrt.build(Assistant, model=model, tools=[fast, slow], listeners=[telemetry.listener()])
+    await service.ask("q")
+    seconds = {
+        s.name: ((s.end_time or 0) - (s.start_time or 0)) / 1e9
+        for s in telemetry.spans()
+        if s.name.startswith("execute_tool")
+    }
+    assert seconds["execute_tool slow"] >= 0.4
+    assert seconds["execute_tool fast"] < 0.2
+
+
+# --- a stream cancelled or abandoned ends its spans (and closes the response) -------------------------------
+
+
+class HangingBody(httpx.AsyncByteStream):
+    """A 200 body that sends its first bytes, then nothing; records whether it was closed."""
+
+    def __init__(self, first: bytes) -> None:
+        self.first = first
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.first
+        await anyio.sleep_forever()
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_cancelling_a_reader_mid_stream_closes_the_response_and_every_span(
+    telemetry: Telemetry,
+) -> None:
+    body = HangingBody(
+        events(start(), block(0, {"type": "text", "text": ""}), delta(0, type="text_delta", text="Hal"))
+    )
+
+    def server(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=body)
+
+    listener = telemetry.listener()
+    tokens: list[str] = []
+    async with anthropic(server) as model:
+        service = agentrt.build(Assistant, model=model, listeners=[listener])
+        with anyio.move_on_after(0.2):
+            async for token in await service.stream("q"):
+                tokens.append(token)
+    assert tokens == ["Hal"]
+    assert body.closed
+    assert listener.open_invocations == 0
+    assert telemetry.open_spans.open == {}
+    for span in telemetry.spans():
+        assert attributes(span)["agentrt.cancelled"] is True
+        assert span.status.status_code is StatusCode.UNSET
+
+
+async def test_an_abandoned_stream_ends_its_spans_when_collected(telemetry: Telemetry) -> None:
+    listener = telemetry.listener()
+    closed = anyio.Event()
+
+    def on_cancel(event: object) -> None:  # after the OTel listener saw the same event
+        if isinstance(event, CancelledEvent):
+            closed.set()
+
+    model = ScriptedModel(["a", "b", Hang()])
+    service = agentrt.build(Assistant, model=model, listeners=[listener, on_cancel])
+
+    async def read_one() -> None:
+        async for _ in await service.stream("q"):
+            break  # nobody holds the stream: it warns, and is closed from a fresh task once collected
+
+    with pytest.warns(ResourceWarning, match=r"^Assistant\.stream: a stream was collected"):
+        await read_one()
+    with anyio.fail_after(5):
+        await closed.wait()
+    assert listener.open_invocations == 0
+    assert telemetry.open_spans.open == {}
+    assert all(attributes(s)["agentrt.cancelled"] is True for s in telemetry.spans())
+
+
+# --- without capture_content nothing said reaches a span, thinking and tool errors included -----------------
+
+
+async def test_nothing_said_reaches_a_span_without_capture_content(telemetry: Telemetry) -> None:
+    # A thinking Anthropic turn with a tool that fails (its message quotes the user), through memory.
+    secret = "SECRET-4a1f user@example.com"
+
+    @tool("Fails.")
+    async def lookup(q: str) -> str:
+        raise ValueError(f"no {q}")
+
+    thought = events(
+        start(),
+        block(0, {"type": "thinking", "thinking": "", "signature": ""}),
+        delta(0, type="thinking_delta", thinking=f"the user said {secret}"),
+        delta(0, type="signature_delta", signature="SIG"),
+        stop(0),
+        block(1, {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {}}),
+        delta(1, type="input_json_delta", partial_json=orjson.dumps({"q": secret}).decode()),
+        stop(1),
+        *end("tool_use"),
+    )
+    server = AnthropicLike(thought, text_stream(f"answer {secret}"))
+    async with anthropic(server, thinking=1024) as model:
+        service = agentrt.build(
+            Assistant, model=model, tools=[lookup], memory=agentrt.memory.window(max_messages=9),
+            listeners=[telemetry.listener()],
+        )  # fmt: skip
+        await service.chat(secret, secret)
+    texts = []
+    for span in telemetry.spans():
+        texts += [span.name, str(span.status.description), *map(str, attributes(span).values())]
+        for event in span.events:
+            texts += [event.name, *map(str, (event.attributes or {}).values())]
+    assert not [t for t in texts if "SECRET-4a1f" in t]
+    tool_span = next(s for s in telemetry.spans() if s.name == "execute_tool lookup")
+    assert attributes(tool_span)["error.type"] == "ValueError"

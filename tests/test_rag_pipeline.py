@@ -3,6 +3,9 @@ view, concurrency of retrievers, cancellation and budgets during retrieval, erro
 
 from __future__ import annotations
 
+import gc
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,7 +27,9 @@ from agentrt import (
     TokenStream,
     UserMessage,
 )
+from agentrt.guardrails import input_guardrails, success_with
 from agentrt.memory import InMemoryStore, window
+from agentrt.moderation import Moderation, moderate
 from agentrt.rag import (
     BM25Retriever,
     Content,
@@ -511,3 +516,199 @@ async def test_a_failing_transformer_is_a_retrieval_error() -> None:
     with pytest.raises(RetrievalError) as caught:
         await docs.ask("q")
     assert caught.value.retriever == "transformer"
+
+
+# --- services whose answers cite sources, and a retriever of one content ------------------------------------
+
+
+class CitedDocs:
+    async def ask(self, question: str) -> agentrt.Result[str]: ...
+
+    async def stream(self, question: str) -> TokenStream: ...
+
+
+class StreamingChat:
+    async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> str: ...
+
+    async def stream(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+
+async def pets(query: Query) -> list[Content]:
+    return [Content("Dogs travel at half fare.", {"source": "pets.md"}, 1.0, "pets#0")]
+
+
+# --- a `when`, aggregator, injector or retriever that fails or returns junk is a RetrievalError -------------
+
+
+@pytest.mark.virtual_clock
+async def test_an_async_when_predicate_is_awaited_or_refused() -> None:
+    async def never(query: Query) -> bool:
+        return False
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the un-awaited coroutine, today
+        try:
+            retrieval = Retrieval(retrievers=[pets], when=never)  # type: ignore[arg-type]
+        except ConfigurationError:
+            return  # refused at definition: fine too
+        docs = agentrt.build(CitedDocs, model=ScriptedModel("ok"), retrieval=retrieval)
+        result = await docs.ask("hello")
+        gc.collect()
+    assert result.sources == ()  # `when` said no
+
+
+def _raise(error: Exception) -> Any:
+    def fail(*args: object) -> Any:
+        raise error
+
+    return fail
+
+
+async def _content_without_text(query: Query) -> list[Content]:
+    return [Content(None)]  # type: ignore[arg-type]
+
+
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"aggregator": _raise(ValueError("aggregator"))},
+        {"aggregator": lambda lists: ["not a Content"]},
+        {"injector": _raise(KeyError("injector"))},
+        {"injector": lambda message, contents: "not a message"},
+        {"when": _raise(ValueError("when"))},
+        {"retrievers": [_content_without_text]},
+    ],
+    ids=[
+        "aggregator-raises",
+        "aggregator-junk",
+        "injector-raises",
+        "injector-junk",
+        "when-raises",
+        "no-text",
+    ],
+)
+async def test_every_failure_of_the_retrieval_pipeline_is_a_retrieval_error(options: dict[str, Any]) -> None:
+    options = {"retrievers": [pets], **options}
+    model = ScriptedModel("never")
+    docs = agentrt.build(CitedDocs, model=model, retrieval=Retrieval(**options))
+    with pytest.raises(RetrievalError):
+        await docs.ask("hello")
+    assert model.requests == []
+
+
+# --- budgets during retrieval, no queries, a guardrail's rewrite --------------------------------------------
+
+
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize("view", ["chat", "stream"])
+async def test_a_budget_that_runs_out_during_retrieval_releases_the_conversation(view: str) -> None:
+    # Regression (memory + retrieval + time budget): cut at 2 s while the retriever takes 10 s, the
+    # call raises BudgetExceededError, stores nothing, and the next turn on the conversation runs.
+    cancelled: list[str] = []
+
+    async def slow(query: Query) -> list[Content]:
+        try:
+            await anyio.sleep(10.0)
+        except anyio.get_cancelled_exc_class():
+            cancelled.append(query.text)
+            raise
+        return [Content("late")]
+
+    store = InMemoryStore()
+    model = ScriptedModel("never")
+    chat = agentrt.build(
+        StreamingChat,
+        model=model,
+        memory=window(max_messages=10, store=store),
+        retrieval=Retrieval(retrievers=[slow, pets]),
+        budget=Budget(seconds=2),
+    )
+    start = anyio.current_time()
+    with pytest.raises(BudgetExceededError) as caught:
+        await getattr(chat, view)("ada", "first")
+    assert caught.value.limit == "seconds"
+    assert anyio.current_time() - start == pytest.approx(2.0, abs=0.05)
+    assert cancelled == ["first"]
+    assert model.requests == []
+    assert await agentrt.memory.access(chat).read("ada") == []
+    # the conversation was released: the next turn (same store, same process) runs at once
+    chat2 = agentrt.build(
+        StreamingChat,
+        model=ScriptedModel("hi"),
+        memory=window(max_messages=10, store=store),
+        retrieval=Retrieval(retrievers=[pets]),
+    )
+    with anyio.fail_after(5):
+        assert await chat2.chat("ada", "second") == "hi"
+
+
+@pytest.mark.virtual_clock
+async def test_a_transformer_that_returns_no_queries_retrieves_nothing() -> None:
+    # Regression: "No queries: nothing is retrieved" — the model gets the user's own text, the
+    # result has no sources, and the Retrieved event says no query ran.
+    asked: list[Query] = []
+
+    async def recording(query: Query) -> list[Content]:
+        asked.append(query)
+        return [Content("x")]
+
+    events: list[object] = []
+    model = ScriptedModel("ok")
+    docs = agentrt.build(
+        CitedDocs,
+        model=model,
+        retrieval=Retrieval(retrievers=[recording], transformer=lambda query: []),
+        listeners=[events.append],
+    )
+    result = await docs.ask("plain question")
+    assert result.sources == ()
+    assert asked == []
+    message = model.requests[0].messages[-1]
+    assert isinstance(message, UserMessage) and message.text == "plain question"
+    (retrieved,) = [e for e in events if isinstance(e, Retrieved)]
+    assert retrieved.queries == () and retrieved.contents == ()
+
+
+@pytest.mark.virtual_clock
+async def test_retrieval_sees_the_guardrails_rewrite_and_memory_keeps_it_unaugmented() -> None:
+    # Regression (input guardrail rewriting + retrieval + memory + moderation): the retriever and the
+    # moderation model see the rewritten text; the model sees it augmented; memory stores the
+    # rewritten text without the contents.
+    asked: list[str] = []
+    judged: list[str] = []
+
+    async def recording(query: Query) -> list[Content]:
+        asked.append(query.text)
+        return [Content("Dogs travel at half fare.", id="pets#0")]
+
+    class RecordingJudge:
+        name = "judge"
+
+        async def moderate(self, texts: Sequence[str]) -> list[Moderation]:
+            judged.extend(texts)
+            return [Moderation("bad" in text, {"hate": "bad" in text}) for text in texts]
+
+    def redact(request: Any) -> agentrt.guardrails.GuardrailResult:
+        return success_with(request.user_message.text.replace("my-secret", "[redacted]"))
+
+    class Guarded:
+        @moderate
+        @input_guardrails(redact)
+        async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> str: ...
+
+    model = ScriptedModel("Half fare.")
+    service = agentrt.build(
+        Guarded,
+        model=model,
+        memory=window(max_messages=10, store=InMemoryStore()),
+        retrieval=Retrieval(retrievers=[recording]),
+        moderation_model=RecordingJudge(),
+    )
+    assert await service.chat("ada", "dog fare? my-secret") == "Half fare."
+    assert asked == judged == ["dog fare? [redacted]"]
+    sent = model.requests[0].messages[-1]
+    assert isinstance(sent, UserMessage)
+    assert sent.text.startswith("dog fare? [redacted]") and "half fare" in sent.text
+    stored = await agentrt.memory.access(service).read("ada")
+    assert [m.text for m in stored] == ["dog fare? [redacted]", "Half fare."]

@@ -619,3 +619,62 @@ def test_agentrt_imports_without_numpy_and_bm25s() -> None:
         "InMemoryVectorIndex needs numpy: pip install 'agentrt[rag]'",
         "SQLiteVectorIndex('x.db') needs numpy: pip install 'agentrt[rag]'",
     ]
+
+
+# --- SQLiteVectorIndex: a second writer keeps the dimension of the first ------------------------------------
+
+
+@pytest.mark.virtual_clock
+async def test_a_second_writer_cannot_store_another_dimension(tmp_path: Path) -> None:
+    path = tmp_path / "vectors.db"
+    first, second = SQLiteVectorIndex(path), SQLiteVectorIndex(path)
+    reopened = SQLiteVectorIndex(path)
+    try:
+        assert await first.count() == 0 and await second.count() == 0  # both open, the file empty
+        await first.add([Content("three", id="a")], [[1.0, 0.0, 0.0]])
+        # Expected: refused, as the same handle would refuse it; actual: stored.
+        with pytest.raises(ValueError, match="3-dimensional"):
+            await second.add([Content("four", id="b")], [[1.0, 0.0, 0.0, 0.0]])
+    finally:
+        first.close()
+        second.close()
+    try:
+        assert await reopened.count() == 1  # actual: ValueError, the file is unusable
+    finally:
+        reopened.close()
+
+
+# --- BM25Retriever: its k, and odd text ---------------------------------------------------------------------
+
+
+def test_bm25_refuses_a_k_that_is_not_an_int() -> None:
+    with pytest.raises(ConfigurationError, match="BM25Retriever"):
+        BM25Retriever(["dogs and cats"], k=1.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.virtual_clock
+async def test_bm25_with_odd_text() -> None:
+    # Regression: empty, blank, stop-word-only, emoji-only, NUL, non-Latin and lone-surrogate texts
+    # index and search without error; queries of nothing searchable find nothing.
+    texts = [
+        "",
+        "   ",
+        "the and of",
+        "🐶🐶",
+        "Dogs\x00cats",
+        "ÄÖÜ straße",
+        "日本語のテキスト。",
+        "\ud800 lone surrogate",
+        "x" * 3000,
+    ]
+    retriever = BM25Retriever(texts, k=3)
+    for query in ["", "the", "🐶", "\x00", "x" * 3000]:
+        assert await retriever.retrieve(Query(query)) == []
+    assert [c.text for c in await retriever.retrieve(Query("cats"))] == ["Dogs\x00cats"]
+    assert [c.text for c in await retriever.retrieve(Query("straße"))] == ["ÄÖÜ straße"]
+    assert [c.text for c in await retriever.retrieve(Query("surrogate"))] == ["\ud800 lone surrogate"]
+    empty = BM25Retriever([], k=2)
+    await empty.add(["the of and"])  # a corpus without a single token
+    assert await empty.retrieve(Query("the")) == []
+    await empty.add(["real words here"])
+    assert [c.text for c in await empty.retrieve(Query("words"))] == ["real words here"]

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import re
 import tracemalloc
+from typing import Any
 
+import orjson
 import pytest
 from cassettes import Cassette, load_all, one_byte_parts
-from hypothesis import given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import agentrt
+from agentrt import ModelError, ModelResponseError
+from agentrt.models._decoders import SSEChunkDecoder
 from agentrt.models._sse import SSEDecoder
 
 
@@ -348,3 +353,181 @@ def test_a_long_event_in_small_reads_is_copied_a_bounded_number_of_times(shape: 
     assert events == [("", data)]
     assert max(allocated[:-1]) < 16 * 1024, "a read that completes nothing copies what is held"
     assert sum(allocated) < 6 * len(body)
+
+
+# --- SSEChunkDecoder's one-event shortcut reads like the full decoder ---------------------------------------
+
+
+# It reads a bare `\r` line end like the full SSE decoder, however the stream is split.
+class Recorder:
+    """A mapper that keeps what it is given: JSON objects are chunks, anything else is malformed."""
+
+    finished = False
+
+    def __init__(self) -> None:
+        self.trail: list[tuple[str, Any]] = []
+
+    def feed(self, payload: Any, out: list[Any], *, mid_stream: bool = True) -> None:
+        if payload.__class__ is not dict:
+            raise ValueError("not an object")
+        out.append(payload)
+
+    def flush(self, out: list[Any]) -> None:
+        pass
+
+    def error(self, payload: Any, *, mid_stream: bool) -> ModelError:
+        self.trail.append(("error", payload))
+        return agentrt.ServerError("error event")
+
+    def unreadable(
+        self, what: str, *, mid_stream: bool, data: bytes | None = None, cause: BaseException | None = None
+    ) -> ModelError:
+        self.trail.append(("unreadable", data))
+        return ModelResponseError(what)
+
+
+def chunk_decoder_reads(parts: list[bytes]) -> tuple[list[list[Any]], list[tuple[str, Any]]]:
+    """What `SSEChunkDecoder` gives at each read (reading stops once it is done), and how it ended."""
+    recorder = Recorder()
+    decoder = SSEChunkDecoder(recorder)
+    reads = []
+    for part in parts:
+        reads.append(decoder.feed(part))
+        if decoder.done:
+            break
+    else:
+        reads.append(decoder.close())
+    end = [("done", None)] if decoder.error is None else recorder.trail
+    return reads, end
+
+
+def reference_reads(parts: list[bytes]) -> tuple[list[list[Any]], list[tuple[str, Any]]]:
+    """The same, from the full SSE decoder's events and the chunk decoder's documented rules: JSON
+    objects of unnamed (or `message`) events are chunks, `[DONE]` ends the stream, an `error` event
+    fails it, other named events are skipped; a stream that ends otherwise is incomplete."""
+    sse = SSEDecoder()
+    reads: list[list[Any]] = []
+
+    def take(events: list[tuple[str, bytes]]) -> tuple[str, Any] | None:
+        out: list[Any] = []
+        reads.append(out)
+        for event, data in events:
+            if event not in ("", "message"):
+                if event == "error":
+                    try:
+                        payload = orjson.loads(data)
+                    except orjson.JSONDecodeError:
+                        payload = None
+                    return ("error", payload if payload is not None else data.decode("utf-8", "replace"))
+                continue
+            if data.startswith(b"[DONE]"):
+                return ("done", None)
+            try:
+                payload = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                return ("unreadable", data)
+            if not isinstance(payload, dict):
+                return ("unreadable", data)
+            out.append(payload)
+        return None
+
+    for part in parts:
+        end = take(sse.feed(part))
+        if end is not None:
+            return reads, [end]
+    end = take(sse.close())
+    return reads, [end or ("unreadable", None)]
+
+
+def test_the_chunk_decoder_reads_a_bare_cr_line_end_like_the_sse_decoder() -> None:
+    parts = [
+        b'data: {"a":0}\n\n',
+        b'data: {"a":1}\r: keep-alive\n\n',
+        b'data: {"a":2}\n\n',
+        b"data: [DONE]\n\n",
+    ]
+    expected = ([[{"a": 0}], [{"a": 1}], [{"a": 2}], []], [("done", None)])
+    assert reference_reads(parts) == expected
+    assert chunk_decoder_reads(parts) == expected
+    for read in (
+        b'data: {"a":1}\r\r',
+        b'data: {"a":1}\r\n\r\n',
+        b'data: {"a":1}\n\r',
+        b'data: {"a":1}\r\n\n',
+    ):
+        parts = [b'data: {"a":0}\n\n', read, b'data: {"a":2}\n\n', b"data: [DONE]\n\n"]
+        assert chunk_decoder_reads(parts) == reference_reads(parts), read
+
+
+_JSON_DATA = st.one_of(
+    st.sampled_from(
+        [b"{}", b'{"a":1}', b'{"a":"data: x\\r\\n"}', b'{"choices":[{"delta":{"content":" tok"}}]}']
+    ),
+    st.dictionaries(st.sampled_from(["a", "b"]), st.integers(0, 9), max_size=2).map(orjson.dumps),
+)
+
+
+_FIELD_LINE = st.one_of(
+    _JSON_DATA.map(lambda data: b"data: " + data),
+    _JSON_DATA.map(lambda data: b"data:" + data),
+    st.sampled_from(
+        [
+            b"",
+            b"",
+            b": keep-alive",
+            b":",
+            b"event: ping",
+            b"event: message",
+            b"event: error",
+            b"id: 7",
+            b"retry: 5",
+            b"data: [DONE]",
+            b"data: 7",
+            b"data: {",
+            b"data",
+        ]
+    ),
+)
+
+
+_LINES = st.lists(st.tuples(_FIELD_LINE, _LINE_END_BYTES).map(b"".join), min_size=1, max_size=3).map(b"".join)
+
+
+_EVENT = st.one_of(
+    _JSON_DATA.map(lambda data: b"data: " + data + b"\n\n"),  # the common event, most often
+    _JSON_DATA.map(lambda data: b"data: " + data + b"\n\n"),
+    st.tuples(_FIELD_LINE, _LINE_END_BYTES).map(b"".join),
+    # Lines with any line ends, then a blank line.
+    st.tuples(_LINES, _LINE_END_BYTES).map(b"".join),
+    # A data line ended by a bare "\r", another line, a blank line: `data: {...}\r: keep-alive\n\n`.
+    st.tuples(_JSON_DATA, _FIELD_LINE).map(lambda t: b"data: " + t[0] + b"\r" + t[1] + b"\n\n"),
+)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(events=st.lists(_EVENT, max_size=12), done=st.booleans(), data=st.data())
+@example(events=[b'data: {"a":0}\n\n', b'data: {"a":1}\r: keep-alive\n\n'], done=True, data=None)
+def test_the_chunk_decoder_reads_like_the_sse_decoder_however_split(
+    events: list[bytes], done: bool, data: st.DataObject | None
+) -> None:
+    body = b"".join(events) + (b"data: [DONE]\n\n" if done else b"")
+    # Reads cut anywhere, and at event boundaries (where servers flush) more often than chance.
+    boundaries = [len(b"".join(events[:i])) for i in range(len(events) + 1)]
+    if data is None:
+        cuts = boundaries
+    else:
+        cuts = data.draw(
+            st.lists(st.one_of(st.integers(0, len(body)), st.sampled_from(boundaries)), max_size=12)
+        )
+    offsets = sorted(set(cuts) - {0, len(body)})
+    parts = [body[a:b] for a, b in zip([0, *offsets], [*offsets, len(body)], strict=True)]
+    assert chunk_decoder_reads(parts) == reference_reads(parts), parts
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=st.binary(max_size=120), data=st.data())
+def test_the_chunk_decoder_reads_any_bytes_like_the_sse_decoder(body: bytes, data: st.DataObject) -> None:
+    body = b'data: {"a":0}\n\n' + body  # started, so that the shortcut can be taken from the second read
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, len(body) - 1), max_size=8))))
+    parts = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+    assert chunk_decoder_reads(parts) == reference_reads(parts), parts

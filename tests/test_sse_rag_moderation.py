@@ -10,14 +10,15 @@ from typing import Annotated, Any
 
 import anyio
 import httpx
-from pydantic import TypeAdapter
+import pytest
+from pydantic import BaseModel, TypeAdapter
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 
 import agentrt
 import agentrt.sse
-from agentrt import MemoryId, TokenStream
+from agentrt import Budget, MemoryId, PartialStream, TokenStream
 from agentrt.moderation import Moderation, moderate
 from agentrt.rag import Content, Query, Retrieval
 from agentrt.testing import Hang, ScriptedModel
@@ -206,3 +207,162 @@ async def test_a_flagged_answer_is_an_error_event_with_no_token_before_it() -> N
     assert events[-1]["data"] == {"type": "moderated", "message": "the request was refused by moderation"}
     assert "hate" not in response.text
     assert await agentrt.memory.access(svc).read("ada") == []
+
+
+# --- services and bodies of every protocol ------------------------------------------------------------------
+
+
+class Answer(BaseModel):
+    answer: str
+
+
+class Docs:
+    async def ask(self, question: str) -> agentrt.Result[str]: ...
+
+    async def stream(self, question: str) -> TokenStream: ...
+
+
+async def pets(query: Query) -> list[Content]:
+    return [Content("Dogs travel at half fare.", {"source": "pets.md"}, 1.0, "pets#0")]
+
+
+def protocol_body(protocol: str, text: str, field: str = "question") -> dict[str, Any]:
+    if protocol == "agentrt":
+        return {field: text}
+    if protocol == "vercel-ui":
+        return {
+            "id": "chat-1",
+            "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": text}]}],
+            "trigger": "submit-message",
+        }
+    return {
+        "threadId": "t1",
+        "runId": "r1",
+        "state": {},
+        "messages": [{"id": "u1", "role": "user", "content": text}],
+        "tools": [],
+        "context": [],
+        "forwardedProps": {},
+    }
+
+
+def sse_events(text: str) -> list[str]:
+    return [
+        line[len("event: ") :]
+        for line in text.replace("\r\n", "\n").split("\n")
+        if line.startswith("event: ")
+    ]
+
+
+# --- a flagged request is refused before any stream, on every protocol --------------------------------------
+
+
+class SlowJudge(Judge):
+    """`Judge`, with verdicts that take `delay` seconds (virtual time)."""
+
+    def __init__(self, *bad: str, delay: float) -> None:
+        super().__init__(*bad)
+        self.delay = delay
+
+    async def moderate(self, texts: Sequence[str]) -> list[Moderation]:
+        await anyio.sleep(self.delay)
+        return await super().moderate(texts)
+
+
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize("protocol", ["agentrt", "vercel-ui", "ag-ui"])
+@pytest.mark.parametrize("method", ["plain", "partial"])
+async def test_a_flagged_request_is_refused_before_any_stream_on_every_protocol(
+    protocol: str, method: str
+) -> None:
+    # Regression: the model answers in full before the 2 s verdict; every protocol refuses the
+    # request with a 400 `moderated`, and no token of the answer is in the body.
+    class Desk:
+        @moderate
+        async def plain(self, question: str) -> TokenStream: ...
+
+        @moderate
+        async def partial(self, question: str) -> PartialStream[Answer]: ...
+
+    script = ["SECRET answer."] if method == "plain" else ['{"answer": "SECRET"}']
+    model = ScriptedModel(script)
+    service = agentrt.build(
+        Desk,
+        model=model,
+        moderation_model=SlowJudge("bad", delay=2.0),
+        retrieval=Retrieval(retrievers=[pets]),
+    )
+    handler = agentrt.sse.endpoint(getattr(service, method), protocol=protocol)
+    async with client(handler) as http:
+        response = await http.post("/chat", json=protocol_body(protocol, "bad words"))
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "moderated"
+    assert "SECRET" not in response.text and "Dogs travel" not in response.text
+    assert model.streams[0].closed
+
+
+# --- retrieved contents over SSE: odd metadata, AG-UI sources, errors before the stream ---------------------
+
+
+@pytest.mark.virtual_clock
+async def test_binary_metadata_does_not_break_the_sse_stream() -> None:
+    # The brief's "non-JSON metadata over SSE": a retriever that keeps a raw digest in its metadata.
+    # Expected: the answer streams, the metadata value sent in some string form (or left out).
+    # Actual: `event: error` {"type": "internal_error"} and no token.
+    async def hashed(query: Query) -> list[Content]:
+        return [Content("Dogs travel at half fare.", {"source": "pets.md", "sha": b"\xff\xfe\x00"}, 1.0, "p")]
+
+    service = agentrt.build(Docs, model=ScriptedModel("Half."), retrieval=Retrieval(retrievers=[hashed]))
+    async with client(agentrt.sse.endpoint(service.stream)) as http:
+        response = await http.post("/chat", json={"question": "dog?"})
+    assert sse_events(response.text) == ["retrieved", "token", "done"]
+
+
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize(
+    "metadata",
+    [{1: "int key"}, {"score": float("nan")}, {"when": {"nested": (1, 2)}}, {"o": object()}],
+    ids=["int-key", "nan", "nested-tuple", "object"],
+)
+async def test_odd_but_encodable_metadata_streams_over_sse(metadata: dict[Any, Any]) -> None:
+    # Regression: other non-JSON metadata is sent (stringified where need be), the answer streams.
+    async def odd(query: Query) -> list[Content]:
+        return [Content("Dogs travel at half fare.", metadata, None, "p")]
+
+    service = agentrt.build(Docs, model=ScriptedModel("Half."), retrieval=Retrieval(retrievers=[odd]))
+    async with client(agentrt.sse.endpoint(service.stream)) as http:
+        response = await http.post("/chat", json={"question": "dog?"})
+    assert sse_events(response.text) == ["retrieved", "token", "done"]
+
+
+@pytest.mark.virtual_clock
+async def test_ag_ui_clients_get_the_sources() -> None:
+    service = agentrt.build(Docs, model=ScriptedModel("Half."), retrieval=Retrieval(retrievers=[pets]))
+    handler = agentrt.sse.endpoint(service.stream, protocol="ag-ui")
+    async with client(handler) as http:
+        response = await http.post("/chat", json=protocol_body("ag-ui", "dog fare?"))
+    assert response.status_code == 200
+    assert "pets#0" in response.text  # e.g. a CUSTOM event, or the sources in RUN_FINISHED
+
+
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize("kind", ["fails", "slow"])
+async def test_retrieval_errors_before_the_stream_are_http_errors(kind: str) -> None:
+    # Regression: a failing retriever is a 502 `retrieval_failed`, a budget that runs out during
+    # retrieval a 504, both before any stream, with no model request.
+    async def retriever(query: Query) -> list[Content]:
+        if kind == "fails":
+            raise OSError("the index is gone")
+        await anyio.sleep(100.0)
+        return []
+
+    model = ScriptedModel("never")
+    service = agentrt.build(
+        Docs, model=model, retrieval=Retrieval(retrievers=[retriever]), budget=Budget(seconds=2)
+    )
+    async with client(agentrt.sse.endpoint(service.stream)) as http:
+        response = await http.post("/chat", json={"question": "q"})
+    expected = {"fails": (502, "retrieval_failed"), "slow": (504, "budget_exceeded")}[kind]
+    assert (response.status_code, response.json()["error"]["type"]) == expected
+    assert "the index is gone" not in response.text
+    assert model.requests == []
