@@ -17,16 +17,11 @@ import copy
 import enum
 import pickle
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Generic, SupportsIndex, TypeVar
+from typing import Any, Generic, SupportsIndex, TypeVar
 
 from ._budget import Budget, Spent
 from ._messages import AssistantMessage, ChatMessage, ToolCall
-
-if TYPE_CHECKING:
-    # models._protocol imports this module; it binds ModelRequest here once it is defined, so that
-    # typing.get_type_hints(RequestIssued) resolves.
-    from .models._protocol import ModelRequest  # noqa: TC004
-    from .rag._types import Content  # noqa: TC004  (bound the same way by agentrt.rag._types)
+from ._wire import Content, ModelRequest
 
 __all__ = [
     "CancelledEvent",

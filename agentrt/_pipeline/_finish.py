@@ -265,7 +265,7 @@ def parse(turn: Turn, text: str, rewritten: bool = False) -> Any:
 
 OFF_LOOP: Final = 1 << 14
 """Answers longer than this (in characters) are parsed in a worker thread, not on the event loop.
-The slowest answer shapes to search (brackets every character, nested unclosed strings) take 0.1–0.5
+The slowest answer shapes to search (brackets every character, nested unclosed strings) take 0.1-0.5
 µs a character here, so an answer parsed on the loop holds it for a few ms at most
 (`benchmarks/bench_parse_gap.py`); longer ones are parsed in a worker thread, which holds the GIL one
 bounded search (32 Ki characters) or one slice of a long list's items at a time."""

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from .. import _events
 from .._events import (
     Finish,
     FinishReason,
@@ -35,6 +33,15 @@ from .._messages import (
     ToolCall,
     ToolResultMessage,
     UserMessage,
+)
+from .._wire import (
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    ModelRequest,
+    ModelSettings,
+    ResponseFormat,
+    ToolChoice,
+    ToolSpec,
 )
 
 if TYPE_CHECKING:
@@ -88,80 +95,6 @@ class Capabilities:
     thinking: bool = False
     usage_in_stream: bool = True
     """The server reports usage in streamed responses (otherwise usage is estimated)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSettings:
-    """Request parameters. `None` means "the model's default"; `merge` lets later values win."""
-
-    temperature: float | None = None
-    max_tokens: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-
-    def merge(self, other: ModelSettings | None) -> ModelSettings:
-        """These settings overridden by every non-`None` field of `other`."""
-        if other is None:
-            return self
-        changes = {
-            f.name: getattr(other, f.name)
-            for f in dataclasses.fields(other)
-            if getattr(other, f.name) is not None
-        }
-        return dataclasses.replace(self, **changes) if changes else self
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    """A tool as the model sees it: name, description and a JSON schema for its arguments."""
-
-    name: str
-    description: str
-    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
-    strict: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class JsonSchemaFormat:
-    """Ask for JSON matching `schema` (structured output)."""
-
-    name: str
-    schema: Mapping[str, Any]
-    strict: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class JsonObjectFormat:
-    """Ask for any JSON object (JSON mode); `schema` is passed along where the server accepts one."""
-
-    schema: Mapping[str, Any] | None = None
-
-
-ResponseFormat = JsonSchemaFormat | JsonObjectFormat
-ToolChoice = Literal["auto", "required", "none"] | str
-"""`"auto"`, `"required"`, `"none"`, or the name of the one tool the model must call."""
-
-
-@dataclass(frozen=True, slots=True)
-class ModelRequest:
-    """Everything sent to the model for one response."""
-
-    messages: tuple[ChatMessage, ...]
-    tools: tuple[ToolSpec, ...] = ()
-    tool_choice: ToolChoice | None = None
-    response_format: ResponseFormat | None = None
-    settings: ModelSettings | None = None
-    deadline: float | None = field(default=None, compare=False)
-    """When the response must be complete, on the async backend's clock (`anyio.current_time()`): set
-    when the invocation has a time budget. Not sent to the provider."""
-
-
-# `RequestIssued.request` is annotated with ModelRequest in _events, which cannot import this module
-# (it imports _events): bind the name there for typing.get_type_hints.
-_events.ModelRequest = ModelRequest  # type: ignore[attr-defined]
 
 
 class ChatModel(Protocol):

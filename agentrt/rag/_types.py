@@ -3,39 +3,16 @@ protocols a user's retriever and embedding model implement."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .. import _events
 from .._messages import ChatMessage
+from .._wire import Content
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = ["Content", "EmbeddingModel", "Query", "Retriever"]
-
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
-
-
-@dataclass(frozen=True, slots=True)
-class Content:
-    """A piece of text a retriever found: its `text`, the `metadata` of the document it came from
-    (e.g. `{"source": "faq.md", "chunk": 3}`), and the retriever's `score` (higher is better; scales
-    differ between retrievers, which is why results are fused by rank). `id` identifies the chunk
-    across retrievers, so that fusion counts the same chunk found twice once."""
-
-    text: str
-    metadata: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
-    score: float | None = None
-    id: str | None = None
-
-    def key(self) -> str:
-        """What makes two contents the same chunk: `id` when set, else the text."""
-        return self.id if self.id is not None else self.text
-
-
-# _events cannot import this module (agentrt.rag imports the pipeline); bind Content there, so that
-# typing.get_type_hints(Result) resolves.
-_events.Content = Content  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)
