@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Awaitable
 
     from .._events import Event
+    from .._messages import ToolCall
+    from ..guardrails._declare import OutputChain
     from ..guardrails._results import GuardrailResult
     from ._turn import Turn
 
@@ -93,6 +95,26 @@ def shown(turn: Turn, event: ResponseReceived | ToolCallRequested | ToolExecuted
     return False
 
 
+async def _chain(
+    turn: Turn,
+    chain: OutputChain,
+    text: str,
+    thinking: str | None,
+    guard: float | None,
+    out: list[Event],
+    tool_calls: tuple[ToolCall, ...] = (),
+) -> _finish.Outcome:
+    """The output chain over `text` (this attempt's answer, or text sent with `tool_calls`), under
+    the deadline; its verdicts go to `out`."""
+    checked = _finish.output_guardrails(turn, chain, text, turn.attempt, thinking, tool_calls=tool_calls)
+    if guard is not None:
+        checked = scoped(turn, checked, guard)
+    outcome = await checked
+    out.extend(turn.verdicts)
+    turn.verdicts.clear()
+    return outcome
+
+
 async def respond(turn: Turn, guard: float | None, out: list[Event]) -> None:
     """`Phase.RESPONSE`: what the response just streamed (`turn.received`) is."""
     listeners = turn.runtime.listeners
@@ -117,20 +139,8 @@ async def respond(turn: Turn, guard: float | None, out: list[Event]) -> None:
         # (also when a loop limit stops the calls): the chain checks it as it checks answers
         # (DESIGN §5).
         turn.attempts = attempt
-        checked = _finish.output_guardrails(
-            turn,
-            chain,
-            said,
-            attempt,
-            response.message.thinking,
-            tool_calls=response.message.tool_calls,
-        )
-        if guard is not None:
-            checked = scoped(turn, checked, guard)
-        outcome = await checked
-        for verdict in turn.verdicts:
-            out.append(verdict)
-        turn.verdicts.clear()
+        message = response.message
+        outcome = await _chain(turn, chain, said, message.thinking, guard, out, message.tool_calls)
         decision = after_chain(outcome, askable=True, reasks=turn.reasks, max_retries=chain.max_retries)
         if decision is not _ACCEPT:
             if decision is _REFUSE:
@@ -230,13 +240,7 @@ async def answer(turn: Turn, guard: float | None, out: list[Event]) -> None:
                 # the answer as released so far (with any rewrites), then the rest
                 text = release.released.text + turn.unreleased
             assert turn.response is not None
-            checked = _finish.output_guardrails(turn, chain, text, attempt, turn.response.message.thinking)
-            if guard is not None:
-                checked = scoped(turn, checked, guard)
-            outcome = await checked
-            for verdict in turn.verdicts:
-                out.append(verdict)
-            turn.verdicts.clear()
+            outcome = await _chain(turn, chain, text, turn.response.message.thinking, guard, out)
         decision = after_chain(
             outcome, askable=message is not None, reasks=turn.reasks, max_retries=chain.max_retries
         )
