@@ -278,6 +278,7 @@ async def test_a_checkpoint_is_refused_off_a_boundary_and_for_another_method() -
         run.restored({**saved[0], "phase": "prepare"})
 
 
+@pytest.mark.virtual_clock
 async def test_time_between_save_and_restore_is_not_spent() -> None:
     import anyio
 

@@ -32,6 +32,8 @@ from agentrt.guardrails import (
 from agentrt.models import ModelRequest
 from agentrt.testing import Delay, FunctionModel, ScriptedModel
 
+pytestmark = pytest.mark.virtual_clock  # the model's delays and fail_after take no real time
+
 VIEWS = ["await", "stream"]
 
 
