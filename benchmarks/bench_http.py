@@ -15,7 +15,11 @@ the same work: it streams request 1, assembles the call, runs the same sync func
 with `anyio.to_thread.run_sync` (what a hand-written async app does with blocking code, too; calling it
 on the event loop would not be the same program), sends request 2 with the assistant's tool-call
 message and the tool result, and streams the answer. The row is the median per round trip (both
-requests and the tool call) over many round trips, the two clients interleaved in blocks.
+requests and the tool call) over many round trips, the two clients interleaved in blocks. The async
+tool row does the same with an `async def` tool, awaited on the loop by both (the target is for it).
+
+On a noisy machine the wall-clock rows move by more than they measure; callgrind's instruction
+counts are steadier (/tmp scripts in the session notes of issue 24 count a round trip both ways).
 
     .venv/bin/python benchmarks/bench_http.py
 """
@@ -171,6 +175,14 @@ def get_current_weather(location: Annotated[str, P("The city and state, e.g. Bos
     return f"Sunny, 18 °C in {location}"
 
 
+@tool("Get the current weather in a given location", name="get_current_weather")
+async def get_current_weather_async(
+    location: Annotated[str, P("The city and state, e.g. Boston, MA")],
+) -> str:
+    """The same tool, async: it runs on the event loop."""
+    return f"Sunny, 18 °C in {location}"
+
+
 WEATHER_TOOL = {
     "type": "function",
     "function": {
@@ -241,8 +253,11 @@ async def _stream_turn(client: httpx.AsyncClient, url: str, body: dict[str, Any]
     return {"text": "".join(parts), "calls": [calls[i] for i in sorted(calls)]}
 
 
-async def plain_round_trip(client: httpx.AsyncClient, url: str, functions: dict[str, Any]) -> str:
-    """The floor of a tool round trip: stream, run the called sync tool in a thread, stream again."""
+async def plain_round_trip(
+    client: httpx.AsyncClient, url: str, functions: dict[str, Any], awaited: bool = False
+) -> str:
+    """The floor of a tool round trip: stream, run the called tool (a sync one in a thread, an async
+    one awaited), stream again."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What's the weather in Seattle?"}]
     body = {
         "model": "bench",
@@ -263,7 +278,7 @@ async def plain_round_trip(client: httpx.AsyncClient, url: str, functions: dict[
     )
     for call_id, name, arguments in calls:
         function = functools.partial(functions[name], **orjson.loads(arguments))
-        result = await anyio.to_thread.run_sync(function)
+        result = await function() if awaited else await anyio.to_thread.run_sync(function)
         messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
     return str((await _stream_turn(client, url, body))["text"])
 
@@ -314,6 +329,10 @@ async def measure(port: int) -> tuple[float, float, float, float, float]:
         }
         url = f"{base}/chat/completions"
         functions = {"get_current_weather": get_current_weather}
+        async_functions = {"get_current_weather": get_current_weather_async}
+        weather_async = agentrt.build(
+            Service, model=chat, listeners=[events.append], tools=[get_current_weather_async]
+        )
         answer = "It's sunny in Seattle, 18 °C."
 
         async def plain_calls() -> None:
@@ -378,6 +397,21 @@ async def measure(port: int) -> tuple[float, float, float, float, float]:
                 samples.append(time.perf_counter() - started)
             events.clear()
         floor_trip, trip = statistics.median(floor_samples), statistics.median(samples)
+        for _ in range(20):
+            assert await plain_round_trip(client, url, async_functions, awaited=True) == answer
+            assert await weather_async.ask("What's the weather in Seattle?") == answer
+        floor_samples, samples = [], []
+        for _ in range(BLOCKS):
+            for _ in range(ROUND_TRIPS):
+                started = time.perf_counter()
+                await plain_round_trip(client, url, async_functions, awaited=True)
+                floor_samples.append(time.perf_counter() - started)
+            for _ in range(ROUND_TRIPS):
+                started = time.perf_counter()
+                await weather_async.ask("What's the weather in Seattle?")
+                samples.append(time.perf_counter() - started)
+            events.clear()
+        floor_async, trip_async = statistics.median(floor_samples), statistics.median(samples)
     print(
         f"    plain httpx+orjson: {floor_call * 1e3:6.3f} ms a call, {floor_token * 1e6:5.2f} µs a token, "
         f"{floor_trip * 1e3:6.3f} ms a tool round trip"
@@ -385,6 +419,10 @@ async def measure(port: int) -> tuple[float, float, float, float, float]:
     print(
         f"    agentrt           : {call * 1e3:6.3f} ms a call, {token * 1e6:5.2f} µs a token, "
         f"{trip * 1e3:6.3f} ms a tool round trip"
+    )
+    print(
+        f"    async tool round trip: plain {floor_async * 1e3:6.3f} ms, agentrt {trip_async * 1e3:6.3f} ms "
+        f"(adds {(trip_async - floor_async) * 1e3:6.3f} ms; target 0.3)"
     )
     print(f"    agentrt, budget   : {budget_call * 1e3:6.3f} ms a call, {budget_token * 1e6:5.2f} µs a token")
     for release, cost in guarded_token.items():
