@@ -19,7 +19,7 @@ requests and the tool call) over many round trips, the two clients interleaved i
 tool row does the same with an `async def` tool, awaited on the loop by both (the target is for it).
 
 On a noisy machine the wall-clock rows move by more than they measure; callgrind's instruction
-counts are steadier (/tmp scripts in the session notes of issue 24 count a round trip both ways).
+counts are steadier: `benchmarks/bench_callgrind.py round-trip` counts a round trip both ways.
 
     .venv/bin/python benchmarks/bench_http.py
 """
