@@ -354,6 +354,12 @@ class VirtualTimeEventLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._virtual_now
 
+    async def shutdown_default_executor(self, timeout: float | None = None) -> None:
+        """Join the default executor's threads (a DNS lookup's, `run_in_executor`'s) without a
+        timeout: on virtual time a join timeout (Python 3.12+ closes a runner with 300 s) would
+        expire at once, since nothing else is scheduled while the threads finish."""
+        await super().shutdown_default_executor()
+
 
 def virtual_clock(backend: str) -> dict[str, Any]:
     """Backend options that run on virtual time, for `backend` "asyncio" or "trio": the second item of

@@ -3,6 +3,7 @@ virtual, on both backends."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -109,3 +110,15 @@ def test_the_readme_testing_block_runs_under_pytest_on_both_backends(tmp_path: P
 
     assert run.returncode == 0, run.stdout + run.stderr
     assert "2 passed" in run.stdout
+
+
+def test_a_virtual_asyncio_loop_closes_after_work_in_the_default_executor() -> None:
+    # A DNS lookup (or any run_in_executor) leaves the default executor's threads to join when the
+    # loop closes; on virtual time a join timeout would expire at once (Python 3.12+ warns "The
+    # executor did not finishing joining its threads within 300 seconds").
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, time.sleep, 0.05)
+        await loop.getaddrinfo("localhost", 80)
+
+    anyio.run(main, backend="asyncio", backend_options=virtual_clock("asyncio"))
