@@ -354,7 +354,7 @@ class VirtualTimeEventLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._virtual_now
 
-    async def shutdown_default_executor(self, timeout: float | None = None) -> None:
+    async def shutdown_default_executor(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
         """Join the default executor's threads (a DNS lookup's, `run_in_executor`'s) without a
         timeout: on virtual time a join timeout (Python 3.12+ closes a runner with 300 s) would
         expire at once, since nothing else is scheduled while the threads finish."""
