@@ -36,6 +36,7 @@ import contextlib
 import inspect
 import logging
 import math
+import time
 import typing
 from typing import Annotated, Any, Final, Literal, NotRequired
 
@@ -439,12 +440,20 @@ class _Native(_frontends.Encoder):
         return []
 
 
+_WAITED: Final = 0.0005
+"""Seconds between two events past which the response takes it that the event was waited for (a
+model stream's next network read), so the event loop had its turns meanwhile and the count of frames
+written without one starts again: a stream that arrives token by token needs no extra turn."""
+
 _WRITES_PER_TURN: Final = 3
 """Frames written in a row before the event loop gets a turn. A server learns that its client is
 gone only when its loop runs (uvicorn then drops further writes), and a stream's events may all be
 ready at once: written on without a turn, each write past the fifth to a lost connection makes
 asyncio log "socket.send() raised exception." (the loss may be seen just before a turn of ours,
 and a keep-alive ping may write in the same turn: three keeps below five)."""
+
+
+clock = time.perf_counter
 
 
 def _respond(
@@ -469,10 +478,13 @@ def _respond(
         pending: tuple[bytes, Any]
         out: Sequence[Any]
         written = 0  # frames written since the event loop last had a turn
+        resumed = 0.0  # when the last batch was written
         try:
             out = encoder.opened()
             if stream is not None:
                 async for event in stream.events():
+                    if clock() - resumed > _WAITED:
+                        written = 0  # the event was waited for: the loop had its turns meanwhile
                     kind = type(event)
                     if kind is Completed:
                         if forget is not None:
@@ -499,6 +511,7 @@ def _respond(
                             pending = (data, chunk)
                             sent.pending = pending
                         yield data
+                    resumed = clock()
         except Exception as error:
             if forget is not None:
                 forget()

@@ -11,7 +11,8 @@ not depend on the machine's noise:
     valgrind --tool=callgrind python benchmarks/bench_sse_protocols.py vercel 2000
     valgrind --tool=callgrind python benchmarks/bench_sse_protocols.py vercel 12000
 
-(the difference / 10,000 is the instructions a token).
+(the difference / 10,000 is the instructions a token). Add `spaced` for a model that takes a
+millisecond a token, as a real one does (the response then waits for each token).
 """
 
 from __future__ import annotations
@@ -25,15 +26,18 @@ import anyio
 import agentrt
 import agentrt.sse
 from agentrt import _frontends
-from agentrt.testing import ScriptedModel
+from agentrt.testing import Delay, ScriptedModel
 
 
 class Chat:
     async def stream(self, question: str) -> agentrt.TokenStream: ...
 
 
-async def respond(protocol: str, tokens: int) -> int:
-    service = agentrt.build(Chat, model=ScriptedModel([f"t{i} " for i in range(tokens)]))
+async def respond(protocol: str, tokens: int, spaced: bool = False) -> int:
+    script: list[Any] = [f"t{i} " for i in range(tokens)]
+    if spaced:  # a model that takes a millisecond a token: the response waits for each
+        script = [step for token in script for step in (Delay(0.001), token)]
+    service = agentrt.build(Chat, model=ScriptedModel(script))
     stream = await service.stream("go")
     if protocol == "agentrt":
         response = agentrt.sse.stream_response(stream)
@@ -67,8 +71,8 @@ async def respond(protocol: str, tokens: int) -> int:
 
 
 def main() -> None:
-    if len(sys.argv) == 3:
-        anyio.run(respond, sys.argv[1], int(sys.argv[2]))
+    if len(sys.argv) in (3, 4):
+        anyio.run(respond, sys.argv[1], int(sys.argv[2]), sys.argv[3:] == ["spaced"])
         return
     tokens = 5_000
     for protocol in ("agentrt", "vercel", "ag-ui"):
