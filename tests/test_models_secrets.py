@@ -20,7 +20,6 @@ import logging
 import re
 import socket
 import sys
-import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -509,18 +508,13 @@ def test_an_excerpt_cut_through_the_longest_form_of_a_key_shows_none_of_it() -> 
         assert excerpt(text.encode(), context, limit) == expected, offset
 
 
-def test_scrubbing_a_16_kib_body_takes_well_under_a_millisecond() -> None:
+def test_scrubbing_a_body_full_of_the_escaped_forms_first_characters_changes_nothing() -> None:
+    # (How long it takes is benchmarks/bench_scrub.py's: about 0.1 ms for this 16 KiB body.)
     context = ErrorContext(ENDPOINT, (SLASHED_KEY, ECHOED_KEY))
     # JSON-like text full of the characters the escaped forms start with.
     chunk = '{"message":"a\\/b \\u00e9 100%25 sk-proj gw-Ab","type":"invalid_request_error"}, '
     body = (chunk * (16 * 1024 // len(chunk) + 1))[: 16 * 1024]
     assert context.scrub(body) == body
-    timings = []
-    for _ in range(50):
-        start = time.perf_counter()
-        context.scrub(body)
-        timings.append(time.perf_counter() - start)
-    assert sorted(timings)[len(timings) // 2] < 0.001 * 5  # generous: shared CI machines (measured ~0.1 ms)
 
 
 @pytest.mark.parametrize("name", sorted(escaped_forms(SLASHED_KEY)))
