@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import gc
+import inspect
 
 import anyio
 import pytest
 
 import agentrt
 from agentrt import CancelledEvent, LifecycleEvent, TokenStream
-from agentrt.testing import Delay, Hang, ScriptedModel
+from agentrt.testing import CallTool, Delay, Hang, ScriptedModel
 
 SCRIPT = ["one ", "two ", Hang()]
 UNCLOSED = r"^Service\.stream: a stream was collected without being closed or read to its end"
@@ -227,3 +228,36 @@ async def test_a_stream_dropped_in_a_worker_thread_is_closed_in_its_own_loop() -
     with anyio.fail_after(5):
         await model.streams[0].wait_closed()
     assert isinstance(events[-1], CancelledEvent)
+
+
+def open_steps() -> list[object]:
+    """The pipeline's step generators still suspended somewhere (not closed, not finished)."""
+    return [
+        o
+        for o in gc.get_objects()
+        if inspect.isasyncgen(o) and o.__name__ in ("tool_round", "events") and o.ag_frame is not None
+    ]
+
+
+@pytest.mark.parametrize("stop_after", ["ToolCallRequested", "ToolExecuted"])
+async def test_a_stream_closed_during_a_tool_round_closes_the_round_it_stopped_in(stop_after: str) -> None:
+    ran: list[str] = []
+
+    @agentrt.tool("Look up.")
+    async def lookup(query: str) -> str:
+        ran.append(query)
+        return "found"
+
+    model = ScriptedModel([CallTool("lookup", {"query": "a"}, id="c1")], "done")
+    svc = agentrt.build(Service, model=model, tools=[lookup])
+    assert open_steps() == []
+    stream = await svc.stream("hi")
+    async with stream:
+        async for event in stream.events():
+            if type(event).__name__ == stop_after:
+                break
+        assert open_steps() != []  # suspended in the tool round, and the driver around it
+    # Closed by the driver, not left for a finalizer: nothing of the turn is suspended any more.
+    assert open_steps() == []
+    assert ran == ([] if stop_after == "ToolCallRequested" else ["a"])
+    assert len(model.requests) == 1
