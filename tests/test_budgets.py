@@ -8,11 +8,11 @@ Time limits run on the virtual clock (tests/conftest.py): deadlines and sleeps t
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
 import anyio
 import pytest
+from tasks import in_another_task
 
 import agentrt
 from agentrt import (
@@ -634,19 +634,6 @@ class Remembering:
     async def chat(self, conversation: Annotated[str, agentrt.MemoryId], question: str) -> TokenStream: ...
 
     async def ask(self, conversation: Annotated[str, agentrt.MemoryId], question: str) -> str: ...
-
-
-async def in_another_task(start: Callable[[], Awaitable[_T]]) -> _T:
-    """Await `start()` in a task of its own: a conversation left held there is another task's, which
-    this task's turns wait for (a turn on a conversation its own kept stream holds is refused)."""
-    done: list[_T] = []
-
-    async def run() -> None:
-        done.append(await start())
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(run)
-    return done[0]
 
 
 @pytest.mark.parametrize("view", ["stream", "ask"])

@@ -8,12 +8,13 @@ was written, not what one object remembers.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import anyio
 import pytest
+from tasks import in_another_task
 
 import agentrt
 from agentrt import (
@@ -208,19 +209,6 @@ async def test_turns_on_one_conversation_are_serialized_across_store_instances(s
         assert isinstance(user, UserMessage)
         assert isinstance(answer, AssistantMessage)
         assert answer.text == f"{user.text}#{position}"  # each turn saw every turn before it
-
-
-async def in_another_task(start: Callable[[], Awaitable[_T]]) -> _T:
-    """Await `start()` in a task of its own: a conversation left held there is another task's, which
-    this task's turns wait for (a turn on a conversation its own kept stream holds is refused)."""
-    done: list[_T] = []
-
-    async def run() -> None:
-        done.append(await start())
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(run)
-    return done[0]
 
 
 async def test_a_conversation_held_elsewhere_makes_a_turn_wait_within_its_limits(stores: Factory) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
 import anyio
@@ -24,6 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from tasks import in_another_task
 
 import agentrt
 import agentrt.sse
@@ -508,19 +508,6 @@ def test_request_budget_with_a_parameter_named_budget_is_a_configuration_error()
     agentrt.sse.endpoint(svc.plan)  # without request_budget, `budget` is the parameter
     with pytest.raises(ConfigurationError, match=r"Planner\.plan: request_budget=True reserves"):
         agentrt.sse.endpoint(svc.plan, request_budget=True)
-
-
-async def in_another_task(start: Callable[[], Awaitable[_T]]) -> _T:
-    """Await `start()` in a task of its own: a conversation left held there is another task's, which
-    this task's turns wait for (a turn on a conversation its own kept stream holds is refused)."""
-    done: list[_T] = []
-
-    async def run() -> None:
-        done.append(await start())
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(run)
-    return done[0]
 
 
 async def test_a_time_budget_spent_waiting_for_a_busy_conversation_is_409() -> None:
