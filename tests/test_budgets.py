@@ -8,7 +8,7 @@ Time limits run on the virtual clock (tests/conftest.py): deadlines and sleeps t
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import anyio
 import pytest
@@ -32,8 +32,6 @@ from agentrt import (
 )
 from agentrt.models import TextDelta
 from agentrt.testing import CallTool, Delay, FunctionModel, Hang, ScriptedModel
-
-_T = TypeVar("_T")
 
 
 class Chat:

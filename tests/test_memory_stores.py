@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import anyio
 import pytest
@@ -34,7 +34,6 @@ from agentrt.models import ModelRequest
 from agentrt.testing import FunctionModel
 
 Factory = Callable[[], ChatMemoryStore]
-_T = TypeVar("_T")
 """Makes another store on the same data (another process's view, for shared stores)."""
 
 STORES = ["memory", "sqlite", "redis"]

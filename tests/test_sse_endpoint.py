@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import anyio
 import anyio.lowlevel
@@ -43,8 +43,6 @@ from agentrt import (
 from agentrt.guardrails import fatal, input_guardrails
 from agentrt.models import OpenAIChatModel
 from agentrt.testing import CallTool, Hang, Raise, ScriptedModel
-
-_T = TypeVar("_T")
 
 
 class Chat:
