@@ -6,9 +6,15 @@ Declare a class of `async def` stubs, `build` it with a model, and await, stream
 from __future__ import annotations
 
 from . import guardrails, memory, models, moderation, output, rag, testing, tools
+from ._approval import Approvals, Approve, Decision, Deny
 from ._budget import Budget, Spent
 from ._errors import (
     AgentError,
+    ApprovalDecisionError,
+    ApprovalError,
+    ApprovalNotFoundError,
+    ApprovalPendingError,
+    ApprovalRequired,
     AuthenticationError,
     BadRequestError,
     BudgetExceededError,
@@ -43,6 +49,7 @@ from ._errors import (
     UnknownToolError,
 )
 from ._events import (
+    ApprovalRequested,
     CancelledEvent,
     Completed,
     Event,
@@ -50,6 +57,7 @@ from ._events import (
     FinishReason,
     GuardrailVerdict,
     LifecycleEvent,
+    PendingCall,
     RefusalDelta,
     RequestIssued,
     Reset,
@@ -85,6 +93,7 @@ from ._messages import (
 )
 from ._options import call_options, method_options
 from ._pipeline import Listener, SystemMessageProvider, ToolProvider, ToolRequest
+from ._resume import resume
 from ._service import build, create
 from ._spec import AiService, MemoryId, V, system_message, user_message
 from ._stream import RESET, PartialStream, TokenStream
@@ -97,6 +106,14 @@ __all__ = [
     "RESET",
     "AgentError",
     "AiService",
+    "ApprovalDecisionError",
+    "ApprovalError",
+    "ApprovalNotFoundError",
+    "ApprovalPendingError",
+    "ApprovalRequested",
+    "ApprovalRequired",
+    "Approvals",
+    "Approve",
     "AssistantMessage",
     "AudioContent",
     "AuthenticationError",
@@ -115,6 +132,8 @@ __all__ = [
     "ConversationBusyError",
     "ConversationLockLostError",
     "ConversationReentryError",
+    "Decision",
+    "Deny",
     "Event",
     "FailedEvent",
     "FinishReason",
@@ -141,6 +160,7 @@ __all__ = [
     "P",
     "PartialStream",
     "PdfContent",
+    "PendingCall",
     "PermissionDeniedError",
     "RateLimitError",
     "RefusalDelta",
@@ -194,6 +214,7 @@ __all__ = [
     "moderation",
     "output",
     "rag",
+    "resume",
     "system_message",
     "testing",
     "tool",

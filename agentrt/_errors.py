@@ -33,6 +33,11 @@ it stays the backend's own cancellation exception.
     ├── RetrievalError              a retriever (or an embedding model behind it) failed (`retriever`)
     ├── ModerationError             the moderation model flagged the call (`categories`, `partial`)
     │   └── ModerationFailedError   the moderation model itself failed and the policy says "fail"
+    ├── ApprovalRequired            the turn waits for a human's decision on tool calls (`approval`)
+    └── ApprovalError               approvals refused a call or a resume; nothing ran, nothing stored
+        ├── ApprovalPendingError    a new turn on a conversation whose turn waits for approval
+        ├── ApprovalNotFoundError   no such pending run (resumed already, stale, another conversation's)
+        └── ApprovalDecisionError   decisions that do not fit the pending calls (missing, unknown, invalid)
 
 Every error pickles (and copies), whatever its `__init__` looks like, a user's own subclasses included:
 a task queue or a process pool carries it with its type, message, `args` and every attribute. As always
@@ -44,10 +49,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._events import Result
+    from ._events import ApprovalRequested, Result
 
 __all__ = [
     "AgentError",
+    "ApprovalDecisionError",
+    "ApprovalError",
+    "ApprovalNotFoundError",
+    "ApprovalPendingError",
+    "ApprovalRequired",
     "AuthenticationError",
     "BadRequestError",
     "BudgetExceededError",
@@ -416,3 +426,41 @@ class ModerationError(AgentError):
 class ModerationFailedError(ModerationError):
     """The moderation model could not give a verdict (its error is `__cause__`) and the moderation's
     `on_error` policy is `"fail"`: the call is stopped as if flagged, with no categories."""
+
+
+class ApprovalRequired(AgentError):
+    """The turn stopped before tool calls that need a human's approval (an awaited method that returns
+    its value; a `Result[T]` method returns a `Result` with `approval` set instead, a stream ends with
+    the event). `approval` is the `ApprovalRequested` event: its `run_id` and `calls`; `partial` is the
+    `Result` so far. Resume with `agentrt.resume(service, approval.run_id, decisions, memory_id=...)`.
+    """
+
+    def __init__(self, message: str, *, approval: ApprovalRequested, partial: Result[Any]) -> None:
+        super().__init__(message)
+        self.approval = approval
+        self.partial = partial
+
+
+class ApprovalError(AgentError):
+    """Approvals refused a turn or a resume: nothing ran and nothing was stored."""
+
+
+class ApprovalPendingError(ApprovalError):
+    """A new turn on a conversation whose previous turn waits for approval (the policy `"refuse"`):
+    decide on it first (`agentrt.resume`), or build with `Approvals(while_pending="deny")`.
+    `approval` is the pending turn's `ApprovalRequested`."""
+
+    def __init__(self, message: str, *, approval: ApprovalRequested) -> None:
+        super().__init__(message)
+        self.approval = approval
+
+
+class ApprovalNotFoundError(ApprovalError):
+    """No pending turn with that run id on that conversation: it was resumed already, it is another
+    conversation's, or a newer turn replaced it."""
+
+
+class ApprovalDecisionError(ApprovalError):
+    """The decisions do not fit the pending calls: one is missing, names a call that is not pending,
+    is not a decision, or edits arguments the tool's schema refuses. Nothing ran; the turn still
+    waits."""

@@ -24,6 +24,7 @@ from ._messages import AssistantMessage, ChatMessage, ToolCall
 from ._wire import Content, ModelRequest
 
 __all__ = [
+    "ApprovalRequested",
     "CancelledEvent",
     "Completed",
     "Event",
@@ -33,6 +34,7 @@ __all__ = [
     "LifecycleEvent",
     "ModelChunk",
     "ModelResponse",
+    "PendingCall",
     "RefusalDelta",
     "RequestIssued",
     "Reset",
@@ -204,6 +206,8 @@ class ToolOutcome(enum.StrEnum):
     UNKNOWN_TOOL = "unknown_tool"
     TIMEOUT = "timeout"
     ERROR = "error"
+    DENIED = "denied"
+    """A human denied the call (or its approval expired): it never ran."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +377,9 @@ class Result(Generic[T]):
     turn: tuple[ChatMessage, ...] = field(default=(), repr=False)
     """This turn as chat memory stores it: the user's own message, the tool exchanges, the accepted
     answer; never a rejected answer, a reprompt, format instructions or retrieved text."""
+    approval: ApprovalRequested | None = None
+    """Set when the turn stopped for a human's approval of tool calls (`value` is then `None` and
+    nothing was stored): resume it with `agentrt.resume`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +388,36 @@ class Completed(Generic[T]):
 
     invocation_id: str
     result: Result[T]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCall:
+    """A tool call that waits for a human's decision: the model's call id, the tool, and its
+    arguments as validated (JSON data, by parameter name)."""
+
+    id: str
+    tool: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequested:
+    """The turn stopped before tool calls that need a human's approval; the last event of its stream.
+
+    The calls of the round that needed none have run; the turn is stored server-side (with the
+    conversation, in the memory's store) and nothing of it is in the conversation's history yet.
+    Resume it with `agentrt.resume(service, run_id, decisions, memory_id=...)` before `expires_at`
+    (seconds since the epoch); after that its calls count as denied.
+    """
+
+    invocation_id: str
+    run_id: str
+    method: str
+    memory_id: Any
+    calls: tuple[PendingCall, ...]
+    expires_at: float | None
+    partial: Result[Any] | None = field(default=None, compare=False, repr=False)
+    """What the turn has so far (its `value` is `None`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,6 +448,7 @@ Event = (
     | Retrieved
     | GuardrailVerdict
     | Reset
+    | ApprovalRequested
     | Completed[Any]
 )
 """What an invocation's event stream yields."""
@@ -424,6 +462,7 @@ LifecycleEvent = (
     | Retrieved
     | GuardrailVerdict
     | Reset
+    | ApprovalRequested
     | Completed[Any]
     | FailedEvent
     | CancelledEvent

@@ -10,29 +10,31 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from ._approval import APPROVALS_ATTR, Approvals
 from ._budget import Budget
-from ._errors import ConfigurationError
+from ._errors import ApprovalRequired, ConfigurationError
 from ._options import CURRENT_OPTIONS, CallOptions, check_mode, check_repairs
 from ._pipeline import READY, Invocation, Listener, Runtime, SystemMessageProvider, ToolProvider
 from ._pipeline._plan import plan
 from ._spec import MethodSpec, OutputKind, ServiceSpec, service_spec
 from ._stream import PartialStream, TokenStream
 from .guardrails._declare import INPUT_ATTR, OUTPUT_ATTR, OutputChain, guardrail_chain, output_chain
+from .memory._inmemory import InMemoryStore
 from .memory._memory import ChatMemory, Memory
-from .memory._store import ChatMemoryStore
+from .memory._store import ChatMemoryStore, PendingStore
 from .models._protocol import ModelSettings
 from .moderation._declare import MODERATE_ATTR, Moderate
 from .output._modes import ANSWER_TOOL, AnswerTool, answer_tool, resolve_mode
 from .output._parsers import TypeParser
 from .output._partial import Snapshots
 from .rag._augment import RETRIEVAL_ATTR, Retrieval
-from .tools._declare import collect_tools
+from .tools._declare import ToolDefinition, collect_tools
 from .tools._run import ThreadLimiter, ToolSettings
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Callable, Mapping
+    from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 
-    from ._events import Event
+    from ._events import Event, Result
     from .models._protocol import Capabilities, ChatModel
     from .moderation._types import ModerationModel
     from .output._modes import OutputMode
@@ -82,36 +84,26 @@ def _implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
             method_plan=method_plan,
         )
 
-    # A stream names its method when it warns that it was collected unclosed, and carries its
-    # turn's conversation, which follows the task that reads the stream (see `_stream`).
-    where = spec.qualname
+    view = _view(spec)
     method: Callable[..., Any]
-    if spec.output_kind == OutputKind.STREAM:
-
-        async def method(self: Any, /, *args: Any, **kwargs: Any) -> TokenStream:
-            started = invocation(args, kwargs)
-            events = await _primed(started)
-            return TokenStream(events, where=where, conversation=started._turn.conversation)
-
-    elif spec.output_kind == OutputKind.PARTIAL:
-        parser = spec.parser
-        assert isinstance(parser, TypeParser)
-
-        async def method(self: Any, /, *args: Any, **kwargs: Any) -> PartialStream[Any]:
-            started = invocation(args, kwargs)
-            events = await _primed(started)
-            conversation = started._turn.conversation
-            return PartialStream(events, Snapshots(parser), where=where, conversation=conversation)
-
-    elif spec.output_kind == OutputKind.RESULT:
+    if spec.output_kind == OutputKind.RESULT:
 
         async def method(self: Any, /, *args: Any, **kwargs: Any) -> Any:
             return await invocation(args, kwargs).result()
 
+    elif spec.output_kind == OutputKind.VALUE:
+        where = spec.qualname
+
+        async def method(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+            result = await invocation(args, kwargs).result()
+            if result.approval is not None:
+                raise _approval_required(where, result)
+            return result.value
+
     else:
 
         async def method(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-            return (await invocation(args, kwargs).result()).value
+            return await view(invocation(args, kwargs))
 
     functools.update_wrapper(method, spec.function)
     # Show the stub's signature (with `self`), not the wrapper's *args/**kwargs, and drop the
@@ -122,7 +114,55 @@ def _implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
     method.__dict__.pop("__agentrt_system_message__", None)
     vars(method)["__signature__"] = inspect.signature(spec.function)
     vars(method)["__agentrt_spec__"] = spec  # for agentrt.sse.endpoint(service.method)
+    vars(method)["__agentrt_view__"] = view  # for agentrt.resume: the same view of a resumed turn
     return method
+
+
+def _view(spec: MethodSpec) -> Callable[[Invocation], Awaitable[Any]]:
+    """What awaiting the method gives for an invocation: a stream (started up to the model's first
+    chunk), the `Result`, or the value (`ApprovalRequired` for a turn that stopped for approval)."""
+    # A stream names its method when it warns that it was collected unclosed, and carries its
+    # turn's conversation, which follows the task that reads the stream (see `_stream`).
+    where = spec.qualname
+    if spec.output_kind == OutputKind.STREAM:
+
+        async def stream(started: Invocation) -> TokenStream:
+            events = await _primed(started)
+            return TokenStream(events, where=where, conversation=started._turn.conversation)
+
+        return stream
+    if spec.output_kind == OutputKind.PARTIAL:
+        parser = spec.parser
+        assert isinstance(parser, TypeParser)
+
+        async def partial(started: Invocation) -> PartialStream[Any]:
+            events = await _primed(started)
+            conversation = started._turn.conversation
+            return PartialStream(events, Snapshots(parser), where=where, conversation=conversation)
+
+        return partial
+    if spec.output_kind == OutputKind.RESULT:
+        return Invocation.result
+
+    async def value(started: Invocation) -> Any:
+        result = await started.result()
+        if result.approval is not None:
+            raise _approval_required(where, result)
+        return result.value
+
+    return value
+
+
+def _approval_required(where: str, result: Result[Any]) -> ApprovalRequired:
+    approval = result.approval
+    assert approval is not None
+    names = ", ".join(f"{call.tool} ({call.id})" for call in approval.calls)
+    return ApprovalRequired(
+        f"{where}: tool call(s) {names} wait for approval (run {approval.run_id!r}); resume with "
+        "agentrt.resume(service, run_id, decisions, memory_id=...)",
+        approval=approval,
+        partial=result,
+    )
 
 
 async def _primed(invocation: Invocation) -> AsyncGenerator[Event, None]:
@@ -237,6 +277,42 @@ def _declared(spec: ServiceSpec, attr: str, at_build: _D) -> dict[str, _D]:
     return declared
 
 
+def _approvals(
+    spec: ServiceSpec,
+    approvals: Approvals | None,
+    tools: Mapping[str, ToolDefinition],
+    tool_provider: ToolProvider | None,
+    memory: ChatMemory | None,
+) -> tuple[dict[str, Approvals], bool, PendingStore | None]:
+    """The approvals of each method whose tool calls may wait for a human (declared ones, or the
+    defaults where a tool, or the tool provider's, may ask for approval); whether a turn must look
+    for a pending one on its conversation; and the in-process store of a service without memory.
+
+    A store that keeps no pending turns is refused when approvals are declared; with only a tool
+    provider (which may return tools that need approval) a turn whose call needs one fails then."""
+    declared = _declared(spec, APPROVALS_ATTR, cast("Approvals", approvals))
+    own = any(definition.needs_approval is not False for definition in tools.values())
+    resolved: dict[str, Approvals] = {}
+    for name in spec.methods:
+        found = declared.get(name)
+        if found is None and (own or tool_provider is not None):
+            found = approvals or Approvals()
+        if found is not None:
+            resolved[name] = found
+    if not resolved:
+        return resolved, False, None
+    if memory is None:
+        return resolved, False, InMemoryStore()
+    store = memory.store
+    keeps = isinstance(store, PendingStore)
+    if not keeps and (own or declared):
+        raise ConfigurationError(
+            f"{spec.cls.__name__}: tool calls may wait for approval, but memory store {store!r} keeps no "
+            "pending turns (save_pending, load_pending, take_pending: see agentrt.memory.PendingStore)"
+        )
+    return resolved, keeps, None
+
+
 def _check_release(method: MethodSpec, chain: OutputChain) -> None:
     """A release policy other than `buffer` is for streaming methods (declared on a class, it leaves
     the others alone), and `chunked` needs guardrails that can judge part of an answer."""
@@ -310,6 +386,7 @@ def build(
     output_guardrails: Sequence[object] = (),
     retrieval: Retrieval | None = None,
     moderation_model: ModerationModel | None = None,
+    approvals: Approvals | None = None,
 ) -> S:
     """Build a service: an instance of `cls` whose stub methods call `model`.
 
@@ -340,6 +417,10 @@ def build(
     - `retrieval`: what every method that declares none itself (`@retrieval`, nor its class)
       retrieves before the model is asked (`agentrt.rag.Retrieval`).
     - `moderation_model`: the model of every `@moderate` declaration that names none.
+    - `approvals`: how tool calls wait for a human's approval (`Approvals`: which tools, how long a
+      pending approval lasts, what a new message does meanwhile) for every method that declares none
+      itself (`@Approvals(...)`, nor its class). Tools declare their own with
+      `@tool(needs_approval=...)`; see `agentrt.resume`.
 
     Raises `ConfigurationError`, naming `Class.method` and the parameter, for every declaration
     mistake; nothing is deferred to the first call.
@@ -406,6 +487,10 @@ def build(
     _check_tool_choice(cls.__name__, model, tool_settings, definitions, tool_provider)
     modes, answer_tools = _output_modes(spec, output_mode, capabilities, definitions)
 
+    if approvals is not None and not isinstance(approvals, Approvals):
+        raise ConfigurationError(f"{cls.__name__}: approvals must be an agentrt.Approvals, got {approvals!r}")
+    method_approvals, gates, pending = _approvals(spec, approvals, definitions, tool_provider, memory)
+
     provider = getattr(model, "provider", None)
     runtime = Runtime(
         model=model,
@@ -428,6 +513,10 @@ def build(
         answer_tools=MappingProxyType(answer_tools),
         retrievals=MappingProxyType(retrievals),
         moderations=MappingProxyType(moderations),
+        approvals=MappingProxyType(method_approvals),
+        while_pending=approvals,
+        gates=gates,
+        pending=pending,
     )
     namespace: dict[str, Any] = {
         name: _implement(method_spec, runtime) for name, method_spec in spec.methods.items()

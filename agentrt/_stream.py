@@ -31,9 +31,19 @@ import logging
 import sys
 import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final, Generic, Self, TypeVar
 
-from ._events import Completed, Event, Reset, Result, TextDelta, ThinkingDelta, ToolCallRequested
+from ._events import (
+    ApprovalRequested,
+    Completed,
+    Event,
+    Reset,
+    Result,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallRequested,
+)
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -121,6 +131,12 @@ Only streams whose output guardrails release text early (`release="chunked"` or 
 yield it."""
 
 
+def _stopped(approval: ApprovalRequested) -> Result[Any]:
+    """The result of a stream that stopped for approval (`Result.approval`)."""
+    assert approval.partial is not None
+    return replace(approval.partial, approval=approval)
+
+
 class _Events(AsyncIterator[Event]):
     """`TokenStream.events()`: every remaining event of the stream."""
 
@@ -140,6 +156,8 @@ class _Events(AsyncIterator[Event]):
             raise
         if type(event) is Completed:
             stream._result = event.result
+        elif type(event) is ApprovalRequested:
+            stream._result = _stopped(event)
         return event
 
     async def aclose(self) -> None:
@@ -209,7 +227,8 @@ class _View(Generic[T]):
         """The final result; reads (and discards) the rest of the stream first.
 
         Raises whatever the invocation raised; raises `RuntimeError` if the stream was closed or
-        cancelled before it completed.
+        cancelled before it completed. A stream that stopped for a human's approval (it ended with
+        `ApprovalRequested`) gives a `Result` whose `approval` is set and whose value is `None`.
         """
         if self._result is None and self._error is None:
             async for _ in _Events(self):
@@ -219,6 +238,12 @@ class _View(Generic[T]):
         if self._result is None:
             raise RuntimeError("the stream was closed before the invocation completed")
         return self._result
+
+    @property
+    def approval(self) -> ApprovalRequested | None:
+        """The `ApprovalRequested` the stream ended with, once read to it (see `agentrt.resume`)."""
+        result = self._result
+        return result.approval if result is not None else None
 
     async def aclose(self) -> None:
         """Stop the invocation, close the model stream and release the conversation. Idempotent.
@@ -278,6 +303,8 @@ class TokenStream(_View[str], AsyncIterator[str]):
                 self._result = event.result  # type: ignore[union-attr]
             elif kind is Reset:
                 return RESET
+            elif kind is ApprovalRequested:
+                self._result = _stopped(event)  # type: ignore[arg-type]
 
     async def run(
         self,
@@ -373,5 +400,7 @@ class PartialStream(_View[T], AsyncIterator[T]):
                 self._result = result
                 if snapshots.final(result.value):
                     return result.value
+            elif kind is ApprovalRequested:
+                self._result = _stopped(event)  # type: ignore[arg-type]
             elif kind is Reset or kind is ToolCallRequested:
                 snapshots.reset()  # what came before is withdrawn, or was no answer (it called tools)

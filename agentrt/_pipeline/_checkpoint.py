@@ -40,6 +40,7 @@ from ..models._protocol import JsonObjectFormat, JsonSchemaFormat, ModelRequest,
 from ..output._parsers import TypeParser
 from ..rag._types import Content
 from ..tools._run import LoopLimit
+from ._approve import Waiting
 from ._release import Mode, Release, Released
 from ._turn import BOUNDARIES, Phase, Turn
 
@@ -130,6 +131,7 @@ class _Checkpoint:
     pending: list[dict[str, Any]] | None
     loop: dict[str, Any] | None
     executions: list[ToolExecution] = field(default_factory=list)
+    waiting: Waiting | None = None
     value: Any = None
     text: str = ""
     parsed: bool = False
@@ -212,6 +214,7 @@ def dump(turn: Turn) -> dict[str, Any]:
         pending=[_event(event) for event in release.pending] if release.pending is not None else None,
         loop=loop.snapshot() if loop is not None else None,
         executions=list(loop.executions) if loop is not None else [],
+        waiting=turn.waiting,
         value=_value(turn) if turn.phase is Phase.COMMIT else None,
         text=turn.text,
         parsed=turn.parsed,
@@ -296,6 +299,7 @@ def _load(runtime: Runtime, spec: MethodSpec, plan: Plan, data: Mapping[str, Any
         if turn.plan.answer is None and not runtime.tools and runtime.tool_provider is None:
             raise ValueError("the checkpoint has a tool loop, the method no tools")
         turn.restoring = (_loop_state(saved.loop), saved.executions)
+    turn.waiting = saved.waiting
     if phase is Phase.COMMIT:
         turn.value, turn.text = _revalue(spec, saved.value, saved.text, saved.parsed), saved.text
         turn.parsed = saved.parsed
@@ -325,6 +329,24 @@ def _needs(phase: Phase, saved: _Checkpoint) -> None:
             raise ValueError("a turn before a tool round needs the response's calls and the tool loop")
         if saved.request is None:
             raise ValueError("a turn before a tool round needs the request")
+    if phase is Phase.APPROVAL:
+        waiting = saved.waiting
+        if saved.response is None or saved.loop is None or waiting is None:
+            raise ValueError(
+                "a turn waiting for approval needs the response's calls, the tool loop and its waiting calls"
+            )
+        calls = saved.response.message.tool_calls
+        if len(waiting.done) != len(calls) or not waiting.calls:
+            raise ValueError("the waiting calls do not fit the response's")
+        for position, pending in waiting.calls:
+            if (
+                not 0 <= position < len(calls)
+                or waiting.done[position] is not None
+                or calls[position].id != pending.id
+            ):
+                raise ValueError("the waiting calls do not fit the response's")
+    elif saved.waiting is not None:
+        raise ValueError(f"a turn at {phase.value!r} has no calls waiting for approval")
     if phase is Phase.COMMIT and saved.response is None and saved.immediate is None:
         raise ValueError("a turn before the commit needs its answer")
     if phase is not Phase.REQUEST and saved.sent is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .._approval import Approvals
 from .._spec import MethodSpec, OutputKind
 from ..guardrails._declare import Guardrail, OutputChain
 from ..moderation._declare import Moderate
@@ -40,6 +41,8 @@ class Plan:
     """The `final_answer` tool, in tool mode."""
     output_mode: str
     """How a structured answer is asked for: `schema`, `json`, `instructions` or `tool`."""
+    approvals: Approvals | None = None
+    """How its tool calls wait for approval; `None` when none ever does."""
 
 
 def plan(runtime: Runtime, spec: MethodSpec) -> Plan:
@@ -65,4 +68,5 @@ def plan(runtime: Runtime, spec: MethodSpec) -> Plan:
         retrieval=runtime.retrievals.get(name),
         answer=runtime.answer_tools.get(name),
         output_mode=runtime.output_modes.get(name, "instructions"),
+        approvals=runtime.approvals.get(name),
     )

@@ -7,11 +7,13 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._approval import Approvals
 from .._budget import Budget
 from .._events import LifecycleEvent
 from .._messages import UserMessage
 from ..guardrails._declare import Guardrail, OutputChain
 from ..memory._memory import Memory
+from ..memory._store import PendingStore
 from ..models._protocol import ChatModel, ModelSettings
 from ..moderation._declare import Moderate
 from ..output._modes import AnswerTool
@@ -80,6 +82,15 @@ class Runtime:
     """The retrieval of each method that has one (method > class > build), by name."""
     moderations: Mapping[str, Moderate] = field(default_factory=dict)
     """How each moderated method is moderated (with its model resolved), by name."""
+    approvals: Mapping[str, Approvals] = field(default_factory=dict)
+    """How each method whose tool calls may wait for approval waits (method > class > build), by name."""
+    while_pending: Approvals | None = None
+    """The build's approvals: what a new turn does on a conversation whose turn waits for approval."""
+    gates: bool = False
+    """Some method's calls may wait for approval, and the memory's store keeps pending turns: a turn
+    that opens a conversation looks for one waiting on it."""
+    pending: PendingStore | None = None
+    """Where a service without memory keeps its pending turns (in this process)."""
 
 
 def notify(listeners: Sequence[Listener], event: LifecycleEvent) -> None:

@@ -19,6 +19,7 @@ from ..rag._augment import run as run_retrieval
 from ..rag._types import Query
 from ..tools._declare import ToolContext, ToolDefinition, collect_tools
 from ..tools._run import ToolLoop
+from . import _approve
 from ._runtime import ToolRequest, notify
 
 if TYPE_CHECKING:
@@ -44,6 +45,10 @@ async def prepare(turn: Turn) -> None:
     if turn.system is None and runtime.system_message is not None:
         await provided_system_message(turn)
     history = await load_memory(turn) if runtime.memory is not None else []
+    if runtime.gates:  # a turn of this conversation may wait for approval: refuse, or deny it
+        await _approve.pending_on_open(turn)
+        assert turn.conversation is not None
+        history = turn.conversation.history()
     turn.history = tuple(history)
     chain = turn.plan.input_chain
     if chain is not None and not getattr(chain, "parallel", False):  # (a parallel one races the model)
@@ -65,7 +70,7 @@ async def reopen(turn: Turn) -> None:
     had is in its requests), and its tools (the tool provider asked again) with the tool loop's
     state as it was saved."""
     runtime = turn.runtime
-    if runtime.memory is not None:
+    if runtime.memory is not None and turn.conversation is None:  # (a resumed approval holds it)
         await load_memory(turn)
     if runtime.tool_provider is not None:
         await provided_tools(turn)

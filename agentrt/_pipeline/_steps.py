@@ -31,10 +31,11 @@ from .._events import (
     ThinkingDelta,
     ToolCallRequested,
     ToolExecuted,
+    ToolExecution,
 )
 from ..guardrails._results import NO_VALUE
 from ..tools._run import arguments_hash
-from . import _finish, _loop, _moderate
+from . import _approve, _finish, _loop, _moderate
 from ._decide import Decision, after_chain, after_parse
 from ._release import Mode
 from ._runtime import notify
@@ -56,6 +57,7 @@ _T = TypeVar("_T")
 # Enum members are looked up in Python code: read as constants on the per-call path.
 _REQUEST: Final = Phase.REQUEST
 _TOOLS: Final = Phase.TOOLS
+_APPROVAL: Final = Phase.APPROVAL
 _ANSWER: Final = Phase.ANSWER
 _COMMIT: Final = Phase.COMMIT
 _PLAIN: Final = Mode.PLAIN
@@ -175,7 +177,8 @@ async def respond(turn: Turn, guard: float | None, out: list[Event]) -> None:
 
 
 async def tool_round(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]:
-    """`Phase.TOOLS`: run the tool calls of `turn.response`, concurrently, under the deadline."""
+    """`Phase.TOOLS`: run the tool calls of `turn.response`, concurrently, under the deadline. Calls
+    that need a human's approval wait: the others run, then the turn goes to `Phase.APPROVAL`."""
     assert turn.response is not None
     calls = turn.response.message.tool_calls
     round_ = turn.round
@@ -185,15 +188,77 @@ async def tool_round(turn: Turn, guard: float | None) -> AsyncGenerator[Event, N
             yield requested
     loop = turn.loop
     assert loop is not None
-    round_run = loop.run_round(calls)
-    if guard is not None:
-        round_run = scoped(turn, round_run, guard)
-    executions = await round_run
+    loop.begin_round(calls)
+    if turn.plan.approvals is None:
+        round_run = loop.run_calls(calls)
+        if guard is not None:
+            round_run = scoped(turn, round_run, guard)
+        executions = await round_run
+    else:
+        gating = _approve.gate(turn, calls)
+        if guard is not None:
+            gating = scoped(turn, gating, guard)
+        waiting, refused = await gating
+        run = [
+            call for position, call in enumerate(calls) if position not in waiting and position not in refused
+        ]
+        round_run = loop.run_calls(run)
+        if guard is not None:
+            round_run = scoped(turn, round_run, guard)
+        ran = iter(await round_run)
+        done: list[ToolExecution | None] = [
+            None if position in waiting else refused[position] if position in refused else next(ran)
+            for position in range(len(calls))
+        ]
+        if waiting:
+            for execution in done:
+                if execution is not None:
+                    executed = ToolExecuted(turn.id, execution)
+                    if shown(turn, executed):
+                        yield executed
+            turn.waiting = _approve.new_waiting(turn, waiting, done)
+            turn.phase = _APPROVAL
+            return
+        executions = [execution for execution in done if execution is not None]
     for execution in executions:
         executed = ToolExecuted(turn.id, execution)
         if shown(turn, executed):
             yield executed
+    loop.end_round(executions)
     step = _loop.after_round(turn, calls, executions)
+    turn.phase = _ANSWER if step is _GO_ANSWER else _REQUEST
+
+
+async def approved_round(turn: Turn, guard: float | None) -> AsyncGenerator[Event, None]:
+    """`Phase.APPROVAL`, resumed with decisions: check them, claim the stored turn (so no other
+    resume runs it), run the approved calls, and finish the round with the denials as results."""
+    waiting = turn.waiting
+    loop = turn.loop
+    assert waiting is not None
+    assert loop is not None
+    approved, decided = _approve.resolve(turn)  # ApprovalDecisionError: nothing recorded, still waiting
+    claiming = _approve.claim(turn)
+    if guard is not None:
+        claiming = scoped(turn, claiming, guard)
+    await claiming
+    round_run = loop.run_calls([call for _, call in approved])
+    if guard is not None:
+        round_run = scoped(turn, round_run, guard)
+    ran = await round_run
+    decided.update(zip((position for position, _ in approved), ran, strict=True))
+    for position in sorted(decided):
+        executed = ToolExecuted(turn.id, decided[position])
+        if shown(turn, executed):
+            yield executed
+    done = waiting.done
+    executions = [
+        execution if execution is not None else decided[position] for position, execution in enumerate(done)
+    ]
+    turn.waiting = None
+    turn.decisions = None
+    assert turn.response is not None
+    loop.end_round(executions)
+    step = _loop.after_round(turn, turn.response.message.tool_calls, executions)
     turn.phase = _ANSWER if step is _GO_ANSWER else _REQUEST
 
 

@@ -25,7 +25,8 @@ from ._release import Release
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from .._events import GuardrailVerdict, ModelResponse, Retrieved, ToolExecution
+    from .._approval import Decision
+    from .._events import ApprovalRequested, GuardrailVerdict, ModelResponse, Retrieved, ToolExecution
     from .._messages import ChatMessage, UserMessage
     from .._spec import MethodSpec
     from ..guardrails._results import GuardrailResult
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from ..rag._types import Content
     from ..tools._declare import ToolDefinition
     from ..tools._run import LoopLimit, ToolLoop
+    from ._approve import Waiting
     from ._finish import Outcome
     from ._plan import Plan
     from ._runtime import Runtime
@@ -53,15 +55,18 @@ class Phase(enum.Enum):
     """Decide what `turn.received` is: the answer, a round of tool calls, or a new request."""
     TOOLS = "tools"
     """Run the tool calls of `turn.response`."""
+    APPROVAL = "approval"
+    """Calls of the tool round wait for a human: store the turn and stop (`turn.waiting`), or, once
+    resumed with decisions (`turn.decisions`), run the approved ones and finish the round."""
     ANSWER = "answer"
     """Output guardrails and parse: accept, ask again, repair or refuse."""
     COMMIT = "commit"
     """Store the turn and complete."""
 
 
-BOUNDARIES: Final = frozenset({Phase.REQUEST, Phase.RESPONSE, Phase.TOOLS, Phase.COMMIT})
+BOUNDARIES: Final = frozenset({Phase.REQUEST, Phase.RESPONSE, Phase.TOOLS, Phase.APPROVAL, Phase.COMMIT})
 """The steps a turn may be checkpointed before: before a model request (after a tool round), after a
-response (before its tool calls run), and before the commit."""
+response (before its tool calls run), while calls wait for approval, and before the commit."""
 
 _LIMIT_TEXT: Final[dict[str, str]] = {
     "seconds": "its time budget of {} s",
@@ -86,6 +91,7 @@ class Turn:
         "answer",
         "answered",
         "arguments",
+        "asked",
         "at_boundary",
         "attempt",
         "attempts",
@@ -93,6 +99,7 @@ class Turn:
         "checking",
         "conversation",
         "deadline",
+        "decisions",
         "exchange",
         "final",
         "history",
@@ -135,6 +142,7 @@ class Turn:
         "user",
         "value",
         "verdicts",
+        "waiting",
         "watched",
     )
 
@@ -243,6 +251,12 @@ class Turn:
         self.immediate: list[ToolExecution] | None = None
         self.answer: AnswerTool | None = plan.answer
         """The method's `final_answer` tool, in tool mode."""
+        self.waiting: Waiting | None = None
+        """The tool round's calls that wait for approval, and what ran of it (`Phase.APPROVAL`)."""
+        self.decisions: Mapping[str, Decision] | None = None
+        """A resumed turn's decisions on the waiting calls, by call id."""
+        self.asked: ApprovalRequested | None = None
+        """The event of a turn that stopped for approval (its stream's last)."""
 
     # --- budget --------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ be read, and closed, by any task, the finalizer of an abandoned stream included.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import anyio
@@ -24,6 +25,7 @@ import anyio
 from .._budget import chars_for_tokens
 from .._errors import BudgetExceededError, ModelTimeoutError
 from .._events import (
+    ApprovalRequested,
     CancelledEvent,
     Completed,
     Event,
@@ -42,7 +44,7 @@ from .._events import (
 from .._watchdog import WATCHED, read_before
 from ..models._protocol import ResponseAccumulator, aclose_iterator
 from ..output._modes import AnswerChunks
-from . import _checkpoint, _finish, _loop, _meter, _moderate, _release, _stages, _steps
+from . import _approve, _checkpoint, _finish, _loop, _meter, _moderate, _release, _stages, _steps
 from ._plan import Plan, plan
 from ._release import Mode
 from ._runtime import notify
@@ -57,7 +59,7 @@ if TYPE_CHECKING:
     from ..models._protocol import ModelRequest, ModelSettings
     from ._runtime import Runtime
 
-__all__ = ["READY", "Invocation"]
+__all__ = ["READY", "Invocation", "approval_result"]
 
 _T = TypeVar("_T")
 
@@ -72,6 +74,7 @@ _PREPARE: Final = Phase.PREPARE
 _REQUEST: Final = Phase.REQUEST
 _RESPONSE: Final = Phase.RESPONSE
 _TOOLS: Final = Phase.TOOLS
+_APPROVAL: Final = Phase.APPROVAL
 _COMMIT: Final = Phase.COMMIT
 _HOLD: Final = Mode.HOLD
 _CHUNKED: Final = Mode.CHUNKED
@@ -199,8 +202,7 @@ class Invocation:
             notify(listeners, FailedEvent(self.id, error))
         raise error
 
-    @staticmethod
-    async def _fold(events: AsyncGenerator[Event, None]) -> Result[Any]:
+    async def _fold(self, events: AsyncGenerator[Event, None]) -> Result[Any]:
         result: Result[Any] | None = None
         try:
             async for event in events:
@@ -208,7 +210,10 @@ class Invocation:
                     result = event.result
         finally:
             await events.aclose()
-        assert result is not None, "an invocation ends with Completed or raises"
+        if result is None:  # stopped for approval: its event was the last
+            approval = self._turn.asked
+            assert approval is not None, "an invocation ends with Completed, ApprovalRequested or raises"
+            return approval_result(approval)
         return result
 
     async def events(self, *, prime: bool = False) -> AsyncGenerator[Event, None]:
@@ -273,7 +278,7 @@ class Invocation:
                 turn.checking = plan.input_chain is not None and getattr(plan.input_chain, "parallel", False)
                 turn.phase = _REQUEST
 
-            if held is not None and turn.phase is not _REQUEST:
+            if held is not None and turn.phase is not _REQUEST and turn.phase is not _APPROVAL:
                 # Restored past its request: the model accepted that long ago.
                 yield cast("Event", READY)
                 for event in held:
@@ -459,14 +464,35 @@ class Invocation:
                         turn.unreleased = accumulator.text_from(released.text_at)[0]
                         turn.unthought = accumulator.thinking_from(released.thought_at)[0]
                     turn.phase = _RESPONSE
-                elif phase is _TOOLS:
-                    step = _steps.tool_round(turn, guard)
+                elif phase is _TOOLS or phase is _APPROVAL:
+                    if phase is _APPROVAL and turn.decisions is None:
+                        # Calls wait for a human: what the reader was held back from so far (it
+                        # passed its checks), then the turn is stored and the stream ends.
+                        if release.pending:
+                            for event in release.pending:
+                                yield event
+                            release.pending.clear()
+                        approval = turn.asked = await _approve.suspend(turn)
+                        if listeners:
+                            notify(listeners, approval)
+                        done = True
+                        yield approval
+                        return
+                    step = (_steps.tool_round if phase is _TOOLS else _steps.approved_round)(turn, guard)
                     try:
                         async for event in step:
-                            yield event
+                            if held is None:
+                                yield event
+                            else:  # a primed resume: its round's errors are the await's
+                                held.append(event)
                     except BaseException:
                         await step.aclose()  # the reader stopped during the round (or it raised)
                         raise
+                    if held is not None and turn.phase is not _REQUEST:
+                        yield cast("Event", READY)  # resumed into an answer that needs no request
+                        for event in held:
+                            yield event
+                        held = None
                 elif phase is not _COMMIT:  # RESPONSE, ANSWER
                     made: list[Event] = []
                     try:
@@ -509,6 +535,12 @@ class Invocation:
                 else:
                     with anyio.CancelScope(shield=True):
                         await conversation.release()
+
+
+def approval_result(approval: ApprovalRequested) -> Result[Any]:
+    """The `Result` of a turn that stopped for approval: what it had, with `approval` set."""
+    assert approval.partial is not None
+    return replace(approval.partial, approval=approval)
 
 
 def _race(

@@ -14,7 +14,7 @@ from ._inmemory import DEFAULT_MAX_CONVERSATIONS, InMemoryStore
 from ._memory import DEFAULT_MEMORY_ID, ChatMemory, window
 from ._redis import RedisStore
 from ._sqlite import SQLiteStore
-from ._store import ChatMemoryStore, SharedChatMemoryStore
+from ._store import ChatMemoryStore, PendingStore, SharedChatMemoryStore
 from ._window import TokenCounter, estimate_tokens
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "ChatMemoryStore",
     "InMemoryStore",
     "MemoryAccess",
+    "PendingStore",
     "RedisStore",
     "SQLiteStore",
     "SharedChatMemoryStore",

@@ -43,7 +43,7 @@ class InMemoryStore:
     evicted (by the bound or the TTL) while a turn on it runs loses its older messages.
     """
 
-    __slots__ = ("__weakref__", "_clock", "_data", "_warned", "max_conversations", "ttl")
+    __slots__ = ("__weakref__", "_clock", "_data", "_pending", "_warned", "max_conversations", "ttl")
 
     def __init__(self, *, max_conversations: int | None = None, ttl: float | None = None) -> None:
         if max_conversations is not None and (
@@ -60,6 +60,9 @@ class InMemoryStore:
         self._warned = False
         # key -> (messages, when it expires); ordered from least to most recently used.
         self._data: OrderedDict[str, tuple[tuple[ChatMessage, ...], float]] = OrderedDict()
+        # key -> (run id, data): turns waiting for approval; not bounded by the conversations' bound
+        # (a waiting turn is not forgotten while a human decides), removed when taken.
+        self._pending: dict[str, tuple[str, bytes]] = {}
 
     def __repr__(self) -> str:
         return (
@@ -122,3 +125,16 @@ class InMemoryStore:
 
     async def delete(self, key: str, *, owner: str | None = None) -> None:
         self._data.pop(key, None)
+
+    async def save_pending(self, key: str, run: str, data: bytes, *, owner: str | None = None) -> None:
+        self._pending[key] = (run, data)
+
+    async def load_pending(self, key: str) -> tuple[str, bytes] | None:
+        return self._pending.get(key)
+
+    async def take_pending(self, key: str, run: str, *, owner: str | None = None) -> bytes | None:
+        found = self._pending.get(key)
+        if found is None or found[0] != run:
+            return None
+        del self._pending[key]
+        return found[1]

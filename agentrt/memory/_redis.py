@@ -57,6 +57,22 @@ redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[6])
 return 1
 """
 
+# The pending turn of a conversation: a hash {run, data} at `{prefix}pending:{key}`.
+_SAVE_PENDING = """
+if ARGV[1] == '1' and redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'run', ARGV[3], 'data', ARGV[4])
+return 1
+"""
+
+_TAKE_PENDING = """
+if ARGV[1] == '1' and redis.call('GET', KEYS[2]) ~= ARGV[2] then return {0} end
+if redis.call('HGET', KEYS[1], 'run') ~= ARGV[3] then return {1} end
+local data = redis.call('HGET', KEYS[1], 'data')
+redis.call('DEL', KEYS[1])
+return {1, data}
+"""
+
 _UNLOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -121,6 +137,8 @@ class RedisStore:
         self._write: Script = client.register_script(_WRITE)
         self._unlock: Script = client.register_script(_UNLOCK)
         self._renew_script: Script = client.register_script(_RENEW)
+        self._save_pending: Script = client.register_script(_SAVE_PENDING)
+        self._take_pending: Script = client.register_script(_TAKE_PENDING)
         self._renewer = LeaseRenewer(self._renew, lease_seconds / 3, name=f"agentrt RedisStore {prefix}")
 
     @property
@@ -182,6 +200,41 @@ class RedisStore:
             raise ConversationLockLostError(
                 f"the lock on conversation {key!r} is no longer held by {owner!r}: nothing was written"
             )
+
+    def _pending(self, key: str) -> str:
+        return f"{self._prefix}pending:{key}"
+
+    async def save_pending(self, key: str, run: str, data: bytes, *, owner: str | None = None) -> None:
+        """Keep the conversation's pending turn (one script; `owner` as in `commit`). Saving the same
+        run again writes the same value, so a retried command is harmless."""
+        keys = [self._pending(key), self._lock(key)]
+        args = ["0" if owner is None else "1", owner or "", run, data]
+        if not await anyio.to_thread.run_sync(lambda: self._save_pending(keys=keys, args=args)):
+            raise ConversationLockLostError(
+                f"the lock on conversation {key!r} is no longer held by {owner!r}: nothing was written"
+            )
+
+    async def load_pending(self, key: str) -> tuple[str, bytes] | None:
+        """The conversation's pending turn (run id, data), or `None` (one HMGET)."""
+
+        def read() -> list[bytes | None]:
+            return cast("list[bytes | None]", self._client.hmget(self._pending(key), ["run", "data"]))
+
+        run, data = await anyio.to_thread.run_sync(read)
+        if run is None or data is None:
+            return None
+        return run.decode(), data
+
+    async def take_pending(self, key: str, run: str, *, owner: str | None = None) -> bytes | None:
+        """Remove and return the pending turn `run` in one script (`None` if it is not there)."""
+        keys = [self._pending(key), self._lock(key)]
+        args = ["0" if owner is None else "1", owner or "", run]
+        reply = await anyio.to_thread.run_sync(lambda: self._take_pending(keys=keys, args=args))
+        if not reply[0]:
+            raise ConversationLockLostError(
+                f"the lock on conversation {key!r} is no longer held by {owner!r}: nothing was taken"
+            )
+        return bytes(reply[1]) if len(reply) > 1 else None
 
     async def try_lock(self, key: str, owner: str) -> bool:
         """Take the lock with `SET NX PX` (an expired lease is gone, so it is free); when taken, the

@@ -54,6 +54,11 @@ _SCHEMA = (
         owner TEXT NOT NULL,
         expires REAL NOT NULL
     )""",
+    """CREATE TABLE IF NOT EXISTS agentrt_pending (
+        key TEXT NOT NULL PRIMARY KEY,
+        run TEXT NOT NULL,
+        body BLOB NOT NULL
+    )""",
 )
 
 _LOAD = "SELECT body FROM agentrt_messages WHERE key = ? ORDER BY seq"
@@ -73,6 +78,10 @@ _TAKE = (
 )
 _RENEW = "UPDATE agentrt_leases SET expires = ? WHERE key = ? AND owner = ?"
 _UNLOCK = "DELETE FROM agentrt_leases WHERE key = ? AND owner = ?"
+_SAVE_PENDING = "INSERT OR REPLACE INTO agentrt_pending (key, run, body) VALUES (?, ?, ?)"
+_LOAD_PENDING = "SELECT run, body FROM agentrt_pending WHERE key = ?"
+_PENDING_OF = "SELECT body FROM agentrt_pending WHERE key = ? AND run = ?"
+_DROP_PENDING = "DELETE FROM agentrt_pending WHERE key = ? AND run = ?"
 
 
 class _Connection:
@@ -200,11 +209,8 @@ class SQLiteStore:
                 return _transaction(db, lambda: apply(db))
 
         def apply(db: sqlite3.Connection) -> bool:
-            # An expired lease still ours is fine: nobody else wrote since, or they would own it.
-            if owner is not None:
-                row = db.execute(_OWNER, (key,)).fetchone()
-                if row is None or row[0] != owner:
-                    return False
+            if owner is not None and not _owns(db, key, owner):
+                return False
             if drop is None:
                 db.execute(_DELETE, (key,))
             elif drop:
@@ -213,6 +219,55 @@ class SQLiteStore:
                 (last,) = db.execute(_LAST, (key,)).fetchone()
                 db.executemany(_INSERT, [(key, last + i, body) for i, body in enumerate(bodies, 1)])
             return True
+
+        if not await anyio.to_thread.run_sync(write):
+            raise ConversationLockLostError(
+                f"the lock on conversation {key!r} is no longer held by {owner!r}: nothing was written"
+            )
+
+    async def save_pending(self, key: str, run: str, data: bytes, *, owner: str | None = None) -> None:
+        """Keep the conversation's pending turn (one row per conversation; `owner` as in `commit`)."""
+
+        def apply(db: sqlite3.Connection) -> bool:
+            if owner is not None and not _owns(db, key, owner):
+                return False
+            db.execute(_SAVE_PENDING, (key, run, data))
+            return True
+
+        await self._pending_write(key, owner, apply)
+
+    async def load_pending(self, key: str) -> tuple[str, bytes] | None:
+        """The conversation's pending turn (run id, data), or `None`."""
+
+        def read() -> tuple[str, bytes] | None:
+            with self._use() as db:
+                row = db.execute(_LOAD_PENDING, (key,)).fetchone()
+            return (str(row[0]), bytes(row[1])) if row is not None else None
+
+        return await anyio.to_thread.run_sync(read)
+
+    async def take_pending(self, key: str, run: str, *, owner: str | None = None) -> bytes | None:
+        """Remove and return the pending turn `run` in one transaction (`None` if it is not there)."""
+        taken: list[bytes] = []
+
+        def apply(db: sqlite3.Connection) -> bool:
+            if owner is not None and not _owns(db, key, owner):
+                return False
+            row = db.execute(_PENDING_OF, (key, run)).fetchone()
+            if row is not None:
+                db.execute(_DROP_PENDING, (key, run))
+                taken.append(bytes(row[0]))
+            return True
+
+        await self._pending_write(key, owner, apply)
+        return taken[0] if taken else None
+
+    async def _pending_write(
+        self, key: str, owner: str | None, apply: Callable[[sqlite3.Connection], bool]
+    ) -> None:
+        def write() -> bool:
+            with self._use() as db, self._writes:
+                return _transaction(db, lambda: apply(db))
 
         if not await anyio.to_thread.run_sync(write):
             raise ConversationLockLostError(
@@ -265,6 +320,13 @@ class SQLiteStore:
     async def aclose(self) -> None:
         """`close`, for code that closes stores with `await`."""
         self.close()
+
+
+def _owns(db: sqlite3.Connection, key: str, owner: str) -> bool:
+    """Whether `owner` holds the conversation's lease (an expired one still its own counts: nobody
+    else wrote since, or they would own it)."""
+    row = db.execute(_OWNER, (key,)).fetchone()
+    return row is not None and row[0] == owner
 
 
 def _transaction(db: sqlite3.Connection, body: Callable[[], _T]) -> _T:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from .._messages import ChatMessage
 
-__all__ = ["ChatMemoryStore", "SharedChatMemoryStore"]
+__all__ = ["ChatMemoryStore", "PendingStore", "SharedChatMemoryStore"]
 
 
 @runtime_checkable
@@ -65,4 +65,27 @@ class SharedChatMemoryStore(ChatMemoryStore, Protocol):
 
     async def unlock(self, key: str, owner: str) -> None:
         """Stop renewing and release the lock if `owner` still holds it (otherwise do nothing)."""
+        ...
+
+
+@runtime_checkable
+class PendingStore(Protocol):
+    """A store that also keeps turns waiting for a human's approval (see `agentrt.Approvals`): at most
+    one per conversation, as bytes, beside the conversation's messages. The built-in stores do.
+
+    `owner` is as in `ChatMemoryStore.commit`: with it (shared stores), a write is done only while
+    `owner` holds the conversation's lock, else `ConversationLockLostError`.
+    """
+
+    async def save_pending(self, key: str, run: str, data: bytes, *, owner: str | None = None) -> None:
+        """Keep `data` as the conversation's pending turn `run` (replacing any other)."""
+        ...
+
+    async def load_pending(self, key: str) -> tuple[str, bytes] | None:
+        """The conversation's pending turn (its run id and data), or `None`."""
+        ...
+
+    async def take_pending(self, key: str, run: str, *, owner: str | None = None) -> bytes | None:
+        """In one atomic step: remove the conversation's pending turn if it is `run`, and return its
+        data; `None` (and nothing changed) if there is none or it is another run."""
         ...

@@ -15,7 +15,7 @@ import inspect
 import re
 import typing
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, TypeVar, get_args, get_origin, overload
 
@@ -25,7 +25,15 @@ from .._errors import ConfigurationError
 from .._spec import MemoryId
 from ..models._protocol import ToolSpec
 
-__all__ = ["P", "ToolContext", "ToolDefinition", "collect_tools", "tool"]
+__all__ = [
+    "ApprovalPredicate",
+    "NeedsApproval",
+    "P",
+    "ToolContext",
+    "ToolDefinition",
+    "collect_tools",
+    "tool",
+]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _TOOL_ATTR: Final = "__agentrt_tool__"
@@ -50,12 +58,27 @@ class ToolContext:
     round: int
 
 
+ApprovalPredicate = Callable[[Mapping[str, Any], ToolContext], bool | Awaitable[bool]]
+"""Whether one call needs a human's approval, from its validated arguments (by parameter name) and
+its `ToolContext`; may be async. One that raises counts as a refusal: the call is not run."""
+
+NeedsApproval = bool | ApprovalPredicate
+"""`True`: every call needs approval; `False`: none; a predicate: the calls it says."""
+
+
+def check_needs_approval(value: object, where: str) -> None:
+    """`ConfigurationError` unless `value` is a bool or a callable."""
+    if not isinstance(value, bool) and not callable(value):
+        raise ConfigurationError(f"{where}: needs_approval must be True, False or a predicate, got {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class _ToolMarker:
     description: str | None
     name: str | None
     immediate: bool
     timeout: float | None
+    needs_approval: NeedsApproval = False
 
 
 @overload
@@ -70,6 +93,7 @@ def tool(
     name: str | None = None,
     immediate: bool = False,
     timeout: float | None = None,
+    needs_approval: NeedsApproval = False,
 ) -> Callable[[_F], _F]: ...
 
 
@@ -80,6 +104,7 @@ def tool(
     name: str | None = None,
     immediate: bool = False,
     timeout: float | None = None,
+    needs_approval: NeedsApproval = False,
 ) -> Any:
     """Mark a function or method as a tool.
 
@@ -88,11 +113,17 @@ def tool(
     - `immediate`: when every tool the model calls in a round is immediate, the invocation ends with
       their results instead of asking the model again.
     - `timeout`: seconds before the call counts as timed out (overrides `ToolSettings.timeout`).
+    - `needs_approval`: `True` when every call waits for a human's approval before it runs, or a
+      predicate `(arguments, context) -> bool` (sync or async) over the call's validated arguments
+      (by parameter name) and its `ToolContext`: e.g. `lambda args, ctx: args["amount"] > 100`.
+      A predicate that raises refuses the call (it is not run; the model is told). See
+      `agentrt.Approvals` and `agentrt.resume`.
     """
     if callable(description):
         setattr(description, _TOOL_ATTR, _ToolMarker(None, None, False, None))
         return description
-    marker = _ToolMarker(description, name, immediate, timeout)
+    check_needs_approval(needs_approval, f"@tool {name or description!r}")
+    marker = _ToolMarker(description, name, immediate, timeout, needs_approval)
 
     def decorate(function: _F) -> _F:
         if not callable(function):
@@ -185,6 +216,8 @@ class ToolDefinition:
     so a parameter may be called `json`, `schema` or `model_config` without clashing with pydantic."""
     immediate: bool = False
     timeout: float | None = None
+    needs_approval: NeedsApproval = False
+    """Whether a call waits for a human's approval (see `tool`)."""
     _spec: ToolSpec = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -284,6 +317,7 @@ def define_tool(function: Callable[..., Any], *, owner: str | None = None) -> To
         fields=tuple(names),
         immediate=marker.immediate,
         timeout=marker.timeout,
+        needs_approval=marker.needs_approval,
     )
 
 

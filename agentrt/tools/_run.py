@@ -376,12 +376,32 @@ class ToolLoop:
         after every call of the round has finished. A round cut short (cancelled, or at a deadline)
         still records the executions of the calls that finished in `executions`.
         """
+        self.begin_round(calls)
+        executions = await self.run_calls(calls)
+        self.end_round(executions)
+        return executions
+
+    def begin_round(self, calls: Sequence[ToolCall]) -> None:
+        """Count a round of `calls` (all of them, also those that will wait for approval)."""
         self.rounds += 1
         self._calls += len(calls)
         identical = self._identical
         for key in self._keys(calls):
             identical[key] += 1
         self._keyed = None
+
+    def end_round(self, executions: Sequence[ToolExecution]) -> None:
+        """The round is over: count it as failed when every call of it failed (a denied call is
+        a human's decision, not a failure)."""
+        if executions and all(e.is_error and e.outcome is not ToolOutcome.DENIED for e in executions):
+            self._failed_rounds += 1
+        else:
+            self._failed_rounds = 0
+
+    async def run_calls(self, calls: Sequence[ToolCall]) -> list[ToolExecution]:
+        """Run `calls` of the current round concurrently (see `run_round`); records their executions."""
+        if not calls:
+            return []
         if len(calls) == 1:
             # One call needs neither a task group nor a concurrency limiter (it is always within it).
             done = [await self._execute(calls[0])]
@@ -408,14 +428,27 @@ class ToolLoop:
 
         executions = [execution for execution, _ in done]
         self.executions.extend(executions)
-        if executions and all(e.is_error for e in executions):
-            self._failed_rounds += 1
-        else:
-            self._failed_rounds = 0
         for _, error in done:
             if error is not None:
                 raise error
         return executions
+
+    def not_run(
+        self, call: ToolCall, outcome: ToolOutcome, text: str, error_kind: str | None = None
+    ) -> ToolExecution:
+        """The execution of a call that was never run (denied, or refused by its approval check),
+        recorded with the others: what the model is told about it."""
+        execution = ToolExecution(
+            name=call.name,
+            call_id=call.id,
+            arguments_hash=arguments_hash(call.arguments),
+            result=text,
+            outcome=outcome,
+            error_kind=error_kind,
+            round=self.rounds,
+        )
+        self.executions.append(execution)
+        return execution
 
     def result_messages(self, executions: Sequence[ToolExecution]) -> list[ToolResultMessage]:
         return [

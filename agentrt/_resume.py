@@ -1,0 +1,88 @@
+"""`agentrt.resume`: go on with a turn that stopped for a human's approval."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ._errors import ApprovalDecisionError, ApprovalNotFoundError
+from ._pipeline import Invocation
+from ._pipeline._approve import record_of
+from ._pipeline._turn import Phase
+from ._service import runtime_of
+from .memory._memory import DEFAULT_MEMORY_ID
+from .memory._store import PendingStore
+
+if TYPE_CHECKING:
+    from ._approval import Decision
+
+__all__ = ["resume"]
+
+
+async def resume(
+    service: object, run_id: str, decisions: Mapping[str, Decision], /, *, memory_id: Any = DEFAULT_MEMORY_ID
+) -> Any:
+    """Go on with the turn `run_id` of `service` (an `ApprovalRequested`'s), which waits for a human's
+    decision on its tool calls: `decisions` maps each pending call's id to `Approve()`,
+    `Approve(arguments={...})` or `Deny(reason)`. Gives what the method gives (its value, its
+    `Result`, or its stream), as if the turn had never stopped: the approved calls run once, the model
+    is asked again, and the turn is stored whole at its end.
+
+    `memory_id` names the conversation the turn is on (the method's memory id; the default
+    conversation for a method without one): a run is found only on its own conversation. Raises
+    `ApprovalNotFoundError` for a run that is not pending there (resumed already, replaced, another
+    conversation's), `ApprovalDecisionError` for decisions that do not fit its calls (nothing runs,
+    it still waits). Time spent waiting does not count against the turn's time budget.
+    """
+    runtime = runtime_of(service)
+    if runtime is None:
+        raise TypeError(f"agentrt.resume: {service!r} is not a service made by agentrt.build")
+    where = f"{type(service).__qualname__}: resume"
+    if not isinstance(run_id, str) or not run_id:
+        raise ApprovalNotFoundError(f"{where}: run id {run_id!r} is not a run id")
+    if not isinstance(decisions, Mapping):
+        raise ApprovalDecisionError(f"{where}: decisions must map pending call ids to Approve() or Deny()")
+    memory = runtime.memory
+    conversation = await memory.open(memory_id, where) if memory is not None else None
+    try:
+        store: object
+        if conversation is not None:
+            store, key = conversation.memory.store, conversation.key
+        else:
+            store, key = runtime.pending, f"run:{run_id}"
+        found = await store.load_pending(key) if isinstance(store, PendingStore) else None
+        if found is None or found[0] != run_id:
+            raise ApprovalNotFoundError(
+                f"{where}: no turn waits for approval as run {run_id!r} on conversation {memory_id!r} "
+                "(resumed already, replaced by a newer turn, or another conversation's)"
+            )
+        record = record_of(found[1])
+        method = _method(service, record.method)
+        if method is None:
+            raise ApprovalNotFoundError(
+                f"{where}: run {run_id!r} is of {record.method}, which this service has not"
+            )
+        invocation = Invocation.restore(runtime, method.__agentrt_spec__, record.checkpoint)
+        turn = invocation._turn
+        if turn.phase is not Phase.APPROVAL or turn.waiting is None or turn.waiting.run_id != run_id:
+            raise ApprovalNotFoundError(f"{where}: run {run_id!r} is not a turn waiting for approval")
+        turn.conversation = conversation
+        turn.decisions = dict(decisions)
+    except BaseException:
+        if conversation is not None:
+            with anyio.CancelScope(shield=True):
+                await conversation.release()
+        raise
+    return await method.__agentrt_view__(invocation)
+
+
+def _method(service: object, qualname: str) -> Any:
+    """The built method whose spec is `qualname`'s, if the service has it."""
+    for klass in type(service).__mro__:
+        for value in vars(klass).values():
+            spec = getattr(value, "__agentrt_spec__", None)
+            if spec is not None and spec.qualname == qualname:
+                return value
+    return None
