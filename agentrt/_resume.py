@@ -70,6 +70,7 @@ async def resume(
             raise ApprovalNotFoundError(f"{where}: run {run_id!r} is not a turn waiting for approval")
         turn.conversation = conversation
         turn.decisions = dict(decisions)
+        turn.record = found[1]
     except BaseException:
         if conversation is not None:
             with anyio.CancelScope(shield=True):

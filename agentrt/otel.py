@@ -20,7 +20,8 @@ The pipeline generator may be read by different tasks, so nothing here relies on
 attached in the reader's task: the invocation span takes the caller's context when `Started`
 arrives (the caller's task, for awaited calls and for `await service.stream(...)`), every child is
 started with the invocation span as its explicit parent, state is kept by invocation id, and
-`Completed`, `FailedEvent` and `CancelledEvent` end every span the invocation still has open.
+`Completed`, `ApprovalRequested` (a turn that stops for a human: its resumed run starts a span of
+its own), `FailedEvent` and `CancelledEvent` end every span the invocation still has open.
 
 By default no content is recorded: no prompt, answer, tool argument or result, guardrail message,
 memory id, retrieved text, nor exception message (an agentrt error's message may quote the answer,
@@ -57,6 +58,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from . import __version__
 from ._errors import ToolError
 from ._events import (
+    ApprovalRequested,
     CancelledEvent,
     Completed,
     FailedEvent,
@@ -183,6 +185,7 @@ class OTelListener:
             Reset: self._reset,
             Retrieved: self._retrieved,
             Completed: self._completed,
+            ApprovalRequested: self._approval,
             FailedEvent: self._failed,
             CancelledEvent: self._cancelled,
         }
@@ -234,6 +237,25 @@ class OTelListener:
             if span.is_recording():
                 span.set_attributes(self._result(event.result))
         finally:  # whatever failed above, no span stays open
+            span.end()
+
+    def _approval(self, event: ApprovalRequested) -> None:
+        # The turn stopped for a human: its span ends here (the resumed run has a span of its own,
+        # with the same `agentrt.invocation.id`), saying which calls wait.
+        call = self._calls.pop(event.invocation_id, None)
+        if call is None:
+            return
+        span = call.span
+        try:
+            self._close_children(call, cancelled=False)
+            if span.is_recording():
+                span.set_attributes(
+                    {
+                        "agentrt.approval.run_id": event.run_id,
+                        "agentrt.approval.tools": tuple(pending.tool for pending in event.calls),
+                    }
+                )
+        finally:
             span.end()
 
     def _result(self, result: Result[Any]) -> Attributes:

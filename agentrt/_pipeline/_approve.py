@@ -15,6 +15,7 @@ records in this process.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
+import anyio.lowlevel
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
@@ -48,7 +50,12 @@ __all__ = [
     "suspend",
 ]
 
+logger = logging.getLogger("agentrt")
+
 RECORD_VERSION: Final = 1
+
+_now = time.time
+"""Wall-clock seconds: expiry is compared across processes and hosts (tests replace it)."""
 
 EXPIRED: Final = "the approval request expired before anyone decided"
 NEW_MESSAGE: Final = "the user sent a new message instead of deciding"
@@ -84,7 +91,7 @@ class Record:
 
     @property
     def expired(self) -> bool:
-        return self.expires_at is not None and time.time() >= self.expires_at
+        return self.expires_at is not None and _now() >= self.expires_at
 
 
 # --- declaring ------------------------------------------------------------------------------------
@@ -208,13 +215,14 @@ async def suspend(turn: Turn) -> ApprovalRequested:
     data = encode(record)
     try:
         await complete(store.save_pending(key, waiting.run_id, data, owner=owner))
+        await anyio.lowlevel.checkpoint_if_cancelled()  # cancelled meanwhile: not stored after all
     except BaseException:
         # Cancelled once the write was done (or it failed): take it back, so nothing is stored.
         with anyio.CancelScope(shield=True):
             try:
                 await complete(store.take_pending(key, waiting.run_id, owner=owner))
-            except Exception:  # pragma: no cover - the store failed twice
-                pass
+            except Exception:
+                logger.warning("could not take back pending run %r", waiting.run_id, exc_info=True)
         raise
     conversation = turn.conversation
     if conversation is not None:
@@ -239,7 +247,7 @@ def resolve(turn: Turn) -> tuple[list[tuple[int, ToolCall]], dict[int, ToolExecu
     assert loop is not None
     calls = response.message.tool_calls
     where = turn.spec.qualname
-    expired = waiting.expires_at is not None and time.time() >= waiting.expires_at
+    expired = waiting.expires_at is not None and _now() >= waiting.expires_at
     if expired:
         decisions = {pending.id: Deny(EXPIRED) for _, pending in waiting.calls}
     pending_ids = {pending.id for _, pending in waiting.calls}
@@ -320,7 +328,20 @@ async def claim(turn: Turn) -> None:
     waiting = turn.waiting
     assert waiting is not None
     store, key, owner = store_of(turn)
-    taken = await complete(store.take_pending(key, waiting.run_id, owner=owner))
+    try:
+        taken = await complete(store.take_pending(key, waiting.run_id, owner=owner))
+        await anyio.lowlevel.checkpoint_if_cancelled()  # cancelled meanwhile: nothing ran, so undo
+    except BaseException:
+        # Cancelled once the take was done (or it failed): nothing ran, so put the record back
+        # (the conversation is still locked: nobody else took it meanwhile).
+        record = turn.record
+        if record is not None:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await complete(store.save_pending(key, waiting.run_id, record, owner=owner))
+                except Exception:
+                    logger.warning("could not put back pending run %r", waiting.run_id, exc_info=True)
+        raise
     if taken is None:
         raise ApprovalNotFoundError(
             f"{turn.spec.qualname}: run {waiting.run_id!r} is no longer pending (resumed by someone else)"
@@ -405,7 +426,7 @@ def new_waiting(turn: Turn, waiting: Mapping[int, PendingCall], done: list[ToolE
     expires = approvals.expires_after
     return Waiting(
         run_id=os.urandom(16).hex(),
-        expires_at=time.time() + expires if expires is not None else None,
+        expires_at=_now() + expires if expires is not None else None,
         calls=sorted(waiting.items()),
         done=done,
     )

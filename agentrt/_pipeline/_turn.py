@@ -116,6 +116,7 @@ class Turn:
         "plan",
         "reasks",
         "received",
+        "record",
         "rejected",
         "release",
         "repairs",
@@ -255,6 +256,8 @@ class Turn:
         """The tool round's calls that wait for approval, and what ran of it (`Phase.APPROVAL`)."""
         self.decisions: Mapping[str, Decision] | None = None
         """A resumed turn's decisions on the waiting calls, by call id."""
+        self.record: bytes | None = None
+        """A resumed turn's pending record as its store kept it (put back if its claim is cut)."""
         self.asked: ApprovalRequested | None = None
         """The event of a turn that stopped for approval (its stream's last)."""
 

@@ -237,7 +237,9 @@ class Invocation:
         model = runtime.model
         restored = turn.phase is not _PREPARE
         held: list[Event] | None = [] if prime else None
-        if not restored:
+        # A resumed approval is a new run of the turn (a new stream, a new span): it starts again.
+        announce = not restored or turn.decisions is not None
+        if announce:
             started = Started(self.id, turn.spec.qualname, turn.memory_id, model.name, runtime.provider)
             if listeners:
                 notify(listeners, started)
@@ -249,7 +251,7 @@ class Invocation:
         guard = None if turn.watched else deadline
         done = False
         try:
-            if held is None and not restored:
+            if held is None and announce:
                 yield started
             prepare = _stages.reopen(turn) if restored else _stages.prepare(turn)
             if guard is not None and _stages.may_wait(turn):
