@@ -20,7 +20,7 @@ from ._stream import PartialStream, TokenStream
 from .guardrails._declare import INPUT_ATTR, OUTPUT_ATTR, OutputChain, guardrail_chain, output_chain
 from .memory._memory import ChatMemory, Memory
 from .memory._store import ChatMemoryStore
-from .models._protocol import ModelSettings
+from .models._protocol import ModelSettings, check_declared_settings
 from .moderation._declare import MODERATE_ATTR, Moderate
 from .output._modes import ANSWER_TOOL, AnswerTool, answer_tool, resolve_mode
 from .output._parsers import TypeParser
@@ -170,18 +170,16 @@ def _output_modes(
     return modes, answer_tools
 
 
-def _check_settings(spec: ServiceSpec, model: ChatModel, settings: ModelSettings | None) -> None:
-    """Settings the model would refuse on every request (a model's optional `check_settings`) are
-    build errors: the build's, and each method's own (laid over the build's)."""
-    check = getattr(model, "check_settings", None)
-    if not callable(check):
-        return
+def _check_settings(spec: ServiceSpec, capabilities: Capabilities, settings: ModelSettings | None) -> None:
+    """Settings the model declares it refuses on every request (`Capabilities.min_max_tokens`,
+    `fixed_temperature`) are build errors: the build's, and each method's own (laid over the build's)."""
     if settings is not None:
-        check(settings, spec.cls.__name__)
+        check_declared_settings(capabilities, settings, spec.cls.__name__)
     for method in spec.methods.values():
         own = method.options.settings if method.options is not None else None
         if own is not None:
-            check(settings.merge(own) if settings is not None else own, method.qualname)
+            merged = settings.merge(own) if settings is not None else own
+            check_declared_settings(capabilities, merged, method.qualname)
 
 
 def _check_model(model: object) -> None:
@@ -378,7 +376,7 @@ def build(
         raise ConfigurationError(
             f"{cls.__name__}: settings must be an agentrt.ModelSettings, got {settings!r}"
         )
-    _check_settings(spec, model, settings)
+    _check_settings(spec, capabilities, settings)
     if memory is not None and not isinstance(memory, ChatMemory):
         if not isinstance(memory, ChatMemoryStore):
             raise ConfigurationError(
@@ -406,10 +404,9 @@ def build(
     _check_tool_choice(cls.__name__, model, tool_settings, definitions, tool_provider)
     modes, answer_tools = _output_modes(spec, output_mode, capabilities, definitions)
 
-    provider = getattr(model, "provider", None)
     runtime = Runtime(
         model=model,
-        provider=provider if isinstance(provider, str) else None,
+        provider=capabilities.provider or None,
         listeners=tuple(listeners),
         system_message=system_message,
         variables=MappingProxyType(static),
@@ -420,7 +417,7 @@ def build(
         threads=ThreadLimiter(tool_settings.thread_limit),
         budget=budget,
         max_repairs=max_repairs,
-        handles_deadline=getattr(model, "handles_deadline", False) is True,
+        handles_deadline=capabilities.handles_deadline,
         memory=Memory(memory, f"{cls.__module__}.{cls.__qualname__}") if memory is not None else None,
         input_guardrails=MappingProxyType(input_chains),
         output_guardrails=MappingProxyType(output_chains),
