@@ -186,6 +186,31 @@ def _check_model(model: object) -> None:
     missing = [name for name in ("name", "capabilities", "stream") if not hasattr(model, name)]
     if missing:
         raise ConfigurationError(f"model {model!r} is not a ChatModel: it lacks {', '.join(missing)}")
+    _refuse_moved(model)
+
+
+def _refuse_moved(model: object) -> None:
+    """A model that declares as attributes of its own what moved into its `Capabilities` (as
+    agentrt once read them: `handles_deadline = True`, `provider = "..."`, a `check_settings`
+    method) is refused: agentrt no longer reads them, and ignoring them would silently change
+    deadlines, traces and build checks. Looked up statically (no property or `__getattr__` runs);
+    values of another type than the old declaration's are the model's own business and pass."""
+    moved = []
+    if isinstance(inspect.getattr_static(model, "handles_deadline", None), bool):
+        moved.append("handles_deadline (now Capabilities.handles_deadline)")
+    if isinstance(inspect.getattr_static(model, "provider", None), str):
+        moved.append("provider (now Capabilities.provider)")
+    if callable(inspect.getattr_static(model, "check_settings", None)):
+        moved.append(
+            "check_settings (declare the settings it refuses instead: Capabilities.min_max_tokens, "
+            "Capabilities.fixed_temperature)"
+        )
+    if moved:
+        raise ConfigurationError(
+            f"model {model!r} declares {'; '.join(moved)} as its own attributes, which agentrt no "
+            "longer reads: declare them in the Capabilities its `capabilities` returns "
+            "(dataclasses.replace(capabilities, ...))"
+        )
 
 
 def _check_tool_choice(

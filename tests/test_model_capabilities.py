@@ -1,12 +1,14 @@
 """What a model declares about itself is data in its `Capabilities`, read at `build()`: whether it
 stops at a request's deadline itself, who serves it, and the settings it refuses on every request.
-A model needs nothing but `name`, `capabilities` and `stream`.
+A model needs nothing but `name`, `capabilities` and `stream`; one that still sets the old attributes
+(`handles_deadline`, `provider`, `check_settings`) is refused with where they moved.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -139,3 +141,49 @@ def test_a_temperature_other_than_the_declared_one_is_a_build_error_naming_the_m
 
 def test_without_declared_limits_any_settings_build() -> None:
     agentrt.build(Desk, model=Minimal(), settings=ModelSettings(max_tokens=1, temperature=0.3))
+
+
+# --- the old attributes ----------------------------------------------------------------------------
+
+
+class OldDeadline(Minimal):
+    handles_deadline = True
+
+
+class OldProvider(Minimal):
+    def __init__(self) -> None:
+        super().__init__()
+        self.provider = "acme"
+
+
+class OldCheck(Minimal):
+    def check_settings(self, settings: ModelSettings, where: str) -> None:
+        raise AssertionError("never called")
+
+
+@pytest.mark.parametrize(
+    ("model", "moved"),
+    [
+        (OldDeadline(), r"handles_deadline \(now Capabilities\.handles_deadline\)"),
+        (OldProvider(), r"provider \(now Capabilities\.provider\)"),
+        (OldCheck(), r"check_settings \(declare the settings it refuses instead: Capabilities\.min_max"),
+    ],
+)
+def test_a_model_that_sets_an_old_attribute_is_refused_with_where_it_moved(model: Any, moved: str) -> None:
+    with pytest.raises(ConfigurationError, match=moved):
+        agentrt.build(Chat, model=model)
+
+
+class OwnProvider(Minimal):
+    """A model whose `provider` is its own business (not a name): not the old declaration."""
+
+    @property
+    def provider(self) -> str:
+        raise AssertionError("build reads no attribute but name, capabilities and stream")
+
+    handles_deadline = None
+    check_settings = "mine"
+
+
+async def test_attributes_of_those_names_and_other_kinds_are_the_models_own() -> None:
+    assert await agentrt.build(Chat, model=OwnProvider()).ask("q") == "Hello there"
