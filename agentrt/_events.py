@@ -170,8 +170,8 @@ class ModelResponse:
 @dataclass(frozen=True, slots=True)
 class Started:
     """The invocation began. `method` is `Class.method`, `model` the name of the service's model and
-    `provider` who serves it, as the model declares (`"openai"`, `"anthropic"`, `"ollama"`; `None`
-    for a model that does not say)."""
+    `provider` who serves it, as the model declares (`Capabilities.provider`: `"openai"`,
+    `"anthropic"`, `"ollama"`; `None` for a model that does not say)."""
 
     invocation_id: str
     method: str

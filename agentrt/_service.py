@@ -22,7 +22,7 @@ from .guardrails._declare import INPUT_ATTR, OUTPUT_ATTR, OutputChain, guardrail
 from .memory._inmemory import InMemoryStore
 from .memory._memory import ChatMemory, Memory
 from .memory._store import ChatMemoryStore, PendingStore
-from .models._protocol import ModelSettings
+from .models._protocol import ModelSettings, check_declared_settings
 from .moderation._declare import MODERATE_ATTR, Moderate
 from .output._modes import ANSWER_TOOL, AnswerTool, answer_tool, resolve_mode
 from .output._parsers import TypeParser
@@ -210,24 +210,47 @@ def _output_modes(
     return modes, answer_tools
 
 
-def _check_settings(spec: ServiceSpec, model: ChatModel, settings: ModelSettings | None) -> None:
-    """Settings the model would refuse on every request (a model's optional `check_settings`) are
-    build errors: the build's, and each method's own (laid over the build's)."""
-    check = getattr(model, "check_settings", None)
-    if not callable(check):
-        return
+def _check_settings(spec: ServiceSpec, capabilities: Capabilities, settings: ModelSettings | None) -> None:
+    """Settings the model declares it refuses on every request (`Capabilities.min_max_tokens`,
+    `fixed_temperature`) are build errors: the build's, and each method's own (laid over the build's)."""
     if settings is not None:
-        check(settings, spec.cls.__name__)
+        check_declared_settings(capabilities, settings, spec.cls.__name__)
     for method in spec.methods.values():
         own = method.options.settings if method.options is not None else None
         if own is not None:
-            check(settings.merge(own) if settings is not None else own, method.qualname)
+            merged = settings.merge(own) if settings is not None else own
+            check_declared_settings(capabilities, merged, method.qualname)
 
 
 def _check_model(model: object) -> None:
     missing = [name for name in ("name", "capabilities", "stream") if not hasattr(model, name)]
     if missing:
         raise ConfigurationError(f"model {model!r} is not a ChatModel: it lacks {', '.join(missing)}")
+    _refuse_moved(model)
+
+
+def _refuse_moved(model: object) -> None:
+    """A model that declares as attributes of its own what moved into its `Capabilities` (as
+    agentrt once read them: `handles_deadline = True`, `provider = "..."`, a `check_settings`
+    method) is refused: agentrt no longer reads them, and ignoring them would silently change
+    deadlines, traces and build checks. Looked up statically (no property or `__getattr__` runs);
+    values of another type than the old declaration's are the model's own business and pass."""
+    moved = []
+    if isinstance(inspect.getattr_static(model, "handles_deadline", None), bool):
+        moved.append("handles_deadline (now Capabilities.handles_deadline)")
+    if isinstance(inspect.getattr_static(model, "provider", None), str):
+        moved.append("provider (now Capabilities.provider)")
+    if callable(inspect.getattr_static(model, "check_settings", None)):
+        moved.append(
+            "check_settings (declare the settings it refuses instead: Capabilities.min_max_tokens, "
+            "Capabilities.fixed_temperature)"
+        )
+    if moved:
+        raise ConfigurationError(
+            f"model {model!r} declares {'; '.join(moved)} as its own attributes, which agentrt no "
+            "longer reads: declare them in the Capabilities its `capabilities` returns "
+            "(dataclasses.replace(capabilities, ...))"
+        )
 
 
 def _check_tool_choice(
@@ -459,7 +482,7 @@ def build(
         raise ConfigurationError(
             f"{cls.__name__}: settings must be an agentrt.ModelSettings, got {settings!r}"
         )
-    _check_settings(spec, model, settings)
+    _check_settings(spec, capabilities, settings)
     if memory is not None and not isinstance(memory, ChatMemory):
         if not isinstance(memory, ChatMemoryStore):
             raise ConfigurationError(
@@ -491,10 +514,9 @@ def build(
         raise ConfigurationError(f"{cls.__name__}: approvals must be an agentrt.Approvals, got {approvals!r}")
     method_approvals, gates, pending = _approvals(spec, approvals, definitions, tool_provider, memory)
 
-    provider = getattr(model, "provider", None)
     runtime = Runtime(
         model=model,
-        provider=provider if isinstance(provider, str) else None,
+        provider=capabilities.provider or None,
         listeners=tuple(listeners),
         system_message=system_message,
         variables=MappingProxyType(static),
@@ -505,7 +527,7 @@ def build(
         threads=ThreadLimiter(tool_settings.thread_limit),
         budget=budget,
         max_repairs=max_repairs,
-        handles_deadline=getattr(model, "handles_deadline", False) is True,
+        handles_deadline=capabilities.handles_deadline,
         memory=Memory(memory, f"{cls.__module__}.{cls.__qualname__}") if memory is not None else None,
         input_guardrails=MappingProxyType(input_chains),
         output_guardrails=MappingProxyType(output_chains),

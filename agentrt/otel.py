@@ -172,7 +172,9 @@ class OTelListener:
             explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
         )
         self._model = model if isinstance(model, str) or model is None else model.name
-        self._provider = provider or (_provider_of(model) if model is not None else None)
+        self._provider = provider or (
+            None if model is None or isinstance(model, str) else model.capabilities.provider
+        )
         """The provider named by `instrument(...)`; else each service's model's (`Started.provider`)."""
         self._calls: dict[str, _Call] = {}
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -528,11 +530,6 @@ class OTelListener:
 
 
 # --- helpers ----------------------------------------------------------------------------------
-
-
-def _provider_of(model: object) -> str | None:
-    declared = getattr(model, "provider", None)
-    return declared if isinstance(declared, str) and declared else None
 
 
 def _usage(usage: Usage) -> Attributes:

@@ -28,6 +28,7 @@ called tools, else `STOP`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import math
 import selectors
@@ -213,9 +214,8 @@ class _RecordedStream:
 
 class _RecordingModel:
     def __init__(self, name: str, capabilities: Capabilities | None, handles_deadline: bool) -> None:
-        self.handles_deadline = handles_deadline
         self._name = name
-        self._capabilities = capabilities or Capabilities(
+        declared = capabilities or Capabilities(
             json_schema=True,
             image_input=True,
             audio_input=True,
@@ -223,6 +223,10 @@ class _RecordingModel:
             pdf_input=True,
             thinking=True,
         )
+        # (the capabilities declare what this model does with deadlines: `handles_deadline`)
+        if declared.handles_deadline is not handles_deadline:
+            declared = dataclasses.replace(declared, handles_deadline=handles_deadline)
+        self._capabilities = declared
         self.requests: list[ModelRequest] = []
         self.streams: list[StreamRecord] = []
 
@@ -249,8 +253,9 @@ class ScriptedModel(_RecordingModel):
 
     The default capabilities declare everything (JSON schema, all media inputs); pass `capabilities`
     to test a less able model. Like the HTTP adapters, `Delay` and `Hang` stop at the request's
-    deadline with `ModelTimeoutError` (`handles_deadline`); pass `handles_deadline=False` to play a
-    model that knows nothing of deadlines, which the pipeline then enforces itself.
+    deadline with `ModelTimeoutError` (`handles_deadline`, which sets `Capabilities.handles_deadline`
+    whatever `capabilities` say); pass `handles_deadline=False` to play a model that knows nothing
+    of deadlines, which the pipeline then enforces itself.
     """
 
     def __init__(
@@ -276,7 +281,7 @@ class ScriptedModel(_RecordingModel):
                 f"{self.name}: request {record.index + 1} has no scripted response "
                 f"(only {len(self._responses)} scripted)"
             )
-        deadline = _guard(request, self.handles_deadline)
+        deadline = _guard(request, self._capabilities.handles_deadline)
         return _RecordedStream(_play(self._responses[record.index], record, deadline), record)
 
 
@@ -304,7 +309,7 @@ class FunctionModel(_RecordingModel):
     async def _respond(
         self, request: ModelRequest, record: StreamRecord
     ) -> AsyncGenerator[_events.ModelChunk, None]:
-        deadline = _guard(request, self.handles_deadline)
+        deadline = _guard(request, self._capabilities.handles_deadline)
         answer = self._function(request)
         script: Script | None = None
         if not inspect.isawaitable(answer):

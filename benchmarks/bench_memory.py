@@ -60,8 +60,7 @@ class MemoryModel:
     """Answers every request with the same chunks, from memory, without waiting or recording."""
 
     name = "memory"
-    capabilities = Capabilities()
-    handles_deadline = True
+    capabilities = Capabilities(handles_deadline=True)
 
     def __init__(self) -> None:
         self.chunks: list[ModelChunk] = [TextDelta("Noted."), Usage(10, 2), Finish(FinishReason.STOP)]

@@ -44,8 +44,7 @@ async def arrives_after(seconds: float) -> None:
 
 class MemoryModel:
     name = "memory"
-    capabilities = Capabilities()
-    handles_deadline = True
+    capabilities = Capabilities(handles_deadline=True)
 
     def __init__(self, chunks: list[ModelChunk], first_after: float = 0.0) -> None:
         self.chunks = chunks

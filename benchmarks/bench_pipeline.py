@@ -31,13 +31,13 @@ CALLS = 2_000
 class MemoryModel:
     """Streams the same chunks for every request, from memory.
 
-    Like the HTTP adapters it declares `handles_deadline`: it never waits, so no deadline can pass
-    inside it. `GenericModel` does not, and shows what the pipeline's own per-chunk deadline costs.
+    Like the HTTP adapters it declares `Capabilities.handles_deadline`: it never waits, so no
+    deadline can pass inside it. `GenericModel` does not, and shows what the pipeline's own
+    per-chunk deadline costs.
     """
 
     name = "memory"
-    capabilities = Capabilities()
-    handles_deadline = True
+    capabilities = Capabilities(handles_deadline=True)
 
     def __init__(self, chunks: list[ModelChunk]) -> None:
         self.chunks = chunks
@@ -48,7 +48,7 @@ class MemoryModel:
 
 
 class GenericModel(MemoryModel):
-    handles_deadline = False
+    capabilities = Capabilities()
 
 
 class Service:

@@ -9,6 +9,7 @@ rebuilt. Everything else is served by `httpx.MockTransport` handlers, among them
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -485,8 +486,10 @@ async def test_settings_max_tokens_and_what_has_no_wire_form() -> None:
 
 
 async def test_configuration_capabilities_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ConfigurationError, match="thinking budget"):
+    with pytest.raises(ConfigurationError, match=r"\(thinking=5000\): max_tokens \(4096\) is below 5001"):
         AnthropicChatModel("claude", thinking=5000, max_tokens=4096)
+    with pytest.raises(ConfigurationError, match=r"\(thinking='adaptive'\): .* no temperature but 1"):
+        AnthropicChatModel("claude", thinking="adaptive", settings=ModelSettings(temperature=0.5))
     with pytest.raises(ConfigurationError, match="max_tokens"):
         AnthropicChatModel("claude", max_tokens=0)
     with pytest.raises(ConfigurationError, match="model name"):
@@ -498,7 +501,13 @@ async def test_configuration_capabilities_and_environment(monkeypatch: pytest.Mo
     assert resolve_mode("auto", plain.capabilities) == "tool"  # structured output through final_answer
     assert not (DEFAULT_CAPABILITIES.json_schema or DEFAULT_CAPABILITIES.json_object)
     thinking = AnthropicChatModel("claude", thinking=1024)
-    assert thinking.capabilities == THINKING_CAPABILITIES  # the API refuses a forced tool with thinking
+    # the API refuses a forced tool with thinking, and max_tokens up to the budget, and a temperature but 1
+    assert thinking.capabilities == dataclasses.replace(
+        THINKING_CAPABILITIES, min_max_tokens=1025, fixed_temperature=1
+    )
+    assert AnthropicChatModel("claude", thinking="adaptive").capabilities == dataclasses.replace(
+        THINKING_CAPABILITIES, fixed_temperature=1
+    )
     assert resolve_mode("auto", thinking.capabilities) == "tool"
 
     monkeypatch.setenv("ANTHROPIC_BASE_URL", "https://proxy.test/anthropic/")
@@ -1045,11 +1054,17 @@ def test_settings_the_api_refuses_with_thinking_are_build_errors_naming_the_meth
         @agentrt.method_options(settings=ModelSettings(temperature=0.2))
         async def creative(self, question: str) -> str: ...
 
+    class Plain:
+        async def ask(self, question: str) -> str: ...
+
     model = AnthropicChatModel("claude", api_key="k", thinking=2048, max_tokens=8192)
-    with pytest.raises(ConfigurationError, match=r"Desk\.creative: with thinking on"):
+    with pytest.raises(ConfigurationError, match=r"Desk\.creative: the model takes no temperature but 1"):
         agentrt.build(Desk, model=model)
-    with pytest.raises(ConfigurationError, match=r"Desk: max_tokens \(1024\) must be above"):
+    with pytest.raises(ConfigurationError, match=r"Desk: max_tokens \(1024\) is below 2049"):
         agentrt.build(Desk, model=model, settings=ModelSettings(max_tokens=1024))
+    with pytest.raises(ConfigurationError, match=r"Plain: max_tokens \(2048\) is below 2049"):
+        agentrt.build(Plain, model=model, settings=ModelSettings(max_tokens=2048))
+    agentrt.build(Plain, model=model, settings=ModelSettings(max_tokens=2049, temperature=1))
     # without thinking, any temperature goes
     agentrt.build(Desk, model=AnthropicChatModel("claude", api_key="k"))
 

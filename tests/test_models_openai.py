@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -401,7 +402,12 @@ def test_capabilities_default_and_override() -> None:
     assert OpenAIChatModel("m", base_url="http://x.test").capabilities == DEFAULT_CAPABILITIES
     assert DEFAULT_CAPABILITIES.json_schema and DEFAULT_CAPABILITIES.image_input
     own = Capabilities(json_schema=False, usage_in_stream=False)
-    assert OpenAIChatModel("m", base_url="http://x.test", capabilities=own).capabilities is own
+    # The adapter declares what describes its own code, whatever the given capabilities say: it stops
+    # at deadlines itself. It names its API as the provider where they name none.
+    declared = OpenAIChatModel("m", base_url="http://x.test", capabilities=own).capabilities
+    assert declared == dataclasses.replace(own, handles_deadline=True, provider="openai")
+    groq = dataclasses.replace(DEFAULT_CAPABILITIES, provider="groq")
+    assert OpenAIChatModel("m", base_url="http://x.test", capabilities=groq).capabilities is groq
 
 
 @pytest.mark.parametrize("base_url", ["not a url", "ftp://x.test/v1", "localhost:8000"])

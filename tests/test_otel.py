@@ -36,7 +36,7 @@ from agentrt import (
     tool,
 )
 from agentrt.guardrails import output_guardrails, retry, success
-from agentrt.models import OpenAIChatModel, ResponseMeta
+from agentrt.models import Capabilities, OpenAIChatModel, ResponseMeta
 from agentrt.otel import OTelListener, instrument
 from agentrt.rag import Content, Query, Retrieval
 from agentrt.testing import CallTool, Hang, Raise, ScriptedModel
@@ -619,6 +619,24 @@ async def test_one_listener_for_two_services_names_each_provider(telemetry: Tele
         for s in telemetry.spans()
     }
     assert providers == {("claude-test", "anthropic"), ("gpt-test", "openai")}
+
+
+async def test_a_models_declared_provider_names_its_spans(telemetry: Telemetry) -> None:
+    # A model of the user's own declares its provider as data (`Capabilities.provider`), as the
+    # adapters do; `instrument(model=...)` takes that model's for every service it serves.
+    acme = ScriptedModel("ok", name="acme-1", capabilities=Capabilities(provider="acme"))
+    per_service = telemetry.listener()
+    overriding = telemetry.listener(model=acme)
+    runs = ((acme, per_service), (ScriptedModel("ok"), per_service), (ScriptedModel("ok"), overriding))
+    for model, listener in runs:
+        assert await agentrt.build(Assistant, model=model, listeners=[listener]).ask("q") == "ok"
+
+    spans = [attributes(s) for s in telemetry.spans()]
+    assert [a["gen_ai.provider.name"] for a in spans if a["gen_ai.operation.name"] == "chat"] == [
+        "acme",
+        "_OTHER",
+        "acme",
+    ]
 
 
 async def test_a_tool_that_fails_the_call_has_an_error_span(telemetry: Telemetry) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import anyio
 import pytest
 
 import agentrt
 from agentrt import ModelRequest, TokenStream, ToolCall
-from agentrt.models import Finish, FinishReason, TextDelta, complete
+from agentrt.models import Capabilities, Finish, FinishReason, TextDelta, complete
 from agentrt.testing import (
     CallTool,
     Delay,
@@ -90,3 +92,13 @@ async def test_closed_records_only_an_explicit_close_by_the_consumer(make: objec
     await closed.__anext__()
     await closed.aclose()
     assert model.streams[1].closed and model.streams[1].ended and not model.streams[1].completed
+
+
+def test_the_test_models_declare_what_they_do_with_deadlines_in_their_capabilities() -> None:
+    # `handles_deadline=` says what the model does (its `Delay` and `Hang` stop at the deadline or
+    # not), so it is what the capabilities declare, whatever capabilities are passed.
+    own = Capabilities(json_schema=False, provider="acme")
+    assert ScriptedModel().capabilities.handles_deadline
+    assert FunctionModel(lambda request: "x", handles_deadline=False).capabilities.handles_deadline is False
+    assert ScriptedModel(capabilities=own).capabilities == dataclasses.replace(own, handles_deadline=True)
+    assert ScriptedModel(capabilities=own, handles_deadline=False).capabilities is own

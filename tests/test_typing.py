@@ -98,3 +98,51 @@ def test_every_callback_that_may_be_async_type_checks_as_async(tmp_path: Path) -
     )
 
     assert status == 0, stdout
+
+
+def test_a_model_of_name_capabilities_and_stream_is_a_chat_model_with_declared_fields(tmp_path: Path) -> None:
+    # A user's model needs these three members only; what it says of itself is typed data in its
+    # capabilities (the pipeline reads no optional attribute).
+    source = textwrap.dedent(
+        """
+        from __future__ import annotations
+
+        from collections.abc import AsyncIterator
+
+        import agentrt
+        from agentrt.models import Capabilities, ChatModel, ModelChunk, ModelRequest, TextDelta
+
+
+        class Mine:
+            name = "mine"
+            capabilities = Capabilities(handles_deadline=True, provider="acme", min_max_tokens=16)
+
+            async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+                yield TextDelta("hi")
+
+
+        class Chat:
+            async def ask(self, question: str) -> str:
+                raise NotImplementedError
+
+
+        model: ChatModel = Mine()
+        service = agentrt.build(Chat, model=Mine())
+        deadline: bool = model.capabilities.handles_deadline
+        provider: str | None = model.capabilities.provider
+        least: int | None = model.capabilities.min_max_tokens
+        temperature: float | None = model.capabilities.fixed_temperature
+        wrong: str = model.capabilities.handles_deadline  # line 29
+        """
+    )
+    target = tmp_path / "use_model.py"
+    target.write_text(source)
+
+    stdout, _, status = api.run(
+        [str(target), "--strict", "--no-incremental", "--config-file", str(ROOT / "pyproject.toml")]
+    )
+
+    errors = [line for line in stdout.splitlines() if ": error:" in line]
+    assert status == 1
+    assert len(errors) == 1, stdout
+    assert ":29: error: Incompatible types in assignment" in errors[0]

@@ -53,7 +53,7 @@ class Runtime:
 
     model: ChatModel
     provider: str | None = None
-    """Who serves the model, as it declares (its `provider` attribute), for `Started.provider`."""
+    """Who serves the model, as it declares (`Capabilities.provider`), for `Started.provider`."""
     listeners: tuple[Listener, ...] = ()
     system_message: SystemMessageProvider | None = None
     variables: Mapping[str, str] | None = None
@@ -66,7 +66,7 @@ class Runtime:
     tool_settings: ToolSettings = field(default_factory=ToolSettings)
     threads: ThreadLimiter = field(default_factory=lambda: ThreadLimiter(ToolSettings().thread_limit))
     handles_deadline: bool = False
-    """The model stops at `ModelRequest.deadline` itself (`ChatModel.handles_deadline`)."""
+    """The model stops at `ModelRequest.deadline` itself (`Capabilities.handles_deadline`)."""
     memory: Memory | None = None
     """The service's chat memory, if it keeps conversations."""
     input_guardrails: Mapping[str, tuple[Guardrail, ...]] = field(default_factory=dict)

@@ -7,8 +7,9 @@ what only a chat model has: default settings, capabilities, streaming.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import TYPE_CHECKING, ClassVar, Self, TypedDict, Unpack
+from typing import TYPE_CHECKING, Self, TypedDict, Unpack
 
 import httpx
 from pydantic import SecretStr
@@ -134,9 +135,6 @@ class HttpModel:
 class HttpChatModel(HttpModel):
     """The common part of an HTTP chat model. Subclasses call `_connect` from their `__init__`."""
 
-    handles_deadline: ClassVar[bool] = True
-    """Opening, retries and reads stop at `ModelRequest.deadline` (see `stream_chunks`)."""
-
     _settings: ModelSettings
     _capabilities: Capabilities
     _streaming: bool
@@ -151,10 +149,14 @@ class HttpChatModel(HttpModel):
         api_key_variable: str,
         settings: ModelSettings | None,
         capabilities: Capabilities,
+        provider: str,
         streaming: bool,
         key_header: str | None = None,
         **options: Unpack[SessionOptions],
     ) -> None:
+        """Open the session. The capabilities declare `handles_deadline` whatever the caller's say
+        (opening, retries and reads stop at `ModelRequest.deadline`: see `stream_chunks`), and
+        `provider` where they name none."""
         self._connect_session(
             model,
             base_url=base_url,
@@ -165,6 +167,10 @@ class HttpChatModel(HttpModel):
             **options,
         )
         self._settings = settings or ModelSettings()
+        if not capabilities.handles_deadline or capabilities.provider is None:
+            capabilities = dataclasses.replace(
+                capabilities, handles_deadline=True, provider=capabilities.provider or provider
+            )
         self._capabilities = capabilities
         self._streaming = streaming
 

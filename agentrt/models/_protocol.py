@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from .._errors import ConfigurationError
 from .._events import (
     Finish,
     FinishReason,
@@ -66,10 +67,10 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
-    """What a model (and the server in front of it) supports.
+    """What a model (and the server in front of it) supports, and what it declares about itself.
 
     Declared by each adapter and overridable by the user (`dataclasses.replace`), because compatible
-    servers differ. The pipeline never probes: it reads these flags.
+    servers differ. The pipeline never probes: it reads these fields, once, at `build()`.
     """
 
     tools: bool = True
@@ -95,6 +96,22 @@ class Capabilities:
     thinking: bool = False
     usage_in_stream: bool = True
     """The server reports usage in streamed responses (otherwise usage is estimated)."""
+    handles_deadline: bool = False
+    """The model stops waiting at `ModelRequest.deadline` itself: no retry sleep past it, no read
+    that outlasts it, and `ModelTimeoutError` there. Otherwise the pipeline reads every chunk of a
+    stream under a cancel scope at the deadline (an awaited call runs under one scope either way).
+    The HTTP adapters declare it whatever `capabilities=` they are given (it describes their code,
+    not the server): one watchdog per response (see `agentrt._watchdog`)."""
+    provider: str | None = None
+    """Who serves the model (`"openai"`, `"anthropic"`, `"ollama"`): `Started.provider` and
+    OpenTelemetry's `gen_ai.provider.name`. The HTTP adapters name their API where `capabilities=`
+    names none; name the actual server there (e.g. `"groq"` behind `OpenAIChatModel`)."""
+    min_max_tokens: int | None = None
+    """The least `ModelSettings.max_tokens` the model takes (Anthropic with a thinking budget: one
+    more than the budget). `build()` refuses the build's and each method's settings under it."""
+    fixed_temperature: float | None = None
+    """The one `ModelSettings.temperature` the model takes, when it takes no other (Anthropic with
+    thinking on: 1). `build()` refuses the build's and each method's settings with another."""
 
 
 class ChatModel(Protocol):
@@ -104,16 +121,11 @@ class ChatModel(Protocol):
     as soon as it stops reading, whether the stream ended, failed, or was cancelled; an adapter releases
     its connection there. An adapter translates its transport errors into `agentrt.ModelError` kinds.
 
-    A model whose class sets `handles_deadline = True` promises to stop waiting at `request.deadline`
-    (no retry sleeps past it, no read that outlasts it) and to raise `ModelTimeoutError` there; the
-    HTTP adapters keep it with one watchdog per response (see `agentrt._watchdog`). For any other
-    model the pipeline enforces the deadline itself: around every chunk it reads from a stream (a
-    cancel scope per chunk), around the whole call when it is awaited.
-
-    Optional, read where present: a `provider` attribute (who serves the model, e.g. `"openai"`;
-    `Started.provider`), and `check_settings(settings, where)`, which `build` calls with the build's
-    and each method's `ModelSettings` and which raises `ConfigurationError` for settings the model
-    would refuse on every request.
+    Everything else a model says about itself is data in its `capabilities`, read once at `build()`:
+    whether it stops at `request.deadline` itself (`Capabilities.handles_deadline`; otherwise the
+    pipeline reads each chunk under a cancel scope), who serves it (`Capabilities.provider`, for
+    `Started.provider`), and the settings it refuses on every request (`min_max_tokens`,
+    `fixed_temperature`, checked at `build()`). A model needs no member beyond these three.
     """
 
     @property
@@ -125,6 +137,23 @@ class ChatModel(Protocol):
     def capabilities(self) -> Capabilities: ...
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]: ...
+
+
+def check_declared_settings(capabilities: Capabilities, settings: ModelSettings, where: str) -> None:
+    """Raise `ConfigurationError`, prefixed with `where`, for settings that `capabilities` declare
+    the model refuses on every request (`min_max_tokens`, `fixed_temperature`)."""
+    least = capabilities.min_max_tokens
+    if least is not None and settings.max_tokens is not None and settings.max_tokens < least:
+        raise ConfigurationError(
+            f"{where}: max_tokens ({settings.max_tokens}) is below {least}, the least the model takes "
+            "(its Capabilities.min_max_tokens)"
+        )
+    fixed = capabilities.fixed_temperature
+    if fixed is not None and settings.temperature is not None and settings.temperature != fixed:
+        raise ConfigurationError(
+            f"{where}: the model takes no temperature but {fixed:g} (its Capabilities.fixed_temperature), "
+            f"got {settings.temperature}"
+        )
 
 
 async def aclose_iterator(iterator: AsyncIterator[Any]) -> None:

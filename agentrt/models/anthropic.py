@@ -14,9 +14,10 @@ whole message is read as the events that would have streamed it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import orjson
 
@@ -43,7 +44,7 @@ from ._base import HttpChatModel
 from ._decoders import _PROBLEMS, JSONChunkDecoder, MalformedPayload, json_type
 from ._failures import error_from_payload, unreadable
 from ._http import stream_chunks
-from ._protocol import Capabilities, ModelSettings
+from ._protocol import Capabilities, ModelSettings, check_declared_settings
 from ._sse import SSEDecoder
 
 if TYPE_CHECKING:
@@ -73,6 +74,8 @@ DEFAULT_CAPABILITIES: Final = Capabilities(
     image_input=True,
     pdf_input=True,
     thinking=True,
+    handles_deadline=True,
+    provider="anthropic",
 )
 """What the Messages API takes. Structured answers go through a forced `final_answer` tool: the API
 has no JSON mode (`json_schema`, `json_object` are false), and follows a tool's schema well."""
@@ -84,6 +87,8 @@ THINKING_CAPABILITIES: Final = Capabilities(
     image_input=True,
     pdf_input=True,
     thinking=True,
+    handles_deadline=True,
+    provider="anthropic",
 )
 """With thinking on, the API refuses a forced tool choice (`any` or a named tool): the answer tool is
 then offered with `auto` and asked for in the instructions."""
@@ -121,7 +126,9 @@ class AnthropicChatModel(HttpChatModel):
       must be below `max_tokens`), or `"adaptive"` for the models that decide themselves. Thinking
       blocks come back as `ThinkingDelta` chunks with their signature and are sent back unchanged;
       with thinking off, no thinking block is sent (the API refuses one in the last assistant message).
-      Thinking on also changes the default capabilities (`THINKING_CAPABILITIES`).
+      Thinking on also changes the default capabilities (`THINKING_CAPABILITIES`), and declares in
+      them what the API then refuses on every request, which `build()` checks: `max_tokens` not above
+      the budget (`min_max_tokens`), a temperature other than 1 (`fixed_temperature`).
     - `cache_tools`, `cache_system`, `cache_history`: prompt caching (see below).
     - `parallel_tool_calls`: `False` sends `disable_parallel_tool_use` with the tool choice.
     - `api_version`, `beta`: the `anthropic-version` header and the `anthropic-beta` features.
@@ -143,9 +150,6 @@ class AnthropicChatModel(HttpChatModel):
     `{"type": "error", "error": {...}}` envelope by status and `error.type` (`overloaded_error`, also
     as HTTP 529, is `OverloadedError`), an `error` event inside a stream by its type.
     """
-
-    provider: ClassVar[str] = "anthropic"
-    """Who serves the model (OpenTelemetry's `gen_ai.provider.name`)."""
 
     def __init__(
         self,
@@ -182,7 +186,15 @@ class AnthropicChatModel(HttpChatModel):
             )
         self._max_tokens = max_tokens
         self._thinking = thinking
-        self.check_settings(settings or ModelSettings(), kind)
+        declared = capabilities or (DEFAULT_CAPABILITIES if thinking is None else THINKING_CAPABILITIES)
+        if thinking is not None:
+            declared = _thinking_limits(declared, thinking)
+            own = settings or ModelSettings()
+            check_declared_settings(
+                declared,
+                dataclasses.replace(own, max_tokens=own.max_tokens or max_tokens),
+                f"{kind}(thinking={thinking!r})",
+            )
         base = base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
         sent_headers = {"anthropic-version": api_version}
         if beta:
@@ -196,8 +208,8 @@ class AnthropicChatModel(HttpChatModel):
             api_key_variable="ANTHROPIC_API_KEY",
             key_header="x-api-key",
             settings=settings,
-            capabilities=capabilities
-            or (DEFAULT_CAPABILITIES if thinking is None else THINKING_CAPABILITIES),
+            capabilities=declared,
+            provider="anthropic",
             streaming=streaming,
             headers=sent_headers,
             timeout=timeout,
@@ -212,24 +224,6 @@ class AnthropicChatModel(HttpChatModel):
         self._cache_history = cache_history
         self._parallel_tool_calls = parallel_tool_calls
         self._extra_body = dict(extra_body or {})
-
-    def check_settings(self, settings: ModelSettings, where: str) -> None:
-        """Refuse settings the Messages API would refuse on every request (`build` calls this for
-        the build's and each method's settings): with thinking on, `max_tokens` must exceed the
-        thinking budget and `temperature` may only be 1."""
-        thinking = self._thinking
-        if thinking is None:
-            return
-        limit = settings.max_tokens or self._max_tokens
-        if isinstance(thinking, int) and limit <= thinking:
-            raise ConfigurationError(
-                f"{where}: max_tokens ({limit}) must be above {type(self).__name__}'s thinking budget "
-                f"({thinking} tokens)"
-            )
-        if settings.temperature is not None and settings.temperature != 1:
-            raise ConfigurationError(
-                f"{where}: with thinking on, Anthropic takes no temperature but 1, got {settings.temperature}"
-            )
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         """The response's chunks as they arrive. Closing the iterator closes the HTTP response."""
@@ -300,6 +294,18 @@ class AnthropicChatModel(HttpChatModel):
         if "json" in content_type or not self._streaming:
             return JSONChunkDecoder(mapper)
         return EventStreamDecoder(mapper)
+
+
+def _thinking_limits(capabilities: Capabilities, thinking: int | Literal["adaptive"]) -> Capabilities:
+    """What the Messages API refuses on every request with thinking on, declared where the
+    capabilities leave it open: `max_tokens` not above the budget, a temperature other than 1."""
+    least = capabilities.min_max_tokens
+    if least is None and isinstance(thinking, int):
+        least = thinking + 1
+    fixed = capabilities.fixed_temperature
+    return dataclasses.replace(
+        capabilities, min_max_tokens=least, fixed_temperature=1.0 if fixed is None else fixed
+    )
 
 
 # --- request mapping -------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import orjson
 
@@ -64,6 +64,8 @@ DEFAULT_CAPABILITIES: Final = Capabilities(
     json_object=True,
     image_input=True,
     thinking=True,
+    handles_deadline=True,
+    provider="ollama",
 )
 """What Ollama's API accepts (whether the loaded model can use it is the model's business)."""
 
@@ -85,9 +87,6 @@ class OllamaChatModel(HttpChatModel):
     Ollama cannot force a tool call: a request with `tool_choice` `"required"` or a tool name raises
     `BadRequestError` (`Capabilities.tool_choice_required` is false); `"none"` sends no tools.
     """
-
-    provider: ClassVar[str] = "ollama"
-    """Who serves the model (OpenTelemetry's `gen_ai.provider.name`)."""
 
     def __init__(
         self,
@@ -120,6 +119,7 @@ class OllamaChatModel(HttpChatModel):
             api_key_variable="OLLAMA_API_KEY",
             settings=settings,
             capabilities=capabilities or DEFAULT_CAPABILITIES,
+            provider="ollama",
             streaming=streaming,
             headers=headers,
             timeout=timeout,

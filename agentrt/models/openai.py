@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import orjson
 
@@ -72,6 +72,8 @@ DEFAULT_CAPABILITIES: Final = Capabilities(
     image_input=True,
     pdf_input=True,
     thinking=True,
+    handles_deadline=True,
+    provider="openai",
 )
 """What current OpenAI chat models accept. Audio input needs an audio model; video has no wire form."""
 
@@ -106,9 +108,6 @@ class OpenAIChatModel(HttpChatModel):
     Errors are `agentrt.ModelError` kinds; transport errors and timeouts are translated here.
     """
 
-    provider: ClassVar[str] = "openai"
-    """Who serves the model (OpenTelemetry's `gen_ai.provider.name`)."""
-
     def __init__(
         self,
         model: str,
@@ -141,6 +140,7 @@ class OpenAIChatModel(HttpChatModel):
             api_key_variable="OPENAI_API_KEY",
             settings=settings,
             capabilities=capabilities or DEFAULT_CAPABILITIES,
+            provider="openai",
             streaming=streaming,
             headers=headers,
             timeout=timeout,

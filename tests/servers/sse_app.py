@@ -43,8 +43,7 @@ class Counting:
     """Streams as many tokens as the user message says, from memory."""
 
     name = "counting"
-    capabilities = Capabilities()
-    handles_deadline = True
+    capabilities = Capabilities(handles_deadline=True)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
         for index in range(int(request.messages[-1].text or "0")):
