@@ -30,6 +30,11 @@ import agentrt
 from agentrt import _errors
 from agentrt._errors import (
     AgentError,
+    ApprovalDecisionError,
+    ApprovalError,
+    ApprovalNotFoundError,
+    ApprovalPendingError,
+    ApprovalRequired,
     AuthenticationError,
     BadRequestError,
     BudgetExceededError,
@@ -157,6 +162,11 @@ class SlottedToolError(ToolError):
         self.attempt = attempt
 
 
+def _approval() -> agentrt.ApprovalRequested:
+    call = agentrt.PendingCall("c1", "refund", {"order": "A1", "amount": 250.0})
+    return agentrt.ApprovalRequested("id", "run-1", "Desk.chat", "ada", (call,), 1e9, partial=_partial())
+
+
 SAMPLES: dict[type[AgentError], Callable[[], AgentError]] = {
     AgentError: lambda: AgentError("something in agentrt failed"),
     ConfigurationError: lambda: ConfigurationError(
@@ -212,6 +222,15 @@ SAMPLES: dict[type[AgentError], Callable[[], AgentError]] = {
         "Docs.ask: the moderation model failed", categories=(), flagged="input", moderation=None, partial=None
     ),
     GuardrailError: lambda: GuardrailError("refused", failures=()),
+    ApprovalRequired: lambda: ApprovalRequired(
+        "Desk.chat: tool call(s) refund (c1) wait for approval",
+        approval=_approval(),
+        partial=_partial(),
+    ),
+    ApprovalError: lambda: ApprovalError("refused"),
+    ApprovalPendingError: lambda: ApprovalPendingError("Desk.chat: a turn waits", approval=_approval()),
+    ApprovalNotFoundError: lambda: ApprovalNotFoundError("Desk: resume: no turn waits as run 'r'"),
+    ApprovalDecisionError: lambda: ApprovalDecisionError("Desk.chat: no decision for pending call(s) ['c1']"),
     OutputGuardrailError: lambda: OutputGuardrailError(
         "Assistant.chat: the output guardrails refused the answer after 1 attempt(s) (Polite: rude)",
         failures=(GuardrailVerdict("id", "Polite", "output", "failure", "rude", 0.001),),

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 import agentrt
 from agentrt.models import ToolCallDelta
-from agentrt.testing import ScriptedModel
+from agentrt.testing import CallTool, ScriptedModel
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -84,7 +84,10 @@ async def test_every_readme_block_runs_as_written(
     retrieving = ScriptedModel("Half the adult fare.")
     moderated = ScriptedModel(["You could ", "hide it..."])
     traced = ScriptedModel("Traced.")
-    models = [model, typed, tooled, budgeted, remembering, guarded, redacting, retrieving, moderated, traced]
+    approving = ScriptedModel(
+        [CallTool("refund", {"order_id": "SO-7", "amount": 250}, id="call_1")], "Refunded 250.00 on SO-7."
+    )
+    models = [model, typed, tooled, approving, budgeted, remembering, guarded, redacting, retrieving, moderated, traced]
     ran = await run_readme(namespace, local=False, models=models)
 
     assert len(ran) == len(python_blocks()) - 1  # all but the local-server block
@@ -127,6 +130,9 @@ async def test_every_readme_block_runs_as_written(
     assert namespace["mood"] is namespace["Sentiment"].POSITIVE
     assert "1 trip(s) so far\n2 trip(s) so far\n" in output
     assert typed.requests[1].tool_choice == "final_answer"
+    assert "[('refund', {'order_id': 'SO-7', 'amount': 250.0})]\nRefunded 250.00 on SO-7.\n" in output
+    assert namespace["refunds"].refunded == [("SO-7", 250.0)]
+    assert len(approving.requests) == 2  # asked, stopped, resumed: the model asked again once
     assert "It ships today." in output
     assert "Your name is Ada." in output
     assert "Please wait, it is on its way." in output
