@@ -1,6 +1,7 @@
-"""`make demo`: a streamed answer, a structured extraction, a tool round trip, a two-turn
-conversation that remembers, with usage, a question answered from a retrieved document, and a
-moderated request stopped before any of its text is shown.
+"""`make demo`: a streamed answer, a structured extraction, a tool round trip, a tool call that
+waits for a human's approval and then runs once, a two-turn conversation that remembers, with usage,
+a question answered from a retrieved document, and a moderated request stopped before any of its
+text is shown.
 
 With `OPENAI_BASE_URL` set (and `OPENAI_API_KEY`, `OPENAI_MODEL` as needed) the demo talks to that
 endpoint. Otherwise it starts a real local model (agentrt.local: llama-cpp-python's server with Gemma
@@ -17,7 +18,7 @@ from pathlib import Path
 import anyio
 
 import agentrt
-from agentrt import ChatModel, ToolSettings
+from agentrt import Approvals, Approve, ChatModel, ToolSettings
 from agentrt.local import LocalModelServer
 from agentrt.models import ModelSettings, OpenAIChatModel
 from agentrt.rag import (
@@ -91,8 +92,40 @@ async def run(model: ChatModel) -> None:
     )
 
 
+async def approve(model: ChatModel) -> None:
+    rule("4. approval before a tool runs (the turn stops, is stored, and resumes on Approve)")
+    tools = OrderTools()
+    gated = agentrt.build(
+        Support,
+        model=model,
+        variables=SHOP,
+        tools=[tools],
+        tool_settings=ToolSettings(tool_choice="order_status", max_rounds=2),
+        memory=agentrt.memory.window(),
+        approvals=Approvals(needs_approval={"order_status": True}),
+    )
+    stopped = await gated.chat("user-7", "Where is my order SO-2026-0002?")
+    approval = stopped.approval
+    if approval is None:
+        print("   (the model answered without calling the tool)")
+        return
+    for call in approval.calls:
+        print(f"   waiting for approval: {call.tool}({call.arguments}) as run {approval.run_id[:8]}...")
+    stored = await agentrt.memory.access(gated).read("user-7")
+    ran = len(tools.looked_up)
+    print(f"   the tool has run {ran} time(s); the conversation holds {len(stored)} messages")
+    decisions = {call.id: Approve() for call in approval.calls}
+    answer = await agentrt.resume(gated, approval.run_id, decisions, memory_id="user-7")
+    for execution in answer.tool_executions:
+        print(f"   approved: {execution.name} -> {execution.result!r}")
+    stored = await agentrt.memory.access(gated).read("user-7")
+    ran = len(tools.looked_up)
+    print(f"   the tool ran {ran} time(s); the conversation now holds {len(stored)} messages")
+    print(f"   final answer: {(answer.value or '')[:200]!r}")
+
+
 async def remember(model: ChatModel) -> None:
-    rule("4. chat memory: the second turn on a conversation carries the first")
+    rule("5. chat memory: the second turn on a conversation carries the first")
     with tempfile.TemporaryDirectory() as directory:
         store = agentrt.memory.SQLiteStore(Path(directory) / "chat.db")
         memory = agentrt.memory.window(max_messages=20, store=store)
@@ -114,7 +147,7 @@ async def remember(model: ChatModel) -> None:
 
 
 async def retrieve(model: ChatModel, embedder: EmbeddingModel | None = None) -> None:
-    rule("5. retrieval: a question answered from a retrieved document (BM25 over a handbook)")
+    rule("6. retrieval: a question answered from a retrieved document (BM25 over a handbook)")
     documents = [Document(text, {"source": name}) for name, text in HANDBOOK.items()]
     handbook = BM25Retriever(documents, k=1)
     support = agentrt.build(
@@ -130,14 +163,14 @@ async def retrieve(model: ChatModel, embedder: EmbeddingModel | None = None) -> 
     print(f"   answer: {(answer.value or '')[:200]!r}")
 
     if embedder is not None:
-        rule("5b. the same question by meaning: embeddings from the model server, cosine search")
+        rule("6b. the same question by meaning: embeddings from the model server, cosine search")
         by_meaning = EmbeddingRetriever(embedder, InMemoryVectorIndex(), k=1)
         await by_meaning.add(documents)
         question = "Is my bike allowed on the fast train?"
         (found,) = await by_meaning.retrieve(Query(question))
         print(f"   {question!r} -> {found.metadata['source']} (cosine {found.score:.3f})")
 
-    rule("6. moderation: a flagged request is stopped while the model starts answering")
+    rule("7. moderation: a flagged request is stopped while the model starts answering")
     moderated = agentrt.build(
         ModeratedSupport, model=model, variables=SHOP, moderation_model=WordListModeration("weapon")
     )
@@ -161,6 +194,7 @@ async def main() -> None:
         print(f"agentrt demo against {model.endpoint} (model {model.name!r}).")
         async with model:
             await run(model)
+            await approve(model)
             await remember(model)
             await retrieve(model)
         return
@@ -175,6 +209,7 @@ async def main() -> None:
         model = server.chat_model(settings=ModelSettings(max_tokens=80, temperature=0.7, seed=7))
         async with model:
             await run(model)
+            await approve(model)
             await remember(model)
             async with server.embedding_model() as embedder:
                 await retrieve(model, embedder)

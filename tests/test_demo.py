@@ -1,0 +1,23 @@
+"""`make demo`'s approval step on a scripted model (the demo itself runs on the real local model in
+`make demo`): the forced tool call waits, nothing is stored, then it runs once on Approve."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrt.testing import CallTool, ScriptedModel
+from examples import demo
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_the_demo_shows_one_approval(capsys: pytest.CaptureFixture[str]) -> None:
+    call = CallTool("order_status", {"order_id": "SO-2026-0002"}, id="k1")
+    model = ScriptedModel([call], "It ships Friday.")
+    await demo.approve(model)
+    out = capsys.readouterr().out
+    assert "waiting for approval: order_status({'order_id': 'SO-2026-0002'})" in out
+    assert "the tool has run 0 time(s); the conversation holds 0 messages" in out
+    assert "the tool ran 1 time(s); the conversation now holds 4 messages" in out
+    assert "final answer: 'It ships Friday.'" in out
+    assert len(model.requests) == 2
