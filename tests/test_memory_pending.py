@@ -34,16 +34,15 @@ in-memory store has one instance, which it returns each time."""
 
 KEY = 'pending:"c"'
 DATA = bytes(range(256)) * 3 + b'{"json": "\\u0000"} \xff\xfe'  # every byte value, NUL included
+SHARED = pytest.mark.parametrize("stores", ["sqlite", "redis"], indirect=True)
+"""For what only the shared stores do: leases (the in-memory store has none), instances on the same
+data (it has one per process)."""
 
 
 class Stores:
     def __init__(self, kind: str, factory: Factory) -> None:
         self.kind = kind
         self.make = factory
-
-    @property
-    def shared(self) -> bool:
-        return self.kind != "memory"
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
@@ -174,11 +173,10 @@ async def test_pending_turns_are_independent_of_the_conversations_messages(store
     assert [m.text for m in await store.load(KEY)] == ["after"]  # a take leaves the messages
 
 
+@SHARED
 async def test_owner_checks_on_the_shared_stores(stores: Stores) -> None:
     """With `owner`, a save or a take is done only while `owner` holds the conversation's lock;
     otherwise `ConversationLockLostError`, and nothing changed."""
-    if not stores.shared:
-        pytest.skip("the in-memory store has no leases")
     store, other = stores.make(), stores.make()
     assert isinstance(store, SharedChatMemoryStore)
     assert isinstance(other, SharedChatMemoryStore)
@@ -213,9 +211,8 @@ async def test_owner_checks_on_the_shared_stores(stores: Stores) -> None:
     await store.unlock(KEY, "alice")
 
 
+@SHARED
 async def test_the_lock_of_one_conversation_does_not_cover_another(stores: Stores) -> None:
-    if not stores.shared:
-        pytest.skip("the in-memory store has no leases")
     store = stores.make()
     assert isinstance(store, SharedChatMemoryStore)
     assert await store.try_lock("a", "alice")
@@ -249,9 +246,8 @@ async def test_concurrent_takes_in_one_store_give_the_record_once(stores: Stores
     await _race([store, store, store], rounds=30)
 
 
+@SHARED
 async def test_concurrent_takes_in_two_stores_give_the_record_once(stores: Stores) -> None:
-    if not stores.shared:
-        pytest.skip("the in-memory store has one instance per process")
     await _race([stores.make(), stores.make(), stores.make(), stores.make()], rounds=30)
 
 
