@@ -65,11 +65,17 @@ redis.call('HSET', KEYS[1], 'run', ARGV[3], 'data', ARGV[4])
 return 1
 """
 
+# A take moves the hash to `{prefix}taken:{take id}` for a few minutes rather than deleting it: a take
+# redis-py retries after a lost reply finds it there and returns the same data (else the retry would
+# find nothing, and the turn would be gone with nobody holding it).
 _TAKE_PENDING = """
+local taken = redis.call('HGET', KEYS[3], 'data')
+if taken then return {1, taken} end
 if ARGV[1] == '1' and redis.call('GET', KEYS[2]) ~= ARGV[2] then return {0} end
 if redis.call('HGET', KEYS[1], 'run') ~= ARGV[3] then return {1} end
 local data = redis.call('HGET', KEYS[1], 'data')
-redis.call('DEL', KEYS[1])
+redis.call('RENAME', KEYS[1], KEYS[3])
+redis.call('PEXPIRE', KEYS[3], ARGV[4])
 return {1, data}
 """
 
@@ -226,9 +232,10 @@ class RedisStore:
         return run.decode(), data
 
     async def take_pending(self, key: str, run: str, *, owner: str | None = None) -> bytes | None:
-        """Remove and return the pending turn `run` in one script (`None` if it is not there)."""
-        keys = [self._pending(key), self._lock(key)]
-        args = ["0" if owner is None else "1", owner or "", run]
+        """Remove and return the pending turn `run` in one script (`None` if it is not there). The take
+        carries an id, so a take redis-py retries after a lost reply returns the data once taken."""
+        keys = [self._pending(key), self._lock(key), f"{self._prefix}taken:{uuid.uuid4().hex}"]
+        args: list[str | int] = ["0" if owner is None else "1", owner or "", run, _OP_MEMORY_MS]
         reply = await anyio.to_thread.run_sync(lambda: self._take_pending(keys=keys, args=args))
         if not reply[0]:
             raise ConversationLockLostError(
