@@ -361,18 +361,9 @@ async def test_a_resumed_turn_spends_what_it_had_spent_and_not_the_wait(where: W
     assert (spent["model_requests"], spent["tool_calls"], spent["output_tokens"]) == whole
 
 
-# --- found on the way -----------------------------------------------------------------------------
+# --- found on the way: a resumed turn's executions were listed as they were recorded ---------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug in agentrt/_pipeline (_steps.approved_round, _approve.resolve): a resumed turn's "
-        "Result.tool_executions are in the order they were recorded (the calls run before the "
-        "suspension, then the denials, then the approved calls), not in the model's order as an "
-        "uninterrupted turn's are"
-    ),
-)
 async def test_a_resumed_results_tool_executions_are_in_the_models_order(tmp_path: Path) -> None:
     """In this process (the order does not depend on where the turn resumes): the uninterrupted turn
     gives c1, c2, c3; the resumed one gives c2, c3, c1."""

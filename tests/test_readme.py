@@ -87,7 +87,19 @@ async def test_every_readme_block_runs_as_written(
     approving = ScriptedModel(
         [CallTool("refund", {"order_id": "SO-7", "amount": 250}, id="call_1")], "Refunded 250.00 on SO-7."
     )
-    models = [model, typed, tooled, approving, budgeted, remembering, guarded, redacting, retrieving, moderated, traced]
+    models = [
+        model,
+        typed,
+        tooled,
+        approving,
+        budgeted,
+        remembering,
+        guarded,
+        redacting,
+        retrieving,
+        moderated,
+        traced,
+    ]
     ran = await run_readme(namespace, local=False, models=models)
 
     assert len(ran) == len(python_blocks()) - 1  # all but the local-server block

@@ -257,6 +257,10 @@ async def approved_round(turn: Turn, guard: float | None) -> AsyncGenerator[Even
     turn.waiting = None
     turn.decisions = None
     assert turn.response is not None
+    # The round's executions were recorded as they happened (those that ran before the turn
+    # stopped, then the decided ones): the result lists them in the model's order, as a round that
+    # never stopped would.
+    loop.executions[-len(executions) :] = executions
     loop.end_round(executions)
     step = _loop.after_round(turn, turn.response.message.tool_calls, executions)
     turn.phase = _ANSWER if step is _GO_ANSWER else _REQUEST
