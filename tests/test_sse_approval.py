@@ -1,17 +1,21 @@
 """Approval over `agentrt.sse.endpoint`'s own protocol: a turn that stops before a gated tool call
 ends its stream with `approval_required`, and a request `{"approval": {"run_id", "decisions"}}` on
 the same endpoint resumes it on the conversation the `memory_id` resolver gives. Run through httpx's
-ASGI transport; a tool with a side-effect counter shows what ran, and how often."""
+ASGI transport, and once over real HTTP (tests/servers/approval_app.py under uvicorn); a tool with a
+side-effect counter shows what ran, and how often."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
 import httpx
 import pytest
 from pydantic import TypeAdapter
+from served import serve
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
@@ -320,6 +324,29 @@ async def test_approval_is_a_method_parameter_of_its_own_only_where_no_call_wait
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
         response = await http.post("/chat", json={"question": "q", "approval": "yes"})
     assert parse_sse(response.text)[-1][0] == "done"
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[str]:
+    for base in serve(Path(__file__).parent / "servers" / "approval_app.py"):
+        yield base.removesuffix("/v1")
+
+
+async def test_an_approval_over_real_http_runs_the_call_once(served: str, anyio_backend: Any) -> None:
+    user = {"x-user": f"http-{anyio_backend[0]}"}
+    async with httpx.AsyncClient(base_url=served, timeout=20, headers=user) as http:
+        before = (await http.get("/refunds")).json()
+        first = parse_sse((await http.post("/chat", json={"question": "Refund A"})).text)
+        pending = first[-1][1]
+        assert first[-1][0] == "approval_required" and [c["id"] for c in pending["calls"]] == ["call_1"]
+        decisions = {"run_id": pending["run_id"], "decisions": {"call_1": {"approve": True}}}
+        forged = await http.post("/chat", json={"approval": decisions}, headers={"x-user": "eve"})
+        assert forged.status_code == 404
+        done = parse_sse((await http.post("/chat", json={"approval": decisions})).text)
+        assert done[-1][0] == "done" and done[-1][1]["text"] == "Done: refunded 1.0 on A; B: shipped"
+        again = await http.post("/chat", json={"approval": decisions})
+        assert again.status_code == 404
+        assert (await http.get("/refunds")).json()[len(before) :] == [["A", 1.0]]
 
 
 def test_the_approval_event_and_errors_are_documented() -> None:

@@ -1,6 +1,7 @@
 """A test app for approval over the frontend protocols (tests/test_frontends_node.py): a refund that
 needs a human's approval and a look-up that does not, asked for in one round, behind a `vercel-ui`
-and an `ag-ui` endpoint; memory per `x-user` and conversation id. `/refunds` is the refund tool's
+and an `ag-ui` endpoint (memory per `x-user` and conversation id) and an agentrt one at `/chat`
+(memory per `x-user`). `/refunds` is the refund tool's
 side-effect counter (each refund that ran), `/stored?id=` a conversation's history. Served by
 uvicorn on the socket given as the first argument."""
 
@@ -60,12 +61,17 @@ def user_and_thread(request: Request, thread: str | None) -> str:
     return f"{request.headers.get('x-user', 'anonymous')}:{thread}"
 
 
+def user(request: Request) -> str:
+    return request.headers.get("x-user", "anonymous")
+
+
 def app() -> Starlette:
     shop = Shop()
     service = agentrt.build(Desk, model=FunctionModel(answer), tools=[shop], memory=agentrt.memory.window())
     options: dict[str, Any] = {"memory_id": user_and_thread, "tool_details": True, "ping": 1}
     vercel = agentrt.sse.endpoint(service.chat, protocol="vercel-ui", **options)
     agui = agentrt.sse.endpoint(service.chat, protocol="ag-ui", **options)
+    native = agentrt.sse.endpoint(service.chat, memory_id=user, tool_details=True, ping=1)
 
     async def refunds(request: Request) -> JSONResponse:
         return JSONResponse(shop.refunds)
@@ -78,6 +84,7 @@ def app() -> Starlette:
         routes=[
             Route("/vercel", vercel, methods=["POST"]),
             Route("/agui", agui, methods=["POST"]),
+            Route("/chat", native, methods=["POST"]),
             Route("/refunds", refunds),
             Route("/stored", stored),
         ]
