@@ -51,13 +51,15 @@ def chunks(text: str) -> list[Any]:
 
 
 class Setup:
-    def __init__(self, protocol: str, *after: Any, tool_details: bool = True) -> None:
+    def __init__(
+        self, protocol: str, *after: Any, tool_details: bool = True, model: ScriptedModel | None = None
+    ) -> None:
         first = [
             "Checking. ",
             CallTool("refund", {"order": "A"}, id="c1"),
             CallTool("look", {"order": "B"}, id="c2"),
         ]
-        self.model = ScriptedModel(first, *(after or (["Refunded A."],)))
+        self.model = model or ScriptedModel(first, *(after or (["Refunded A."],)))
         self.shop = Shop()
         self.service = agentrt.build(
             Desk, model=self.model, tools=[self.shop], memory=agentrt.memory.window()
@@ -78,6 +80,16 @@ class Setup:
         response = await self.post(body, user)
         assert response.status_code == 200, response.text
         return chunks(response.text)
+
+
+def repeating() -> ScriptedModel:
+    """A provider that repeats call ids across rounds: the second round's call is `c1~2` on the
+    wire, and a resumed stream must name the part the client has."""
+    return ScriptedModel(
+        [CallTool("look", {"order": "B"}, id="c1")],
+        [CallTool("refund", {"order": "A"}, id="c1")],
+        ["Refunded A."],
+    )
 
 
 # --- Vercel AI SDK UI message stream ------------------------------------------------------------------
@@ -235,22 +247,7 @@ async def test_vercel_the_arguments_to_decide_on_are_sent_without_tool_details()
 
 
 async def test_vercel_a_call_id_repeated_across_rounds_keeps_the_client_s_part_id() -> None:
-    # A provider that repeats call ids across rounds: the second round's call is `c1~2` on the wire,
-    # and the resumed stream must name the part the client has.
-    setup = Setup("vercel-ui")
-    setup.model = ScriptedModel(
-        [CallTool("look", {"order": "B"}, id="c1")],
-        [CallTool("refund", {"order": "A"}, id="c1")],
-        ["Refunded A."],
-    )
-    setup.service = agentrt.build(Desk, model=setup.model, tools=[setup.shop], memory=agentrt.memory.window())
-    handler = agentrt.sse.endpoint(
-        setup.service.chat, memory_id=by_thread, protocol="vercel-ui", tool_details=True
-    )
-    setup.http = httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=Starlette(routes=[Route("/chat", handler, methods=["POST"])])),
-        base_url="http://t",
-    )
+    setup = Setup("vercel-ui", model=repeating())
     sent = await setup.stream(vercel(USER))
     request = sent[-3]
     assert request["toolCallId"] == "c1~2" and request["approvalId"].endswith(":c1")
@@ -419,3 +416,31 @@ async def test_ag_ui_a_denied_call_without_tool_details_says_so() -> None:
     assert interrupt["metadata"]["arguments"] == {"order": "A", "amount": 1.0}  # to decide on
     resumed = await setup.stream(agui("r2", ASKED, [{"interruptId": interrupt["id"], "status": "cancelled"}]))
     assert resumed[1]["content"] == "the tool call was denied"
+
+
+async def test_ag_ui_a_call_id_repeated_across_rounds_keeps_the_client_s_tool_call_id() -> None:
+    setup = Setup("ag-ui", model=repeating())
+    [interrupt] = (await setup.stream(agui("r1", ASKED)))[-1]["outcome"]["interrupts"]
+    assert interrupt["toolCallId"] == "c1~2" and interrupt["id"].endswith(":c1")
+    # The messages the client has after the first run (as AG-UI's client assembles them).
+    messages = [
+        *ASKED,
+        {
+            "id": "r1-m1",
+            "role": "assistant",
+            "content": "",
+            "toolCalls": [{"id": "c1", "type": "function", "function": {"name": "look", "arguments": "{}"}}],
+        },
+        {"id": "r1-t2", "role": "tool", "toolCallId": "c1", "content": "B: shipped"},
+        {
+            "id": "r1-m3",
+            "role": "assistant",
+            "content": "",
+            "toolCalls": [
+                {"id": "c1~2", "type": "function", "function": {"name": "refund", "arguments": "{}"}}
+            ],
+        },
+    ]
+    resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": True}}]
+    resumed = await setup.stream(agui("r2", messages, resume))
+    assert resumed[1]["type"] == "TOOL_CALL_RESULT" and resumed[1]["toolCallId"] == "c1~2"
