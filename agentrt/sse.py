@@ -824,8 +824,8 @@ def endpoint(
     chain = runtime.output_guardrails.get(spec.name) if runtime is not None else None
     release = chain.release if chain is not None else None
     structured = spec.output_kind is OutputKind.PARTIAL
+    # Whether the method's tool calls may wait for approval (its body then reserves `approval`).
     gated = runtime is not None and spec.name in runtime.approvals
-    """Whether the method's tool calls may wait for approval (its body reserves `approval`)."""
     if protocol == "agentrt":
         if message is not None:
             raise ConfigurationError(f"{spec.qualname}: message= is for a client protocol")
