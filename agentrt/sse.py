@@ -75,8 +75,8 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 from typing_extensions import TypedDict
 
-from . import _frontends
-from ._approval import Approve, Decision, Deny
+from . import _approval, _frontends
+from ._approval import Approve, Deny
 from ._budget import Budget
 from ._errors import (
     AgentError,
@@ -1231,7 +1231,7 @@ class _Resumption:
     for a client protocol the tool-call ids the client has (all of them, and each resumed call's)."""
 
     run_id: str
-    decisions: dict[str, Decision]
+    decisions: dict[str, _approval.Decision]
     used: tuple[str, ...] = ()
     wires: tuple[tuple[str, str], ...] = ()
     message_id: str | None = None
@@ -1304,7 +1304,7 @@ def _native_resumption(raw: bytes) -> _Resumption | None:
         asked = _NativeResume.model_validate(data["approval"])
     except ValidationError as error:
         raise _Undecidable.of(error, ("approval",)) from None
-    decisions: dict[str, Decision] = {
+    decisions: dict[str, _approval.Decision] = {
         call: Approve(arguments=d.arguments) if isinstance(d, _ApproveBody) else Deny(d.reason)
         for call, d in asked.decisions.items()
     }
@@ -1320,10 +1320,10 @@ def _split_approval(approval: str, where: tuple[str | int, ...]) -> tuple[str, s
 
 
 def _decide(
-    decisions: dict[str, Decision],
+    decisions: dict[str, _approval.Decision],
     run: list[str],
     approval: str,
-    decision: Decision,
+    decision: _approval.Decision,
     where: tuple[str | int, ...],
 ) -> str:
     """Record `decision` on the call `approval` names (of the one run all answers name)."""
@@ -1349,7 +1349,7 @@ def _vercel_resumption(body: Any) -> _Resumption | None:
     parts = last.get("parts")
     if last.get("role") != "assistant" or not isinstance(parts, list):
         return None
-    decisions: dict[str, Decision] = {}
+    decisions: dict[str, _approval.Decision] = {}
     run: list[str] = []
     used: list[str] = []
     wires: dict[str, str] = {}
@@ -1408,7 +1408,7 @@ def _agui_resumption(entries: list[Any]) -> _Resumption:
     """The decisions of an AG-UI run's `resume` entries: `resolved` with a payload `{"approved":
     true, "arguments"?: {...}}` approves (with an edit), `{"approved": false, "reason"?: ...}`
     denies; `cancelled` denies."""
-    decisions: dict[str, Decision] = {}
+    decisions: dict[str, _approval.Decision] = {}
     run: list[str] = []
     for number, raw in enumerate(entries):
         where: tuple[str | int, ...] = ("resume", number)
@@ -1416,7 +1416,7 @@ def _agui_resumption(entries: list[Any]) -> _Resumption:
             entry = _ResumeEntry.model_validate(raw)
         except ValidationError as error:
             raise _Undecidable.of(error, where) from None
-        decision: Decision
+        decision: _approval.Decision
         if entry.status == "cancelled":
             decision = Deny()
         elif entry.payload is None:
