@@ -51,6 +51,7 @@ import contextlib
 import inspect
 import logging
 import math
+import re
 import time
 import typing
 from dataclasses import dataclass
@@ -1337,6 +1338,10 @@ def _decide(
     return call_id
 
 
+_MESSAGE_ID: Final = re.compile(r"[\w.:~-]{1,256}", re.ASCII)
+"""A client's message id the resumed stream goes on with (and names its run by)."""
+
+
 def _vercel_resumption(body: Any) -> _Resumption | None:
     """The answers of a `useChat` request after `addToolApprovalResponse`: its last message is the
     assistant's, with tool parts in state `approval-responded` (`approval: {id, approved, reason?}`).
@@ -1379,8 +1384,8 @@ def _vercel_resumption(body: Any) -> _Resumption | None:
     if not run:
         return None
     message_id = last.get("id")
-    if not (isinstance(message_id, str) and 0 < len(message_id) <= 256):
-        message_id = None
+    if not (isinstance(message_id, str) and _MESSAGE_ID.fullmatch(message_id)):
+        message_id = None  # (it goes into a response header too)
     return _Resumption(run[0], decisions, tuple(used), tuple(wires.items()), message_id)
 
 

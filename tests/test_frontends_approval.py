@@ -444,3 +444,16 @@ async def test_ag_ui_a_call_id_repeated_across_rounds_keeps_the_client_s_tool_ca
     resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": True}}]
     resumed = await setup.stream(agui("r2", messages, resume))
     assert resumed[1]["type"] == "TOOL_CALL_RESULT" and resumed[1]["toolCallId"] == "c1~2"
+
+
+async def test_vercel_a_message_id_unfit_for_a_header_is_not_taken() -> None:
+    setup = Setup("vercel-ui")
+    sent = await setup.stream(vercel(USER))
+    message = answered("evil\r\nset-cookie: x=1", sent[-3]["approvalId"], True)
+    response = await setup.post(vercel(USER, message))
+    assert response.status_code == 200 and "set-cookie" not in response.headers
+    resumed = chunks(response.text)
+    # A message id of the server's own instead, as for a new answer.
+    assert resumed[0]["messageId"].startswith("msg_")
+    assert resumed[0]["messageId"] == response.headers["agentrt-run-id"] != sent[0]["messageId"]
+    assert setup.shop.refunds == [("A", 1.0)]
