@@ -2,13 +2,19 @@
 
 - `VercelUI`: the Vercel AI SDK's UI message stream, v1 (what `useChat` reads, AI SDK 5 to 7): `start`,
   `text-*` and `reasoning-*` parts, `data-value` (a structured answer's value so far), `tool-input-*`
-  and `tool-output-*` parts keyed by the model's tool-call ids, `finish`, `error`, `abort`, then
-  `[DONE]`. It cannot withdraw text: a method whose stream may reset (a `chunked` output guardrail,
-  a structured answer that may be repaired) has its text sent whole at the end.
+  and `tool-output-*` parts keyed by the model's tool-call ids (`tool-output-denied` for a call a
+  human denied), `tool-approval-request` (a call that waits for a human: the turn stopped),
+  `finish`, `error`, `abort`, then `[DONE]`. It cannot withdraw text: a method whose stream may reset
+  (a `chunked` output guardrail, a structured answer that may be repaired) has its text sent whole at
+  the end.
 - `AgUI`: AG-UI 1.0 events: `RUN_STARTED`, `TEXT_MESSAGE_*`, `REASONING_MESSAGE_*`, `TOOL_CALL_*`,
   `STATE_SNAPSHOT` (a structured answer's value so far), `MESSAGES_SNAPSHOT` (after a `Reset`, and
-  before `RUN_ERROR`: the withdrawn text is gone by id), `RUN_FINISHED` (with its outcome) or
-  `RUN_ERROR`.
+  before `RUN_ERROR`: the withdrawn text is gone by id), `RUN_FINISHED` (with its outcome: `success`,
+  `cancelled`, or `interrupt` with one interrupt per call that waits for a human) or `RUN_ERROR`.
+
+A call that waits for approval is named on the wire by `"<run id>:<call id>"` (Vercel's `approvalId`,
+AG-UI's interrupt `id`): the client's answer names both the stored turn and the call, and the server
+checks both against what it stored (see `agentrt.sse.endpoint`).
 
 An encoder turns each event into the protocol's chunks (JSON objects); the endpoint frames them. Each
 holds the state of one response and is not shared.
@@ -17,6 +23,7 @@ holds the state of one response and is not shared.
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
@@ -24,6 +31,7 @@ from pydantic_core import to_json
 from sse_starlette import ServerSentEvent
 
 from ._events import (
+    ApprovalRequested,
     FinishReason,
     Reset,
     Retrieved,
@@ -35,12 +43,12 @@ from ._events import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
 
     from ._events import Event, Result
     from .rag._types import Content
 
-__all__ = ["PROTOCOLS", "AgUI", "Encoder", "VercelUI"]
+__all__ = ["PROTOCOLS", "AgUI", "Encoder", "VercelUI", "approval_id", "approval_json"]
 
 PROTOCOLS: Final = ("agentrt", "vercel-ui", "ag-ui")
 
@@ -56,6 +64,37 @@ _FINISH: Final[dict[FinishReason | None, str]] = {
 }
 
 _TOOL_FAILED: Final = "the tool call failed"
+_TOOL_DENIED: Final = "the tool call was denied"
+
+APPROVAL_REASON: Final = "tool_approval"
+"""An AG-UI interrupt's `reason` for a tool call that waits for a human."""
+
+APPROVAL_RESPONSE: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "approved": {"type": "boolean"},
+        "reason": {"type": "string", "description": "why it was denied (the model is told)"},
+        "arguments": {"type": "object", "description": "run it with these arguments instead"},
+    },
+    "required": ["approved"],
+    "additionalProperties": False,
+}
+"""The JSON schema of an AG-UI resume entry's `payload` for a tool approval (its `responseSchema`)."""
+
+
+def approval_id(run_id: str, call_id: str) -> str:
+    """The wire id of a call that waits for approval: the stored turn's run id, then the call's id."""
+    return f"{run_id}:{call_id}"
+
+
+def approval_json(approval: ApprovalRequested) -> dict[str, Any]:
+    """What a client is told of a turn that stopped for approval (the `approval_required` event's
+    data): its run id, each waiting call (id, tool, arguments as validated), when it expires."""
+    return {
+        "run_id": approval.run_id,
+        "calls": [{"id": c.id, "name": c.tool, "arguments": c.arguments} for c in approval.calls],
+        "expires_at": approval.expires_at,
+    }
 
 
 def new_id(prefix: str) -> str:
@@ -103,6 +142,10 @@ class Encoder:
         raise NotImplementedError
 
     def completed(self, result: Result[Any], done: Chunk) -> list[Chunk]:
+        raise NotImplementedError
+
+    def approval(self, approval: ApprovalRequested) -> list[Any]:
+        """The chunks that end a run stopped for a human's approval of tool calls."""
         raise NotImplementedError
 
     def failed(self, error: Chunk) -> list[Chunk]:
@@ -169,13 +212,16 @@ class Sent:
 
 class _ToolIds:
     """The wire id of each tool call: the model's, made unique in the run (a provider may repeat
-    ids across rounds, and agentrt's own fallback ids restart at `call_0` in each response)."""
+    ids across rounds, and agentrt's own fallback ids restart at `call_0` in each response). A
+    resumed turn's stream starts with the ids its client already has (`resume`)."""
 
-    __slots__ = ("_by_call", "_used")
+    __slots__ = ("_by_call", "_latest", "_used")
 
     def __init__(self) -> None:
         self._used: set[str] = set()
         self._by_call: dict[tuple[int, str], str] = {}
+        self._latest: dict[str, str] = {}
+        """Each call id's latest wire id (a waiting call's; a resumed call's, from the client)."""
 
     def new(self, round_: int, call_id: str) -> str:
         wire = call_id
@@ -185,10 +231,20 @@ class _ToolIds:
             wire = f"{call_id}~{suffix}"
         self._used.add(wire)
         self._by_call[(round_, call_id)] = wire
+        self._latest[call_id] = wire
         return wire
 
     def of(self, round_: int, call_id: str) -> str:
-        return self._by_call.get((round_, call_id), call_id)
+        wire = self._by_call.get((round_, call_id))
+        return wire if wire is not None else self._latest.get(call_id, call_id)
+
+    def latest(self, call_id: str) -> str:
+        return self._latest.get(call_id, call_id)
+
+    def resume(self, used: Iterable[str], wires: Mapping[str, str]) -> None:
+        """A resumed turn: the wire ids the client has (taken), and the resumed calls' own."""
+        self._used.update(used)
+        self._latest.update(wires)
 
 
 def _source_document(index: int, content: Content) -> Chunk:
@@ -302,6 +358,8 @@ class VercelUI(Encoder):
             execution = event.execution
             wire = self._ids.of(execution.round, execution.call_id)
             if execution.outcome is not ToolOutcome.SUCCESS:
+                if execution.outcome is ToolOutcome.DENIED:
+                    return [{"type": "tool-output-denied", "toolCallId": wire}]
                 return [{"type": "tool-output-error", "toolCallId": wire, "errorText": _TOOL_FAILED}]
             output = execution.result if self.details else None
             return [{"type": "tool-output-available", "toolCallId": wire, "output": output}]
@@ -338,6 +396,46 @@ class VercelUI(Encoder):
             {"type": "finish", "finishReason": _FINISH[result.finish_reason], "messageMetadata": metadata}
         )
         return out
+
+    def approval(self, approval: ApprovalRequested) -> list[Chunk]:
+        # The SDK's own approval flow: a `tool-approval-request` per waiting call (its part goes to
+        # `approval-requested`), then the message finishes; the client's next request carries the
+        # answers (`approval-responded` parts) and the resumed stream continues this message. Held
+        # text (before the calls) is not released: no guardrail judged it.
+        out: list[Chunk] = []
+        self._close(out)
+        for call in approval.calls:
+            out.append(
+                {
+                    "type": "tool-approval-request",
+                    "approvalId": approval_id(approval.run_id, call.id),
+                    "toolCallId": self._ids.latest(call.id),
+                    # What a human decides on: the arguments as validated (whatever `tool_details`
+                    # says of the part's input), as the SDK's opaque descriptor.
+                    "approvalDescriptor": {"tool": call.tool, "arguments": call.arguments},
+                }
+            )
+        finish: Chunk = {"type": "finish", "finishReason": "tool-calls"}
+        partial = approval.partial
+        if partial is not None:
+            usage = partial.usage
+            finish["messageMetadata"] = {
+                "usage": {
+                    "input_tokens": usage.input_tokens,
+                    "output_tokens": usage.output_tokens,
+                    "total_tokens": usage.total_tokens,
+                    "estimated": usage.estimated,
+                },
+                "attempts": partial.attempts,
+                "invocation_id": partial.invocation_id,
+            }
+        out.append(finish)
+        return out
+
+    def resume(self, used: Iterable[str], wires: Mapping[str, str]) -> None:
+        """This stream continues a message whose tool parts have ids `used`; `wires` maps each
+        resumed call's id to its part's."""
+        self._ids.resume(used, wires)
 
     def failed(self, error: Chunk) -> list[Chunk]:
         out: list[Chunk] = []
@@ -488,8 +586,10 @@ class AgUI(Encoder):
             wire = self._ids.of(execution.round, execution.call_id)
             if self.details:
                 content = execution.result
+            elif execution.outcome is ToolOutcome.SUCCESS:
+                content = "done"
             else:
-                content = "done" if execution.outcome is ToolOutcome.SUCCESS else _TOOL_FAILED
+                content = _TOOL_DENIED if execution.outcome is ToolOutcome.DENIED else _TOOL_FAILED
             message = {
                 "id": self._id("t"),
                 "role": "tool",
@@ -558,6 +658,56 @@ class AgUI(Encoder):
         finished["outcome"] = {"type": "success"}
         out.append(finished)
         return out
+
+    def approval(self, approval: ApprovalRequested) -> list[Chunk]:
+        # AG-UI 1.0's interrupt outcome: one interrupt per waiting call, bound to its tool call; the
+        # next run answers each in its input's `resume` (see `APPROVAL_RESPONSE`).
+        out: list[Chunk] = []
+        self._close(out)
+        expires = approval.expires_at
+        interrupts: list[Chunk] = []
+        for call in approval.calls:
+            interrupt: Chunk = {
+                "id": approval_id(approval.run_id, call.id),
+                "reason": APPROVAL_REASON,
+                "message": f"Allow the call of {call.tool}?",
+                "toolCallId": self._ids.latest(call.id),
+                "responseSchema": APPROVAL_RESPONSE,
+                "metadata": {"tool": call.tool, "arguments": call.arguments},
+            }
+            if expires is not None:
+                moment = datetime.fromtimestamp(expires, UTC).isoformat(timespec="milliseconds")
+                interrupt["expiresAt"] = moment.replace("+00:00", "Z")
+            interrupts.append(interrupt)
+        out.append(
+            {
+                "type": "RUN_FINISHED",
+                "threadId": self.thread_id,
+                "runId": self.run_id,
+                "outcome": {"type": "interrupt", "interrupts": interrupts},
+            }
+        )
+        return out
+
+    def resume(self, call_ids: Iterable[str]) -> None:
+        """This run resumes a turn whose waiting calls are `call_ids`: the tool calls of the input's
+        messages are the client's, and each resumed call's is the latest of its id there."""
+        used: list[str] = []
+        wires: dict[str, str] = {}
+        wanted = set(call_ids)
+        for message in self.input_messages:
+            calls = message.get("toolCalls") if isinstance(message, dict) else None
+            for call in calls if isinstance(calls, list) else ():
+                wire = call.get("id") if isinstance(call, dict) else None
+                if not isinstance(wire, str):
+                    continue
+                used.append(wire)
+                base, tilde, suffix = wire.rpartition("~")
+                if wire in wanted:
+                    wires[wire] = wire
+                elif tilde and suffix.isdigit() and base in wanted:  # made unique (`_ToolIds.new`)
+                    wires[base] = wire
+        self._ids.resume(used, wires)
 
     def failed(self, error: Chunk) -> list[Chunk]:
         # An error voids the answer (nothing is stored): its text is withdrawn before RUN_ERROR,

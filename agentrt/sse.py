@@ -15,7 +15,10 @@ the invocation's events go out as SSE events through sse-starlette's `EventSourc
 | `retrieved` | `{"queries", "sources": [{"id", "text", "metadata", "score"}]}`: what retrieval injected |
 | `guardrail` | `{"guardrail", "kind", "verdict", "attempt"}` |
 | `done` | the `Result`: text, value (as JSON), usage, finish reason, tool executions, sources, attempts |
+| `approval_required` | `{"run_id", "calls": [{"id", "name", "arguments"}], "expires_at"}` (not `done`) |
 | `error` | `{"type", "message"}`: the error's type and a fixed, safe message (the error itself is logged) |
+
+`approval_required` ends a turn that stopped before tool calls that wait for a human's decision.
 
 Every event has an `id` (1, 2, ...). `EVENTS` maps each event's name to the shape of its data (a
 `TypedDict`), and `event_schema()` gives their JSON schemas.
@@ -25,6 +28,18 @@ exceeded context, a busy conversation) are HTTP error responses with a JSON body
 `{"error": {"type", "message"}}` (and `Retry-After` for 429), not a 200 stream. A client that
 disconnects cancels the invocation: sse-starlette cancels the task that reads it, which closes the
 model stream and stores nothing.
+
+A turn that stopped for approval is resumed over the same endpoint: a request whose body is only
+`{"approval": {"run_id": ..., "decisions": {"<call id>": {"approve": true} | {"approve": true,
+"arguments": {...}} | {"approve": false, "reason": ...}}}}` goes on with the turn `run_id` of the
+request's conversation (the `memory_id` resolver's, as for any request), and streams what follows
+as any request does (the decided calls' `tool_result`, the answer, `done` or another
+`approval_required`). A run that is not pending on that conversation (unknown, resumed already,
+another's) is a 404 `approval_not_found`; decisions that do not fit its calls (one missing, one for
+a call it did not ask about, an edit the tool's schema refuses) a 400 `approval_decision`, and
+nothing runs; a new message on a conversation whose turn waits is a 409 `approval_pending` that
+carries the pending turn (`run_id`, `calls`, `expires_at`). The client protocols resume in their
+own way (see `endpoint`).
 
 `stream_response(stream, ...)` is the lower-level part: the SSE response for a `TokenStream` (or
 `PartialStream`) the caller already has.
@@ -36,8 +51,10 @@ import contextlib
 import inspect
 import logging
 import math
+import re
 import time
 import typing
+from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal, NotRequired
 
 import anyio
@@ -59,10 +76,14 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 from typing_extensions import TypedDict
 
-from . import _frontends
+from . import _approval, _frontends
+from ._approval import Approve, Deny
 from ._budget import Budget
 from ._errors import (
     AgentError,
+    ApprovalDecisionError,
+    ApprovalNotFoundError,
+    ApprovalPendingError,
     BudgetExceededError,
     ChatMemoryError,
     ConfigurationError,
@@ -85,6 +106,7 @@ from ._errors import (
     ToolLoopLimitError,
 )
 from ._events import (
+    ApprovalRequested,
     Completed,
     GuardrailVerdict,
     Reset,
@@ -96,6 +118,7 @@ from ._events import (
     ToolExecuted,
 )
 from ._options import call_options
+from ._resume import resume
 from ._service import runtime_of
 from ._spec import OutputKind
 from ._stream import PartialStream
@@ -152,6 +175,9 @@ _SAFE: Final[tuple[tuple[type[BaseException], str, int, str], ...]] = (
     (ToolError, "tool_failed", 502, "a tool failed"),
     (ToolLoopLimitError, "tool_loop_limit", 502, "the model called tools past the limit"),
     (ChatMemoryError, "memory_unavailable", 503, "the conversation could not be loaded or stored"),
+    (ApprovalNotFoundError, "approval_not_found", 404, "no turn of this conversation waits as that run"),
+    (ApprovalDecisionError, "approval_decision", 400, "the decisions do not fit the pending tool calls"),
+    (ApprovalPendingError, "approval_pending", 409, "the conversation waits for a decision on tool calls"),
     (AgentError, "agent_error", 500, "the service failed"),
 )
 ERROR_TYPES: Final[tuple[str, ...]] = (
@@ -240,12 +266,32 @@ class _Done(TypedDict):
     invocation_id: str
 
 
+class _PendingCall(TypedDict):
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    """The arguments as validated (by parameter name): what the call runs with if approved."""
+
+
+class _ApprovalRequired(TypedDict):
+    run_id: str
+    """The stopped turn: what a resume request names."""
+    calls: list[_PendingCall]
+    """The calls that wait for a decision, one each."""
+    expires_at: float | None
+    """When the calls count as denied (seconds since the epoch), if ever."""
+
+
 class _Error(TypedDict):
     type: str
     """One of `ERROR_TYPES`."""
     message: str
     limit: NotRequired[str]
     """For `budget_exceeded`: the `Budget` field that was reached."""
+    run_id: NotRequired[str]
+    """For `approval_pending`: the turn that waits (with its `calls` and `expires_at`)."""
+    calls: NotRequired[list[_PendingCall]]
+    expires_at: NotRequired[float | None]
 
 
 class _Partial(TypedDict):
@@ -263,6 +309,7 @@ EVENTS: Final[dict[str, type]] = {
     "retrieved": _Retrieved,
     "guardrail": _Guardrail,
     "done": _Done,
+    "approval_required": _ApprovalRequired,
     "error": _Error,
 }
 """Each SSE event's name and the shape of its data (JSON)."""
@@ -291,6 +338,8 @@ def _error_json(error: BaseException) -> dict[str, Any]:
     data = {"type": code, "message": message}
     if code == "budget_exceeded" and isinstance(error, BudgetExceededError):
         data["limit"] = error.limit
+    elif code == "approval_pending" and isinstance(error, ApprovalPendingError):
+        data.update(_frontends.approval_json(error.approval))  # the user's own turn, to decide on
     return data
 
 
@@ -433,6 +482,9 @@ class _Native(_frontends.Encoder):
     def completed(self, result: Result[Any], done: dict[str, Any]) -> list[Any]:
         return [("done", done)]
 
+    def approval(self, approval: ApprovalRequested) -> list[Any]:
+        return [("approval_required", _frontends.approval_json(approval))]
+
     def failed(self, error: dict[str, Any]) -> list[Any]:
         return [("error", error)]
 
@@ -491,6 +543,10 @@ def _respond(
                             forget()  # done: a stop now would come too late
                         result = event.result  # type: ignore[union-attr]
                         out = [*out, *encoder.completed(result, result_json(result))]
+                    elif kind is ApprovalRequested:
+                        if forget is not None:
+                            forget()  # the run ended: waiting for a human is not streaming
+                        out = [*out, *encoder.approval(event)]  # type: ignore[arg-type]
                     else:
                         out = [*out, *encoder.event(event)] if out else encoder.event(event)
                         if snapshots is not None:
@@ -689,6 +745,31 @@ def endpoint(
       route) cancels a run by its id (`{"runId": ..., "threadId": ...}`; the `agentrt-run-id`
       response header: Vercel's message id, AG-UI's `runId`) for the same user.
 
+    A turn that stops for a human's approval of tool calls ends the stream with the protocol's own
+    request for it, and the client's next request resumes it (`agentrt.resume`, on the conversation
+    the `memory_id` resolver gives: another conversation's run is not found):
+
+    - `"agentrt"`: the `approval_required` event, then a request `{"approval": {"run_id",
+      "decisions"}}` (see the module docstring).
+    - `"vercel-ui"`: a `tool-approval-request` chunk per waiting call (`approvalId` is
+      `"<run id>:<call id>"`, `toolCallId` the call's part, `approvalDescriptor` `{"tool",
+      "arguments"}`), then `finish` (`tool-calls`). The next request (`useChat` after
+      `addToolApprovalResponse`, e.g. with `sendAutomaticallyWhen:
+      lastAssistantMessageIsCompleteWithApprovalResponses`) ends with the assistant message whose
+      tool parts are `approval-responded`: only their `approval` (`id`, `approved`, `reason`) is
+      read, approve or deny (this protocol has no edit); the resumed stream continues that message.
+    - `"ag-ui"`: `RUN_FINISHED` with outcome `{"type": "interrupt", "interrupts": [...]}`, one
+      interrupt per waiting call (`id` `"<run id>:<call id>"`, `reason` `"tool_approval"`,
+      `toolCallId`, `responseSchema`, `expiresAt`, `metadata` `{"tool", "arguments"}`). The next
+      run's `resume` entries answer them: `resolved` with payload `{"approved": true,
+      "arguments"?: {...}}` (approve, with an edit) or `{"approved": false, "reason"?: ...}`
+      (deny); `cancelled` denies. Its messages and `forwardedProps` are not read.
+
+    Every waiting call needs its answer; an answer for a call the server did not ask about, a bad
+    edit, or a run that is not pending is refused before anything runs (HTTP 400, 404), as is a
+    new message while a turn waits (409). An approval request carries the calls' arguments
+    whatever `tool_details` says: a human decides on them.
+
     A request that carries `Last-Event-ID` (a client reconnecting after a lost stream) is refused
     with 409 `not_resumable`: the lost invocation was cancelled, and a second one would repeat the
     turn in its conversation.
@@ -744,11 +825,18 @@ def endpoint(
     chain = runtime.output_guardrails.get(spec.name) if runtime is not None else None
     release = chain.release if chain is not None else None
     structured = spec.output_kind is OutputKind.PARTIAL
+    # Whether the method's tool calls may wait for approval (its body then reserves `approval`).
+    gated = runtime is not None and spec.name in runtime.approvals
     if protocol == "agentrt":
         if message is not None:
             raise ConfigurationError(f"{spec.qualname}: message= is for a client protocol")
         body, names, positional_names = _body_model(spec, request_budget)
         props = None
+        if gated and "approval" in names.values():
+            raise ConfigurationError(
+                f"{spec.qualname}: its tool calls may wait for approval, and a resume request's body is "
+                "{'approval': ...}, but the method has a parameter of that name; rename it"
+            )
     else:
         if protocol == "vercel-ui" and release == "optimistic":
             raise ConfigurationError(
@@ -768,6 +856,7 @@ def endpoint(
             )
             body = _AgUIInput
     takes_thread = memory_id is not None and _positional_arity(memory_id) >= 2
+    service = method.__self__  # type: ignore[attr-defined]
     runs: dict[tuple[Any, str], _Run] = {}
 
     async def owner_of(request: Request, thread: str | None) -> Any:
@@ -821,33 +910,50 @@ def endpoint(
         thread = run_id = None
         text: str | None = None
         envelope: Any = None
+        resuming: _Resumption | None = None
         try:
-            validated = envelope = body.model_validate_json(raw or b"{}")
+            if protocol == "agentrt":
+                # `approval` is reserved in the body of a method whose calls may wait for approval.
+                if gated and b'"approval"' in raw:
+                    resuming = _native_resumption(raw)
+                if resuming is None:
+                    validated = body.model_validate_json(raw or b"{}")
+            else:
+                validated = envelope = body.model_validate_json(raw or b"{}")
             if protocol == "vercel-ui":
                 thread = envelope.v_id
-                text = _vercel_text(envelope)
+                resuming = _vercel_resumption(envelope)
+                if resuming is None:
+                    text = _vercel_text(envelope)
             elif protocol == "ag-ui":
                 thread, run_id = envelope.threadId, envelope.runId
-                text = _agui_text(envelope)
-                assert props is not None
-                try:
-                    validated = props.model_validate(envelope.forwardedProps)
-                except ValidationError as error:
-                    return _invalid(error, ("forwardedProps",))
+                if envelope.resume:
+                    resuming = _agui_resumption(envelope.resume)
+                else:
+                    text = _agui_text(envelope)
+                    assert props is not None
+                    try:
+                        validated = props.model_validate(envelope.forwardedProps)
+                    except ValidationError as error:
+                        return _invalid(error, ("forwardedProps",))
         except ValidationError as error:
             return _invalid(error)
         except _Unreadable as error:
             return _invalid_at(error.where, str(error))
-        # The validated values as they are (a model stays a model), by parameter name.
-        values = {name: getattr(validated, field) for field, name in names.items()}
-        if message is not None:
-            values[message] = text
+        except _Undecidable as error:
+            return error.response()
         cap = budget
-        if request_budget:
-            asked: _RequestBudget | None = getattr(validated, _BUDGET_FIELD)
-            if asked is not None:
-                own = Budget(**asked.model_dump(exclude_none=True))
-                cap = own.tighter(cap)
+        values: dict[str, Any] = {}
+        if resuming is None:
+            # The validated values as they are (a model stays a model), by parameter name.
+            values = {name: getattr(validated, field) for field, name in names.items()}
+            if message is not None:
+                values[message] = text
+            if request_budget:
+                asked: _RequestBudget | None = getattr(validated, _BUDGET_FIELD)
+                if asked is not None:
+                    own = Budget(**asked.model_dump(exclude_none=True))
+                    cap = own.tighter(cap)
         try:
             owner = await owner_of(request, thread)
         except _Refused as refused:
@@ -858,18 +964,23 @@ def endpoint(
         run: _Run | None = None
         encoder: _frontends.Encoder | None = None
         if protocol == "vercel-ui":
-            run_id = _frontends.new_id("msg")  # the answer's message id, unguessable: it names the run
-            encoder = _frontends.VercelUI(
+            if resuming is not None and resuming.message_id is not None:
+                run_id = resuming.message_id  # the resumed stream continues the client's message
+            else:
+                run_id = _frontends.new_id("msg")  # the answer's message id, unguessable: it names the run
+            vercel = encoder = _frontends.VercelUI(
                 run_id,
                 thinking=thinking,
                 tool_details=tool_details,
                 hold=release == "chunked",
                 structured=structured,
             )
+            if resuming is not None:
+                vercel.resume(resuming.used, dict(resuming.wires))
         elif protocol == "ag-ui":
             assert thread is not None
             assert run_id is not None
-            encoder = _frontends.AgUI(
+            agui = encoder = _frontends.AgUI(
                 thread,
                 run_id,
                 envelope.messages,
@@ -877,6 +988,8 @@ def endpoint(
                 tool_details=tool_details,
                 structured=structured,
             )
+            if resuming is not None:
+                agui.resume(resuming.decisions)
         if encoder is not None:
             assert run_id is not None
             key = (owner, run_id)
@@ -899,7 +1012,11 @@ def endpoint(
                     run.scope = group.cancel_scope
                 try:
                     with call_options(budget_cap=cap) if cap is not None else contextlib.nullcontext():
-                        stream = await method(*positional, **values)
+                        if resuming is None:
+                            stream = await method(*positional, **values)
+                        else:  # the conversation is the resolver's: another's run is not found
+                            where = {"memory_id": owner} if spec.memory_param is not None else {}
+                            stream = await resume(service, resuming.run_id, resuming.decisions, **where)
                 except Exception as error:  # raised here, not from the task group (no exception group)
                     failure = error
                 group.cancel_scope.cancel()
@@ -1083,6 +1200,8 @@ class _AgUIInput(BaseModel):
     runId: str
     messages: list[dict[str, Any]] = Field(min_length=1)
     forwardedProps: dict[str, Any] = Field(default_factory=dict)
+    resume: list[Any] | None = None
+    """AG-UI 1.0's answers to the interrupts of the run this one continues (`ResumeEntry`)."""
 
 
 def _agui_text(body: _AgUIInput) -> str:
@@ -1102,6 +1221,226 @@ def _agui_text(body: _AgUIInput) -> str:
         if texts:
             return "".join(texts)
     raise _Unreadable((*where, "content"), "the user's message has no text")
+
+
+# --- resuming a turn that waits for approval ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Resumption:
+    """A request that resumes a turn: its run, a decision per call (by the model's call id), and
+    for a client protocol the tool-call ids the client has (all of them, and each resumed call's)."""
+
+    run_id: str
+    decisions: dict[str, _approval.Decision]
+    used: tuple[str, ...] = ()
+    wires: tuple[tuple[str, str], ...] = ()
+    message_id: str | None = None
+    """Vercel: the assistant message the resumed stream continues."""
+
+
+class _Undecidable(Exception):
+    """A resume request whose decisions cannot be read: a 400 `approval_decision`, nothing runs."""
+
+    def __init__(self, where: tuple[str | int, ...], message: str, detail: list[Any] | None = None) -> None:
+        super().__init__(message)
+        if detail is None:
+            detail = [{"type": "value_error", "loc": list(where), "msg": message}]
+        self.detail = detail
+
+    @classmethod
+    def of(cls, error: ValidationError, where: tuple[str | int, ...]) -> _Undecidable:
+        problems = error.errors(include_url=False, include_context=False, include_input=False)
+        detail = [{**problem, "loc": [*where, *problem["loc"]]} for problem in problems]
+        return cls(where, "the decisions are invalid", detail)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(
+            {
+                "error": {"type": "approval_decision", "message": "the approval decisions could not be read"},
+                "detail": self.detail,
+            },
+            status_code=400,
+        )
+
+
+class _ApproveBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    approve: Literal[True]
+    arguments: dict[str, Any] | None = None
+
+
+class _DenyBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    approve: Literal[False]
+    reason: str | None = None
+
+
+class _NativeResume(BaseModel):
+    """agentrt's resume request: `{"approval": {"run_id", "decisions"}}`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    run_id: str = Field(min_length=1, max_length=256)
+    decisions: dict[str, _ApproveBody | _DenyBody]
+
+
+def _native_resumption(raw: bytes) -> _Resumption | None:
+    """The resumption a body asks for (`{"approval": ...}` and nothing else), or `None` for a body
+    that is not one (a method call: validated as such)."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or "approval" not in data:
+        return None
+    if len(data) != 1:
+        extra = sorted(key for key in data if key != "approval")
+        raise _Undecidable(
+            (extra[0],), "a resume request carries its decisions ('approval') only, no method parameters"
+        )
+    try:
+        asked = _NativeResume.model_validate(data["approval"])
+    except ValidationError as error:
+        raise _Undecidable.of(error, ("approval",)) from None
+    decisions: dict[str, _approval.Decision] = {
+        call: Approve(arguments=d.arguments) if isinstance(d, _ApproveBody) else Deny(d.reason)
+        for call, d in asked.decisions.items()
+    }
+    return _Resumption(asked.run_id, decisions)
+
+
+def _split_approval(approval: str, where: tuple[str | int, ...]) -> tuple[str, str]:
+    """A wire approval id's run id and call id (`"<run id>:<call id>"`, see `_frontends.approval_id`)."""
+    run_id, colon, call_id = approval.partition(":")
+    if not (colon and run_id and call_id):
+        raise _Undecidable(where, "not an approval id this server sent ('<run id>:<call id>')")
+    return run_id, call_id
+
+
+def _decide(
+    decisions: dict[str, _approval.Decision],
+    run: list[str],
+    approval: str,
+    decision: _approval.Decision,
+    where: tuple[str | int, ...],
+) -> str:
+    """Record `decision` on the call `approval` names (of the one run all answers name)."""
+    run_id, call_id = _split_approval(approval, where)
+    if run and run[0] != run_id:
+        raise _Undecidable(where, "the answers name more than one run")
+    if call_id in decisions:
+        raise _Undecidable(where, f"call {call_id!r} is answered twice")
+    run[:1] = [run_id]
+    decisions[call_id] = decision
+    return call_id
+
+
+_MESSAGE_ID: Final = re.compile(r"[\w.:~-]{1,256}", re.ASCII)
+"""A client's message id the resumed stream goes on with (and names its run by)."""
+
+
+def _vercel_resumption(body: Any) -> _Resumption | None:
+    """The answers of a `useChat` request after `addToolApprovalResponse`: its last message is the
+    assistant's, with tool parts in state `approval-responded` (`approval: {id, approved, reason?}`).
+    Only those are read: the parts' input (arguments) is not, the decisions approve or deny what
+    the server stored. `None` for a request that answers nothing."""
+    if body.v_trigger != "submit-message":
+        return None
+    index = len(body.v_messages) - 1
+    last = body.v_messages[index]
+    parts = last.get("parts")
+    if last.get("role") != "assistant" or not isinstance(parts, list):
+        return None
+    decisions: dict[str, _approval.Decision] = {}
+    run: list[str] = []
+    used: list[str] = []
+    wires: dict[str, str] = {}
+    for number, part in enumerate(parts):
+        if not isinstance(part, dict):
+            continue
+        wire = part.get("toolCallId")
+        if isinstance(wire, str):
+            used.append(wire)
+        if part.get("state") != "approval-responded":
+            continue
+        where = ("messages", index, "parts", number, "approval")
+        approval = part.get("approval")
+        if (
+            not isinstance(approval, dict)
+            or not isinstance(approval.get("id"), str)
+            or not isinstance(approval.get("approved"), bool)
+        ):
+            raise _Undecidable(where, "an approval-responded part carries approval {id, approved, reason?}")
+        reason = approval.get("reason")
+        if reason is not None and not isinstance(reason, str):
+            raise _Undecidable((*where, "reason"), "the reason is not text")
+        decision = Approve() if approval["approved"] else Deny(reason)  # no edits over this protocol
+        call_id = _decide(decisions, run, approval["id"], decision, where)
+        if isinstance(wire, str):
+            wires[call_id] = wire
+    if not run:
+        return None
+    message_id = last.get("id")
+    if not (isinstance(message_id, str) and _MESSAGE_ID.fullmatch(message_id)):
+        message_id = None  # (it goes into a response header too)
+    return _Resumption(run[0], decisions, tuple(used), tuple(wires.items()), message_id)
+
+
+class _ResumeEntry(BaseModel):
+    """AG-UI's `ResumeEntry`, what the endpoint reads of it."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    interruptId: str  # the protocol's names
+    status: Literal["resolved", "cancelled"]
+    payload: Any = None
+
+
+class _Answer(BaseModel):
+    """A resolved tool approval's payload (`_frontends.APPROVAL_RESPONSE`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    approved: bool
+    reason: str | None = None
+    arguments: dict[str, Any] | None = None
+
+
+def _agui_resumption(entries: list[Any]) -> _Resumption:
+    """The decisions of an AG-UI run's `resume` entries: `resolved` with a payload `{"approved":
+    true, "arguments"?: {...}}` approves (with an edit), `{"approved": false, "reason"?: ...}`
+    denies; `cancelled` denies."""
+    decisions: dict[str, _approval.Decision] = {}
+    run: list[str] = []
+    for number, raw in enumerate(entries):
+        where: tuple[str | int, ...] = ("resume", number)
+        try:
+            entry = _ResumeEntry.model_validate(raw)
+        except ValidationError as error:
+            raise _Undecidable.of(error, where) from None
+        decision: _approval.Decision
+        if entry.status == "cancelled":
+            decision = Deny()
+        elif entry.payload is None:
+            raise _Undecidable(
+                (*where, "payload"), "a resolved approval carries a payload {approved, reason?, arguments?}"
+            )
+        else:
+            try:
+                answer = _Answer.model_validate(entry.payload)
+            except ValidationError as error:
+                raise _Undecidable.of(error, (*where, "payload")) from None
+            if answer.approved:
+                decision = Approve(arguments=answer.arguments)
+            elif answer.arguments is not None:
+                raise _Undecidable((*where, "payload", "arguments"), "a denied call runs with no arguments")
+            else:
+                decision = Deny(answer.reason)
+        _decide(decisions, run, entry.interruptId, decision, (*where, "interruptId"))
+    return _Resumption(run[0], decisions)
 
 
 class _StopRequest(BaseModel):

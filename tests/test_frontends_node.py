@@ -196,6 +196,125 @@ def test_an_answer_refused_after_its_first_sentences_never_reaches_use_chat_s_re
     assert stored(app, "anonymous:chat-refused") == []
 
 
+# --- approval: the clients' own flows (tests/servers/approval_app.py) ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def approval_app() -> Iterator[str]:
+    for base in serve(SERVERS / "approval_app.py"):
+        yield base.removesuffix("/v1")
+
+
+def run_node(*args: str) -> Any:
+    done = subprocess.run(["node", *args], capture_output=True, text=True, timeout=90, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def refunds(app: str) -> list[list[Any]]:
+    """The refund tool's side-effect counter: every refund that ran, in order."""
+    return httpx.get(f"{app}/refunds", timeout=10).json()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("decision", "state", "told"),
+    [
+        ({"approved": True}, "output-available", "refunded 1.0 on A"),
+        ({"approved": False, "reason": "not today"}, "output-denied", "it was not run. Reason: not today"),
+    ],
+)
+def test_use_chat_s_approval_flow_resumes_the_turn_with_the_answer_add_tool_approval_response_sends(
+    clients: Path, approval_app: str, decision: dict[str, Any], state: str, told: str
+) -> None:
+    chat = f"chat-approval-{state}"
+    before = refunds(approval_app)
+    run = run_node(
+        str(NODE / "vercel_approval.mjs"),
+        f"{approval_app}/vercel",
+        chat,
+        "Refund A",
+        json.dumps({"refund": decision}),
+    )
+    # The first response: the refund's part waits for approval, the look-up ran.
+    asked = run["first"][-1]
+    parts = {part["type"]: part for part in asked["parts"]}
+    approval = parts["tool-refund"]["approval"]
+    assert parts["tool-refund"]["state"] == "approval-requested"
+    assert approval["id"].endswith(":call_1")
+    assert approval["descriptor"] == {"tool": "refund", "arguments": {"order": "A", "amount": 1}}
+    assert parts["tool-look"]["state"] == "output-available"
+    # The SDK sent the answer itself (sendAutomaticallyWhen), in the shape the endpoint reads.
+    assert len(run["requests"]) == 2
+    answer = run["requests"][1]
+    assert answer["trigger"] == "submit-message" and answer["messageId"] == asked["id"]
+    sent = next(p for p in answer["messages"][-1]["parts"] if p["type"] == "tool-refund")
+    assert sent["state"] == "approval-responded"
+    assert {k: v for k, v in sent["approval"].items() if k != "descriptor"} == {
+        "id": approval["id"],
+        **decision,
+    }
+    # The resumed stream continued the same message: one user message, one assistant message.
+    final = run["final"]
+    assert [m["role"] for m in final] == ["user", "assistant"] and final[1]["id"] == asked["id"]
+    parts = {part["type"]: part for part in final[1]["parts"] if part["type"].startswith("tool-")}
+    assert parts["tool-refund"]["state"] == state
+    texts = [part["text"] for part in final[1]["parts"] if part["type"] == "text"]
+    assert texts[0] == "Checking. " and told in texts[-1]
+    ran = refunds(approval_app)[len(before) :]
+    assert ran == ([["A", 1.0]] if decision["approved"] else [])  # once, or never
+    history = stored(approval_app, f"anonymous:{chat}")
+    assert [m["role"] for m in history] == ["user", "assistant", "tool", "tool", "assistant"]
+    assert history[-1]["text"] == texts[-1]
+
+
+@pytest.mark.parametrize(
+    ("response", "ran", "told"),
+    [
+        (
+            {"status": "resolved", "payload": {"approved": True, "arguments": {"order": "A", "amount": 2}}},
+            [["A", 2.0]],
+            "refunded 2.0 on A",
+        ),
+        ({"status": "resolved", "payload": {"approved": False, "reason": "no"}}, [], "Reason: no"),
+        ({"status": "cancelled"}, [], "it was not run."),
+    ],
+)
+def test_ag_ui_s_client_ends_a_run_with_an_interrupt_and_resumes_it(
+    clients: Path, approval_app: str, tmp_path: Path, response: dict[str, Any], ran: list[Any], told: str
+) -> None:
+    thread = f"thread-approval-{response['status']}-{len(ran)}"
+    body = {
+        "threadId": thread,
+        "runId": "run-1",
+        "state": {},
+        "messages": [{"id": "u1", "role": "user", "content": "Refund A"}],
+        "tools": [],
+        "context": [],
+        "forwardedProps": {},
+    }
+    request = tmp_path / "body.json"
+    request.write_text(json.dumps(body))
+    before = refunds(approval_app)
+    run = run_node(
+        str(NODE / "agui_approval.mjs"),
+        f"{approval_app}/agui",
+        f"@{request}",
+        json.dumps({"refund": response}),
+    )
+    [interrupt] = run["first"]["interrupts"]
+    assert interrupt["reason"] == "tool_approval" and interrupt["toolCallId"] == "call_1"
+    assert interrupt["metadata"] == {"tool": "refund", "arguments": {"order": "A", "amount": 1}}
+    assert run["resume"] == [{"interruptId": interrupt["id"], **response}]
+    second = run["second"]
+    assert second["outcome"] == {"type": "success"} and second["pendingInterrupts"] == []
+    assert told in second["result"]["text"]
+    results = [(m["toolCallId"], m["content"]) for m in second["messages"] if m["role"] == "tool"]
+    assert [call for call, _ in results] == ["call_2", "call_1"]  # each call has its one result
+    assert refunds(approval_app)[len(before) :] == ran
+    history = stored(approval_app, f"anonymous:{thread}")
+    assert history[-1] == {"role": "assistant", "text": second["result"]["text"]}
+
+
 # --- a stop at every point of a stream, checked by the clients -----------------------------------------
 
 
