@@ -100,7 +100,8 @@ async def approve(model: ChatModel) -> None:
         model=model,
         variables=SHOP,
         tools=[tools],
-        tool_settings=ToolSettings(tool_choice="order_status", max_rounds=2),
+        # One round: a call after it is answered without tools, so the demo ends after one approval.
+        tool_settings=ToolSettings(tool_choice="order_status", max_rounds=1, on_limit="final_answer"),
         memory=agentrt.memory.window(),
         approvals=Approvals(needs_approval={"order_status": True}),
     )

@@ -21,3 +21,15 @@ async def test_the_demo_shows_one_approval(capsys: pytest.CaptureFixture[str]) -
     assert "the tool ran 1 time(s); the conversation now holds 4 messages" in out
     assert "final answer: 'It ships Friday.'" in out
     assert len(model.requests) == 2
+
+
+async def test_the_demo_ends_after_one_approval_even_if_the_model_calls_again(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    again = CallTool("order_status", {"order_id": "SO-2026-0002"}, id="k2")
+    call = CallTool("order_status", {"order_id": "SO-2026-0002"}, id="k1")
+    model = ScriptedModel([call], [again], "Friday.")
+    await demo.approve(model)
+    out = capsys.readouterr().out
+    assert "final answer: 'Friday.'" in out
+    assert model.requests[-1].tool_choice == "none"  # the last request asked for an answer
