@@ -127,8 +127,8 @@ def _view(spec: MethodSpec) -> Callable[[Invocation], Awaitable[Any]]:
     if spec.output_kind == OutputKind.STREAM:
 
         async def stream(started: Invocation) -> TokenStream:
-            events = await _primed(started)
-            return TokenStream(events, where=where, conversation=started._turn.conversation)
+            events, before = await _primed(started)
+            return TokenStream(events, where=where, conversation=started._turn.conversation, before=before)
 
         return stream
     if spec.output_kind == OutputKind.PARTIAL:
@@ -136,9 +136,11 @@ def _view(spec: MethodSpec) -> Callable[[Invocation], Awaitable[Any]]:
         assert isinstance(parser, TypeParser)
 
         async def partial(started: Invocation) -> PartialStream[Any]:
-            events = await _primed(started)
+            events, before = await _primed(started)
             conversation = started._turn.conversation
-            return PartialStream(events, Snapshots(parser), where=where, conversation=conversation)
+            return PartialStream(
+                events, Snapshots(parser), where=where, conversation=conversation, before=before
+            )
 
         return partial
     if spec.output_kind == OutputKind.RESULT:
@@ -165,17 +167,21 @@ def _approval_required(where: str, result: Result[Any]) -> ApprovalRequired:
     )
 
 
-async def _primed(invocation: Invocation) -> AsyncGenerator[Event, None]:
-    """A stream's events, started up to the model's acceptance of the first request, so that errors
-    before it (a connection error, 401, 429, an exceeded context) are raised by the method's await."""
+async def _primed(invocation: Invocation) -> tuple[AsyncGenerator[Event, None], list[Event]]:
+    """A stream's events, read up to the model's acceptance of the first request, so that errors
+    before it (a connection error, 401, 429, an exceeded context) are raised by the method's await;
+    and the events read on the way (`Started`, `RequestIssued`, ...), which the stream gives first."""
     events = invocation.events(prime=True)
+    before: list[Event] = []
     try:
-        ready = await events.__anext__()
+        while True:
+            event = await events.__anext__()
+            if event is cast("object", READY):
+                return events, before
+            before.append(event)
     except BaseException:
         await events.aclose()
         raise
-    assert ready is cast("object", READY)
-    return events
 
 
 def _output_modes(

@@ -148,6 +148,9 @@ class _Events(AsyncIterator[Event]):
 
     async def __anext__(self) -> Event:
         stream = self._stream
+        before = stream._before
+        if before:  # read before the stream was handed over (see `_View`)
+            return before.pop(0)
         try:
             event = await stream._events.__anext__()
         except Exception as exc:
@@ -170,10 +173,12 @@ class _View(Generic[T]):
     `aclose()`, `async with`, and the close of an abandoned stream.
 
     `where` names the method (`Class.method`) in the warning for a stream collected unclosed;
-    `conversation` is the one its turn holds, if any: it follows the task that reads the stream.
+    `conversation` is the one its turn holds, if any: it follows the task that reads the stream;
+    `before` are the events read from `events` before it was handed over (`Started`,
+    `RequestIssued`, ...: none of them text), which `events()` gives first and the text views skip.
     """
 
-    __slots__ = ("__weakref__", "_conversation", "_error", "_events", "_home", "_result", "_where")
+    __slots__ = ("__weakref__", "_before", "_conversation", "_error", "_events", "_home", "_result", "_where")
 
     def __init__(
         self,
@@ -181,8 +186,10 @@ class _View(Generic[T]):
         *,
         where: str = "an agentrt stream",
         conversation: Conversation | None = None,
+        before: list[Event] | None = None,
     ) -> None:
         self._events = events
+        self._before = before
         self._result: Result[T] | None = None
         self._error: Exception | None = None
         self._home = _home()
@@ -211,6 +218,7 @@ class _View(Generic[T]):
 
     def __aiter__(self) -> Self:
         self._claim()
+        self._before = None  # read for text: the events before it are not text, and not read later
         return self
 
     def _claim(self) -> None:
@@ -372,8 +380,9 @@ class PartialStream(_View[T], AsyncIterator[T]):
         *,
         where: str = "an agentrt stream",
         conversation: Conversation | None = None,
+        before: list[Event] | None = None,
     ) -> None:
-        super().__init__(events, where=where, conversation=conversation)
+        super().__init__(events, where=where, conversation=conversation, before=before)
         self._snapshots = snapshots
 
     @property

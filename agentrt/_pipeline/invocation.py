@@ -224,10 +224,12 @@ class Invocation:
         whole data and may be checkpointed (`checkpoint()`), and a restored turn starts at the step it
         was saved at.
 
-        With `prime`, the first item is `READY`, yielded once the model accepted the first request
-        (its first chunk arrived), before any event: a caller that takes it has seen every error up
-        to that point raised (a bad argument, a connection error, 401, 429, an exceeded context). The
-        events before it (`Started`, `RequestIssued`) follow it; listeners get them as they happen.
+        With `prime`, `READY` is yielded once the model accepted the first request (its first chunk
+        arrived), after the events before it (`Started`, `RequestIssued`, ...) and before any chunk:
+        a caller that reads up to it has seen every error up to that point raised (a bad argument, a
+        connection error, 401, 429, an exceeded context). A turn restored past its first request
+        yields it at once (after a resumed approval's round: before the next request, or at once if
+        it needs none).
         """
         turn = self._turn
         if turn.resume_from is not None:
@@ -236,22 +238,20 @@ class Invocation:
         listeners = runtime.listeners
         model = runtime.model
         restored = turn.phase is not _PREPARE
-        held: list[Event] | None = [] if prime else None
+        priming = prime  # READY is still to come
         # A resumed approval is a new run of the turn (a new stream, a new span): it starts again.
         announce = not restored or turn.decisions is not None
         if announce:
             started = Started(self.id, turn.spec.qualname, turn.memory_id, model.name, runtime.provider)
             if listeners:
                 notify(listeners, started)
-            if held is not None:
-                held.append(started)
         deadline = turn.deadline  # fixed for the invocation; None without a time budget
         # Steps that may wait are put under the deadline here, unless `result()` holds a scope at it
         # around the whole invocation (`watched`).
         guard = None if turn.watched else deadline
         done = False
         try:
-            if held is None and announce:
+            if announce:
                 yield started
             prepare = _stages.reopen(turn) if restored else _stages.prepare(turn)
             if guard is not None and _stages.may_wait(turn):
@@ -259,16 +259,10 @@ class Invocation:
             await prepare
             if turn.verdicts:  # the input guardrails' verdicts (listeners had them as they came)
                 for verdict in turn.verdicts:
-                    if held is None:
-                        yield verdict
-                    else:
-                        held.append(verdict)
+                    yield verdict
                 turn.verdicts.clear()
             if turn.retrieved is not None:  # what retrieval found (listeners had it)
-                if held is None:
-                    yield turn.retrieved
-                else:
-                    held.append(turn.retrieved)
+                yield turn.retrieved
                 turn.retrieved = None
             plan = turn.plan
             chain = plan.output_chain
@@ -280,12 +274,10 @@ class Invocation:
                 turn.checking = plan.input_chain is not None and getattr(plan.input_chain, "parallel", False)
                 turn.phase = _REQUEST
 
-            if held is not None and turn.phase is not _REQUEST and turn.phase is not _APPROVAL:
+            if priming and turn.phase is not _REQUEST and turn.phase is not _APPROVAL:
                 # Restored past its request: the model accepted that long ago.
+                priming = False
                 yield cast("Event", READY)
-                for event in held:
-                    yield event
-                held = None
             while True:
                 phase = turn.phase
                 if turn.boundary is not None and phase in BOUNDARIES:
@@ -302,10 +294,7 @@ class Invocation:
                         notify(listeners, issued)
                     # Held back with the text: a re-asked request carries a rejected answer.
                     if release.pending is None:
-                        if held is None:
-                            yield issued
-                        else:
-                            held.append(issued)
+                        yield issued
                     hold = release.mode is _HOLD
                     chunking = release.mode is _CHUNKED
                     released = release.released
@@ -327,13 +316,11 @@ class Invocation:
                     carried = None
                     stopped: _finish.Outcome | None = None  # a chunk the chain refused
                     try:
-                        if held is not None:
-                            # Primed: wait for the model to accept the request, then hand over.
+                        if priming:
+                            # Primed: wait for the model to accept the request, then say so.
                             first = await anext(chunks, None)
+                            priming = False
                             yield cast("Event", READY)
-                            for event in held:
-                                yield event
-                            held = None
                             if chunking:
                                 carried = first  # checked with the chunks after it
                             elif first is not None:
@@ -483,18 +470,13 @@ class Invocation:
                     step = (_steps.tool_round if phase is _TOOLS else _steps.approved_round)(turn, guard)
                     try:
                         async for event in step:
-                            if held is None:
-                                yield event
-                            else:  # a primed resume: its round's errors are the await's
-                                held.append(event)
+                            yield event
                     except BaseException:
                         await step.aclose()  # the reader stopped during the round (or it raised)
                         raise
-                    if held is not None and turn.phase is not _REQUEST:
+                    if priming and turn.phase is not _REQUEST:
+                        priming = False
                         yield cast("Event", READY)  # resumed into an answer that needs no request
-                        for event in held:
-                            yield event
-                        held = None
                 elif phase is not _COMMIT:  # RESPONSE, ANSWER
                     made: list[Event] = []
                     try:
