@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import orjson
 
 from ._errors import ApprovalDecisionError, ApprovalNotFoundError
 from ._pipeline import Invocation
@@ -45,38 +47,63 @@ async def resume(
     if not isinstance(decisions, Mapping):
         raise ApprovalDecisionError(f"{where}: decisions must map pending call ids to Approve() or Deny()")
     memory = runtime.memory
-    conversation = await memory.open(memory_id, where) if memory is not None else None
-    try:
-        store: object
-        if conversation is not None:
-            store, key = conversation.memory.store, conversation.key
-        else:
-            store, key = runtime.pending, f"run:{run_id}"
-        found = await store.load_pending(key) if isinstance(store, PendingStore) else None
-        if found is None or found[0] != run_id:
-            raise ApprovalNotFoundError(
-                f"{where}: no turn waits for approval as run {run_id!r} on conversation {memory_id!r} "
-                "(resumed already, replaced by a newer turn, or another conversation's)"
-            )
-        record = record_of(found[1])
-        method = _method(service, record.method)
-        if method is None:
-            raise ApprovalNotFoundError(
-                f"{where}: run {run_id!r} is of {record.method}, which this service has not"
-            )
-        invocation = Invocation.restore(runtime, method.__agentrt_spec__, record.checkpoint)
-        turn = invocation._turn
-        if turn.phase is not Phase.APPROVAL or turn.waiting is None or turn.waiting.run_id != run_id:
-            raise ApprovalNotFoundError(f"{where}: run {run_id!r} is not a turn waiting for approval")
-        turn.conversation = conversation
-        turn.decisions = dict(decisions)
-        turn.record = found[1]
-    except BaseException:
-        if conversation is not None:
+    store: object
+    if memory is not None:
+        store, key = memory.store, memory.key(memory_id, where)
+    else:
+        store, key = runtime.pending, f"run:{run_id}"
+    not_found = ApprovalNotFoundError(
+        f"{where}: no turn waits for approval as run {run_id!r} on conversation {memory_id!r} "
+        "(resumed already, replaced by a newer turn, or another conversation's)"
+    )
+    # A first look, unlocked: the turn's own deadline bounds the wait for its conversation.
+    found = await store.load_pending(key) if isinstance(store, PendingStore) else None
+    if found is None or found[0] != run_id:
+        raise not_found
+    record = record_of(found[1])
+    if memory is None and _json(record.memory_id) != _json(memory_id):
+        raise not_found  # (with memory, the key is the conversation's)
+    method = _method(service, record.method)
+    if method is None:
+        raise ApprovalNotFoundError(
+            f"{where}: run {run_id!r} is of {record.method}, which this service has not"
+        )
+    invocation = Invocation.restore(runtime, method.__agentrt_spec__, record.checkpoint)
+    turn = invocation._turn
+    if turn.phase is not Phase.APPROVAL or turn.waiting is None or turn.waiting.run_id != run_id:
+        raise ApprovalNotFoundError(f"{where}: run {run_id!r} is not a turn waiting for approval")
+    turn.decisions = dict(decisions)
+    turn.record = found[1]
+    if memory is not None:
+        if turn.resume_from is not None:
+            turn.resume_clock()
+        deadline = turn.deadline
+        turn.opening = True
+        with anyio.CancelScope(deadline=math.inf if deadline is None else deadline) as scope:
+            conversation = await memory.open(memory_id, where)
+        turn.opening = False
+        if scope.cancelled_caught:
+            raise turn.exceeded("seconds")
+        try:
+            assert isinstance(store, PendingStore)
+            again = await store.load_pending(key)  # locked now: still this run?
+            if again is None or again[0] != run_id:
+                raise not_found
+        except BaseException:
             with anyio.CancelScope(shield=True):
                 await conversation.release()
-        raise
+            raise
+        turn.conversation = conversation
+        turn.record = again[1]
     return await method.__agentrt_view__(invocation)
+
+
+def _json(memory_id: Any) -> bytes | None:
+    """A memory id as JSON (a tuple as a list, a UUID as text), to compare with a record's."""
+    try:
+        return orjson.dumps(memory_id)
+    except TypeError:
+        return None
 
 
 def _method(service: object, qualname: str) -> Any:

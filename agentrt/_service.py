@@ -8,7 +8,7 @@ import inspect
 import weakref
 from collections.abc import Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 from ._approval import APPROVALS_ATTR, Approvals
 from ._budget import Budget
@@ -306,6 +306,11 @@ def _declared(spec: ServiceSpec, attr: str, at_build: _D) -> dict[str, _D]:
     return declared
 
 
+_PROCESS_PENDING: Final = InMemoryStore()
+"""Where services without memory keep their turns that wait for approval: one store per process, so
+that any build of the class (one per request, say) resumes them; keyed by run id (random, 128 bits)."""
+
+
 def _approvals(
     spec: ServiceSpec,
     approvals: Approvals | None,
@@ -331,7 +336,7 @@ def _approvals(
     if not resolved:
         return resolved, False, None
     if memory is None:
-        return resolved, False, InMemoryStore()
+        return resolved, False, _PROCESS_PENDING
     store = memory.store
     keeps = isinstance(store, PendingStore)
     if not keeps and (own or declared):

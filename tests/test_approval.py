@@ -577,10 +577,13 @@ async def test_time_waiting_for_a_human_is_not_spent(clock: list[float]) -> None
 async def test_a_service_without_memory_keeps_its_waiting_turns_in_process() -> None:
     svc, _model, shop = service(GATED_ROUND, ANSWER, memory=False)
     approval = await suspended(svc, conversation="anything")
-    assert await agentrt.resume(svc, approval.run_id, {"c2": Approve()}) == "Done."
+    with pytest.raises(ApprovalNotFoundError):  # another conversation's caller, with the run id
+        await agentrt.resume(svc, approval.run_id, {"c2": Approve()}, memory_id="someone else")
+    again, _, _ = service(ANSWER, memory=False, shop=shop)  # another build in the process: one store
+    assert await agentrt.resume(again, approval.run_id, {"c2": Approve()}, memory_id="anything") == "Done."
     assert shop.ran.count(("refund", ("A1", 250.0))) == 1
     with pytest.raises(ApprovalNotFoundError):
-        await agentrt.resume(svc, approval.run_id, {"c2": Approve()})
+        await agentrt.resume(svc, approval.run_id, {"c2": Approve()}, memory_id="anything")
 
 
 # --- cancellation at each step of suspend and resume ------------------------------------------------

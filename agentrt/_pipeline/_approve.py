@@ -15,6 +15,7 @@ records in this process.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import time
@@ -30,7 +31,15 @@ from pydantic import TypeAdapter, ValidationError
 from .._approval import Approve, Deny
 from .._errors import ApprovalDecisionError, ApprovalPendingError, ConfigurationError
 from .._events import ApprovalRequested, PendingCall, ToolExecution, ToolOutcome
-from .._messages import AssistantMessage, ChatMessage, ToolCall, ToolResultMessage, UserMessage
+from .._messages import (
+    AssistantMessage,
+    ChatMessage,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+    _dumps,
+    _loads,
+)
 from ..memory._memory import complete
 from ..memory._store import PendingStore
 
@@ -84,9 +93,10 @@ class Record:
     calls: tuple[PendingCall, ...]
     checkpoint: dict[str, Any]
 
-    def event(self, invocation_id: str) -> ApprovalRequested:
+    def event(self, invocation_id: str, memory_id: Any) -> ApprovalRequested:
+        """The record's event; `memory_id` as the method takes it (the record keeps its JSON)."""
         return ApprovalRequested(
-            invocation_id, self.run_id, self.method, self.memory_id, self.calls, self.expires_at
+            invocation_id, self.run_id, self.method, memory_id, self.calls, self.expires_at
         )
 
     @property
@@ -132,8 +142,10 @@ async def gate(
             values = {param: getattr(arguments, field) for field, param in definition.fields}
             try:
                 needed = rule(values, loop.context(call, loop.rounds))
-                if not isinstance(needed, bool):
+                if inspect.isawaitable(needed):
                     needed = await needed
+                if not isinstance(needed, bool):
+                    raise TypeError(f"the approval predicate returned {type(needed).__name__}, not a bool")
             except Exception as error:
                 text = (
                     f"Error: tool {call.name!r} was not run: whether it needs approval could not be "
@@ -145,10 +157,35 @@ async def gate(
                 continue
         data = arguments.model_dump(mode="json", by_alias=True)
         waiting[position] = PendingCall(call.id, call.name, data)
+    if waiting:
+        _unique_ids(waiting)
     return waiting, refused
 
 
+def _unique_ids(waiting: dict[int, PendingCall]) -> None:
+    """A decision names one call: calls that share an id (some servers repeat them) wait as
+    `id`, `id#2`, `id#3`, ... in the response's order."""
+    seen: dict[str, int] = {}
+    for position, pending in sorted(waiting.items()):
+        count = seen[pending.id] = seen.get(pending.id, 0) + 1
+        if count > 1:
+            waiting[position] = replace(pending, id=f"{pending.id}#{count}")
+
+
 # --- the store ------------------------------------------------------------------------------------
+
+
+def check_store(turn: Turn) -> None:
+    """`ConfigurationError` when the turn could not wait: its memory's store keeps no pending
+    turns (possible only with tools from a tool provider: `build` refuses the others)."""
+    conversation = turn.conversation
+    store = conversation.memory.store if conversation is not None else None
+    if store is not None and not isinstance(store, PendingStore):
+        raise ConfigurationError(
+            f"{turn.spec.qualname}: a tool call needs approval, but memory store {store!r} "
+            "keeps no pending turns (save_pending, load_pending, take_pending: see "
+            "agentrt.memory.PendingStore)"
+        )
 
 
 def store_of(turn: Turn) -> tuple[PendingStore, str, str | None]:
@@ -172,7 +209,7 @@ def store_of(turn: Turn) -> tuple[PendingStore, str, str | None]:
 
 
 def encode(record: Record) -> bytes:
-    return orjson.dumps(
+    return _dumps(
         {
             "version": RECORD_VERSION,
             "run": record.run_id,
@@ -187,7 +224,7 @@ def encode(record: Record) -> bytes:
 
 def record_of(data: bytes) -> Record:
     """A stored record; `ValueError` for one this version cannot read."""
-    raw = orjson.loads(data)
+    raw = _loads(data)
     if not isinstance(raw, dict) or raw.get("version") != RECORD_VERSION:
         raise ValueError("a pending approval record of another version")
     calls = tuple(PendingCall(str(c["id"]), str(c["tool"]), dict(c["arguments"])) for c in raw["calls"])
@@ -228,7 +265,7 @@ async def suspend(turn: Turn) -> ApprovalRequested:
     if conversation is not None:
         with anyio.CancelScope(shield=True):
             await conversation.release()
-    return replace(record.event(turn.id), partial=turn.partial())
+    return replace(record.event(turn.id, turn.memory_id), partial=turn.partial())
 
 
 # --- resuming -------------------------------------------------------------------------------------
@@ -250,6 +287,8 @@ def resolve(turn: Turn) -> tuple[list[tuple[int, ToolCall]], dict[int, ToolExecu
     expired = waiting.expires_at is not None and _now() >= waiting.expires_at
     if expired:
         decisions = {pending.id: Deny(EXPIRED) for _, pending in waiting.calls}
+    if not all(isinstance(key, str) for key in decisions):
+        raise ApprovalDecisionError(f"{where}: decisions are keyed by the pending calls' ids (strings)")
     pending_ids = {pending.id for _, pending in waiting.calls}
     unknown = sorted(set(decisions) - pending_ids)
     if unknown:
@@ -271,6 +310,11 @@ def resolve(turn: Turn) -> tuple[list[tuple[int, ToolCall]], dict[int, ToolExecu
             text = f"The user denied this call of {call.name!r}; it was not run."
             denied.append((position, call, f"{text} Reason: {reason}" if reason else text))
         elif isinstance(decision, Approve):
+            if turn.tools.get(call.name) is None:
+                raise ApprovalDecisionError(
+                    f"{where}: call {pending.id!r} is of tool {call.name!r}, which this service no longer "
+                    "has: it cannot run; deny it"
+                )
             if decision.arguments is not None:
                 call = _edited(turn, call, decision.arguments)
             approved.append((position, call))
@@ -295,7 +339,13 @@ def _edited(turn: Turn, call: ToolCall, arguments: Mapping[str, Any]) -> ToolCal
     if not isinstance(arguments, Mapping):
         raise ApprovalDecisionError(f"{where}: edited arguments of call {call.id!r} must be a mapping")
     try:
-        validated = definition.arguments.model_validate(dict(arguments))
+        # As JSON, as the model's arguments are: what JSON cannot carry (an object) is refused here,
+        # before anything is claimed, and so is NaN (null in JSON), not when the tool is called.
+        validated = definition.arguments.model_validate_json(orjson.dumps(dict(arguments)))
+    except TypeError as error:
+        raise ApprovalDecisionError(
+            f"{where}: the edited arguments of call {call.id!r} ({call.name}) are not JSON: {error}"
+        ) from None
     except ValidationError as error:
         detail = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}"
@@ -316,7 +366,7 @@ def _rewrite_calls(turn: Turn, edited: Mapping[int, ToolCall]) -> None:
     rewritten = message.model_copy(update={"tool_calls": calls})
     turn.response = replace(response, message=rewritten)
     since = turn.since_sent
-    if since and since[-1] is message:
+    if since and since[-1] == message:  # (a restored turn's is an equal copy)
         since[-1] = rewritten
 
 
@@ -411,7 +461,7 @@ async def pending_on_open(turn: Turn) -> None:
         raise ApprovalPendingError(
             f"{turn.spec.qualname}: conversation {turn.memory_id!r} has a turn waiting for approval "
             f"(run {run_id!r}, {record.method}); resume it first with agentrt.resume(...)",
-            approval=record.event(record.checkpoint.get("id", "")),
+            approval=record.event(str(record.checkpoint.get("id", "")), turn.memory_id),
         )
     messages = denied_turn(record, EXPIRED if expired else NEW_MESSAGE)
     taken = await complete(store.take_pending(conversation.key, run_id, owner=conversation.owner))

@@ -342,7 +342,7 @@ def _needs(phase: Phase, saved: _Checkpoint) -> None:
             if (
                 not 0 <= position < len(calls)
                 or waiting.done[position] is not None
-                or calls[position].id != pending.id
+                or pending.id.split("#")[0] != calls[position].id
             ):
                 raise ValueError("the waiting calls do not fit the response's")
     elif saved.waiting is not None:

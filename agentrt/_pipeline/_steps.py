@@ -199,6 +199,8 @@ async def tool_round(turn: Turn, guard: float | None) -> AsyncGenerator[Event, N
         if guard is not None:
             gating = scoped(turn, gating, guard)
         waiting, refused = await gating
+        if waiting:
+            _approve.check_store(turn)  # a turn that cannot wait runs nothing of its round
         run = [
             call for position, call in enumerate(calls) if position not in waiting and position not in refused
         ]
@@ -237,6 +239,10 @@ async def approved_round(turn: Turn, guard: float | None) -> AsyncGenerator[Even
     assert waiting is not None
     assert loop is not None
     approved, decided = _approve.resolve(turn)  # ApprovalDecisionError: nothing recorded, still waiting
+    if decided:  # denied: never run, so not spent (as calls the chain asked again about)
+        assert turn.response is not None
+        calls = turn.response.message.tool_calls
+        _loop.unspend_round(turn, tuple(calls[position] for position in decided))
     claiming = _approve.claim(turn)
     if guard is not None:
         claiming = scoped(turn, claiming, guard)

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._errors import ConfigurationError
-from ._memory import DEFAULT_MEMORY_ID, check_history
+from ._memory import DEFAULT_MEMORY_ID, check_history, complete
+from ._store import PendingStore
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -55,16 +56,33 @@ class MemoryAccess:
             await _release(conversation)
 
     async def clear(self, memory_id: Any = DEFAULT_MEMORY_ID) -> None:
-        """Empty the conversation."""
-        await self.replace(memory_id, ())
+        """Empty the conversation (and drop a turn of it that waits for approval)."""
+        conversation = await self._memory.open(memory_id, f"{self._where}.clear")
+        try:
+            await conversation.replace(())
+            await _drop_pending(conversation)
+        finally:
+            await _release(conversation)
 
     async def evict(self, memory_id: Any = DEFAULT_MEMORY_ID) -> None:
-        """Remove the conversation from the store."""
+        """Remove the conversation from the store, with a turn of it that waits for approval."""
         conversation = await self._memory.open(memory_id, f"{self._where}.evict")
         try:
             await conversation.delete()
+            await _drop_pending(conversation)
         finally:
             await _release(conversation)
+
+
+async def _drop_pending(conversation: Conversation) -> None:
+    """Remove the conversation's turn that waits for approval, if its store keeps one: it holds the
+    history it was sent, and would be stored on top of what is left."""
+    store = conversation.memory.store
+    if not isinstance(store, PendingStore):
+        return
+    found = await complete(store.load_pending(conversation.key))
+    if found is not None:
+        await complete(store.take_pending(conversation.key, found[0], owner=conversation.owner))
 
 
 async def _release(conversation: Conversation) -> None:
