@@ -8,6 +8,11 @@ random id it sends in a header: a demo's stand-in for the authenticated user a r
 A switch on the page speaks the Vercel AI SDK's UI message stream instead (`POST /api/chat`, the
 protocol `useChat` reads), parsed by the page itself.
 
+A refund over 100 waits for a human: the turn stops (stored with the conversation's memory) and the
+page shows the call with Allow and Deny; the click resumes the turn on the same endpoint (agentrt's
+`{"approval": ...}` body, or the assistant message in state `approval-responded` that `useChat`'s
+`addToolApprovalResponse` sends) and the rest of the answer streams in.
+
 With `OPENAI_BASE_URL` set the app talks to that endpoint; otherwise it starts the local model
 (agentrt.local) for as long as it runs.
 """
@@ -17,22 +22,46 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
+from pydantic import Field, StringConstraints
 from starlette.applications import Starlette
 from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
 import agentrt
 import agentrt.sse
-from agentrt import ChatModel, MemoryId, TokenStream, system_message
+from agentrt import ChatModel, MemoryId, P, TokenStream, ToolContext, system_message, tool
 
 from ..support import OrderTools
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from starlette.requests import Request
 
 PAGE = Path(__file__).with_name("index.html")
+
+
+def over_100(arguments: Mapping[str, Any], context: ToolContext) -> bool:
+    """A refund over 100 waits for a human's decision."""
+    return bool(arguments["amount"] > 100)
+
+
+class Refunds:
+    """A tool with a side effect: each refund that ran is in `refunded`."""
+
+    def __init__(self) -> None:
+        self.refunded: list[tuple[str, float]] = []
+
+    @tool("Refund an amount on an order. Refunds over 100 need a human's approval.", needs_approval=over_100)
+    async def refund(
+        self,
+        order_id: Annotated[str, P("order number, e.g. SO-2026-0001"), StringConstraints(max_length=24)],
+        amount: Annotated[float, P("the amount to refund"), Field(gt=0)],
+    ) -> str:
+        self.refunded.append((order_id, amount))
+        return f"Refunded {amount:.2f} on {order_id}."
 
 
 @system_message("You are a concise support assistant for Acme Rail.")
@@ -53,12 +82,16 @@ def session_and_chat(request: Request, chat: str | None) -> str:
 def create_app(model: ChatModel, *, listeners: tuple[agentrt.Listener, ...] = ()) -> Starlette:
     """The app: the page at `/`, the SSE endpoint at `POST /chat`, and the same method for
     Vercel's `useChat` at `POST /api/chat`."""
+    refunds = Refunds()
     service = agentrt.build(
         WebChat,
         model=model,
         # A model that cannot choose tools itself (the local one) chats without them.
-        tools=[OrderTools()] if model.capabilities.tool_choice_auto else [],
+        tools=[OrderTools(), refunds] if model.capabilities.tool_choice_auto else [],
         memory=agentrt.memory.window(max_messages=20),
+        # A turn that waits for a decision on a refund is kept in the memory's store; after 15
+        # minutes without one, the refund counts as denied.
+        approvals=agentrt.Approvals(expires_after=15 * 60),
         budget=agentrt.Budget(seconds=120, total_tokens=20_000),
         listeners=listeners,
     )
@@ -78,6 +111,7 @@ def create_app(model: ChatModel, *, listeners: tuple[agentrt.Listener, ...] = ()
         ]
     )
     app.state.service = service  # for tests and admin routes (agentrt.memory.access(service))
+    app.state.refunds = refunds
     return app
 
 

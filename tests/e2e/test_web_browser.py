@@ -5,15 +5,21 @@ sees tokens arrive as several DOM updates, presses Stop, and the server says its
 cancelled and the model's stream closed; once over agentrt's own events, once over the Vercel AI
 SDK's UI message stream (the page's protocol switch). A screenshot goes to the test's output directory.
 
+And a refund that needs a human's approval: the page shows the waiting call (tool and arguments) with
+Allow and Deny; Allow resumes the turn and the refund runs once, Deny (with a reason) resumes it and
+the refund never runs; the answer streams into the page either way, under both protocols.
+
 The test is synchronous: the browser is the client, so there is no event loop to choose here.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -94,3 +100,59 @@ def test_tokens_stream_into_the_page_and_stop_cancels_the_server_side_invocation
     assert (tmp_path / f"web-chat-{protocol}.png").stat().st_size > 0
     if protocol == "vercel-ui":  # the page's conversation and its chat, never the chat id alone
         assert httpx.get(f"{site}/test/conversation", timeout=10).json()["memory_id"].count(":") == 1
+
+
+REFUND = "Refund order SO-7, 250 CHF please."
+
+
+@pytest.mark.parametrize("protocol", ["agentrt", "vercel-ui"])
+@pytest.mark.parametrize("decision", ["allow", "deny"])
+def test_a_refund_waits_for_allow_or_deny_in_the_page_and_runs_only_when_allowed(
+    site: str, browser: object, tmp_path: Path, protocol: str, decision: str
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    driver: Any = browser  # a Selenium WebDriver
+    driver.get(f"{site}/")
+    Select(driver.find_element(By.ID, "protocol")).select_by_value(protocol)
+    driver.find_element(By.ID, "question").send_keys(REFUND)
+    driver.find_element(By.ID, "send").click()
+
+    wait = WebDriverWait(driver, 20)
+    wait.until(lambda d: d.execute_script("return window.finished") is not None)
+    assert driver.execute_script("return window.finished") == "approval"
+    panel = driver.find_element(By.CLASS_NAME, "approval")
+    calls = panel.find_elements(By.CLASS_NAME, "call")
+    assert len(calls) == 1
+    assert calls[0].find_element(By.CLASS_NAME, "call-name").text == "refund"
+    shown = json.loads(calls[0].find_element(By.CLASS_NAME, "arguments").text)
+    assert shown == {"order_id": "SO-7", "amount": 250}  # as the server validated them
+    assert httpx.get(f"{site}/test/refunds", timeout=10).json() == []  # nothing ran while it waits
+    driver.save_screenshot(str(tmp_path / f"web-approval-{protocol}-asked.png"))
+
+    if decision == "allow":
+        calls[0].find_element(By.CLASS_NAME, "allow").click()
+    else:
+        calls[0].find_element(By.CLASS_NAME, "reason").send_keys("over the limit")
+        calls[0].find_element(By.CLASS_NAME, "deny").click()
+    wait.until(lambda d: d.execute_script("return window.finished") not in (None, "approval"))
+    driver.save_screenshot(str(tmp_path / f"web-approval-{protocol}-{decision}.png"))
+
+    assert driver.execute_script("return window.finished") == "done"
+    answers = [element.text for element in driver.find_elements(By.CLASS_NAME, "answer")]
+    log = driver.find_element(By.ID, "log").text
+    # The decision replaced the buttons; the resumed turn's answer streamed in below it.
+    assert not panel.find_elements(By.TAG_NAME, "button")
+    refunds = httpx.get(f"{site}/test/refunds", timeout=10).json()
+    if decision == "allow":
+        assert panel.find_element(By.CLASS_NAME, "decided").text == "allowed"
+        assert answers[-1] == "Done: Refunded 250.00 on SO-7."
+        assert "refund: success" in log
+        assert refunds == [["SO-7", 250.0]]  # once
+    else:
+        assert panel.find_element(By.CLASS_NAME, "decided").text == "denied: over the limit"
+        assert answers[-1] == "I did not refund SO-7 (your reason: over the limit)."
+        assert "refund: denied" in log
+        assert refunds == []
+    assert "Error" not in log
