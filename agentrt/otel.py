@@ -249,6 +249,8 @@ class OTelListener:
             return
         span = call.span
         try:
+            for _, tool, _ in call.tools:  # the calls that wait: the resumed run has their spans
+                tool.set_attribute("agentrt.tool.outcome", "waiting_for_approval")
             self._close_children(call, cancelled=False)
             if span.is_recording():
                 span.set_attributes(
@@ -457,8 +459,24 @@ class OTelListener:
         # In the model's order, so the first open span of that id (ids may repeat in a round).
         index = next((i for i, (call_id, _, _) in enumerate(tools) if call_id == execution.call_id), None)
         if index is None:
-            return
-        _, span, started = tools.pop(index)
+            # A call decided in a resumed run (it waited for approval): its span is this run's.
+            started = time.time_ns() - int(execution.duration * 1e9)
+            span = self._tracer.start_span(
+                f"execute_tool {execution.name}",
+                context=call.context,
+                kind=SpanKind.INTERNAL,
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": execution.name,
+                    "gen_ai.tool.call.id": execution.call_id,
+                    "gen_ai.tool.type": "function",
+                    "agentrt.round": execution.round,
+                    "agentrt.tool.arguments_hash": execution.arguments_hash,
+                },
+                start_time=started,
+            )
+        else:
+            _, span, started = tools.pop(index)
         # `ToolExecuted` comes when the whole round is over: the span ends when the tool did.
         ended = min(started + int(execution.duration * 1e9), time.time_ns())
         try:

@@ -808,3 +808,46 @@ async def test_nothing_said_reaches_a_span_without_capture_content(telemetry: Te
     assert not [t for t in texts if "SECRET-4a1f" in t]
     tool_span = next(s for s in telemetry.spans() if s.name == "execute_tool lookup")
     assert attributes(tool_span)["error.type"] == "ValueError"
+
+
+async def test_a_turn_that_waits_for_approval_ends_its_span_and_its_resume_has_its_own(
+    telemetry: Telemetry,
+) -> None:
+    @tool("Email someone.", needs_approval=True)
+    async def email(text: str) -> str:
+        return "sent"
+
+    listener = telemetry.listener()
+    model = ScriptedModel([CallTool("email", {"text": "hi"}, id="e1")], "Sent it.")
+    service = agentrt.build(
+        Weather, model=model, tools=[email], listeners=[listener], memory=agentrt.memory.window()
+    )
+    with pytest.raises(agentrt.ApprovalRequired) as info:
+        await service.chat("ada", "mail ada")
+    approval = info.value.approval
+    assert listener.open_invocations == 0  # the waiting turn holds no span open
+    [first] = [s for s in telemetry.spans() if s.name.startswith("invoke_agent")]
+    assert first.attributes is not None
+    assert first.attributes["agentrt.approval.run_id"] == approval.run_id
+    assert first.attributes["agentrt.approval.tools"] == ("email",)
+
+    assert (
+        await agentrt.resume(service, approval.run_id, {"e1": agentrt.Approve()}, memory_id="ada")
+        == "Sent it."
+    )
+    assert listener.open_invocations == 0
+    agents = [s for s in telemetry.spans() if s.name.startswith("invoke_agent")]
+    assert len(agents) == 2
+    second = agents[1]
+    assert second.attributes is not None
+    assert second.attributes["agentrt.invocation.id"] == first.attributes["agentrt.invocation.id"]
+    assert "agentrt.approval.run_id" not in second.attributes
+    waited, ran = [s for s in telemetry.spans() if s.name == "execute_tool email"]
+    assert waited.parent is not None and first.context is not None
+    assert waited.parent.span_id == first.context.span_id
+    assert (
+        waited.attributes is not None and waited.attributes["agentrt.tool.outcome"] == "waiting_for_approval"
+    )
+    assert ran.parent is not None and second.context is not None
+    assert ran.parent.span_id == second.context.span_id  # the call ran in the resumed run
+    assert ran.attributes is not None and ran.attributes["agentrt.tool.outcome"] == "success"
