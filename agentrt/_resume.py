@@ -81,9 +81,9 @@ async def resume(
         turn.opening = True
         with anyio.CancelScope(deadline=math.inf if deadline is None else deadline) as scope:
             conversation = await memory.open(memory_id, where)
-        turn.opening = False
         if scope.cancelled_caught:
-            raise turn.exceeded("seconds")
+            raise turn.exceeded("seconds")  # (while `opening`: the conversation was busy)
+        turn.opening = False
         try:
             assert isinstance(store, PendingStore)
             again = await store.load_pending(key)  # locked now: still this run?
