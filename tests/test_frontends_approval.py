@@ -8,36 +8,18 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Any
 
 import httpx
 import pytest
+from servers.approval_tools import Desk, Shop
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 
 import agentrt
 import agentrt.sse
-from agentrt import MemoryId, TokenStream, tool
 from agentrt.testing import CallTool, ScriptedModel
-
-
-class Shop:
-    def __init__(self) -> None:
-        self.refunds: list[tuple[str, float]] = []
-
-    @tool("Refund an order.", needs_approval=True)
-    def refund(self, order: str, amount: float = 1.0) -> str:
-        self.refunds.append((order, amount))
-        return f"refunded {amount} on {order}"
-
-    @tool("Look up an order.")
-    def look(self, order: str) -> str:
-        return f"{order}: shipped"
-
-
-class Desk:
-    async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
 
 
 def by_thread(request: Request, thread: str | None) -> str:

@@ -16,35 +16,19 @@ import httpx
 import pytest
 from pydantic import TypeAdapter
 from served import serve
+from servers import approval_tools
+from servers.approval_tools import Shop
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 
 import agentrt
 import agentrt.sse
-from agentrt import ConfigurationError, MemoryId, TokenStream, tool, user_message
+from agentrt import ConfigurationError, MemoryId, TokenStream, user_message
 from agentrt.testing import CallTool, ScriptedModel
 
 
-class Shop:
-    def __init__(self) -> None:
-        self.refunds: list[tuple[str, float]] = []
-        self.looks: list[str] = []
-
-    @tool("Refund an order.", needs_approval=True)
-    def refund(self, order: str, amount: float = 1.0) -> str:
-        self.refunds.append((order, amount))
-        return f"refunded {amount} on {order}"
-
-    @tool("Look up an order.")
-    def look(self, order: str) -> str:
-        self.looks.append(order)
-        return f"{order}: shipped"
-
-
-class Desk:
-    async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
-
+class Desk(approval_tools.Desk):
     async def lone(self, question: str) -> TokenStream: ...
 
 

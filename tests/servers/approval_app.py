@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import socket
 import sys
-from typing import Annotated, Any
+from typing import Any
 
 import uvicorn
+from approval_tools import Desk, Shop
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -19,26 +20,8 @@ from starlette.routing import Route
 
 import agentrt
 import agentrt.sse
-from agentrt import MemoryId, ModelRequest, TokenStream, tool
+from agentrt import ModelRequest
 from agentrt.testing import CallTool, FunctionModel
-
-
-class Shop:
-    def __init__(self) -> None:
-        self.refunds: list[tuple[str, float]] = []
-
-    @tool("Refund an order.", needs_approval=True)
-    def refund(self, order: str, amount: float = 1.0) -> str:
-        self.refunds.append((order, amount))
-        return f"refunded {amount} on {order}"
-
-    @tool("Look up an order.")
-    def look(self, order: str) -> str:
-        return f"{order}: shipped"
-
-
-class Desk:
-    async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
 
 
 def answer(request: ModelRequest) -> Any:
