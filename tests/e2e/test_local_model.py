@@ -261,3 +261,20 @@ async def test_a_prompt_beyond_the_context_is_context_length_exceeded(local_serv
             await agentrt.build(Support, model=model).ask("word " * 3000)
 
     assert "maximum context length" in info.value.message
+
+
+async def test_the_demos_approval_step_on_the_real_model(
+    local_server: LocalServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make demo`'s step 4 on the real server: the forced call waits, nothing is stored or run, and
+    on Approve it runs once and the turn is stored whole."""
+    from examples import demo
+
+    async with local_chat_model(
+        local_server.base_url, settings=ModelSettings(max_tokens=40, temperature=0)
+    ) as model:
+        await demo.approve(model)
+    out = capsys.readouterr().out
+    assert "waiting for approval: order_status(" in out
+    assert "the tool has run 0 time(s); the conversation holds 0 messages" in out
+    assert "the tool ran 1 time(s); the conversation now holds" in out
