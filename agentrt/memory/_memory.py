@@ -206,22 +206,39 @@ class _Locks:
 
 
 _LOCKS: weakref.WeakKeyDictionary[Any, _Locks] = weakref.WeakKeyDictionary()
-_STRONG_LOCKS: dict[int, tuple[Any, _Locks]] = {}  # stores that cannot be weakly referenced
+# Stores that cannot be weakly referenced, by id: the store (so that its id is not reused), its
+# locks, and how many `Memory` objects use it. The last one to be collected removes the entry.
+_STRONG_LOCKS: dict[int, tuple[Any, _Locks, int]] = {}
+_STRONG_GUARD = threading.Lock()
 
 
-def _locks_for(store: ChatMemoryStore) -> _Locks:
+def _locks_for(store: ChatMemoryStore, user: Memory) -> _Locks:
     """The locks of `store`, shared by every service that uses it (two services sharing a namespace
-    on one store lock the same conversations)."""
+    on one store lock the same conversations); kept as long as a `Memory` (`user`) uses it."""
     try:
         locks = _LOCKS.get(store)
         if locks is None:
             locks = _LOCKS[store] = _Locks()
+        return locks
     except TypeError:
-        entry = _STRONG_LOCKS.get(id(store))
-        if entry is None:
-            entry = _STRONG_LOCKS[id(store)] = (store, _Locks())
-        locks = entry[1]
+        pass
+    key = id(store)
+    with _STRONG_GUARD:
+        entry = _STRONG_LOCKS.get(key)
+        locks = _Locks() if entry is None else entry[1]
+        _STRONG_LOCKS[key] = (store, locks, 1 if entry is None else entry[2] + 1)
+    weakref.finalize(user, _forget_locks, key)
     return locks
+
+
+def _forget_locks(key: int) -> None:
+    """A `Memory` on a store that cannot be weakly referenced was collected."""
+    with _STRONG_GUARD:
+        store, locks, users = _STRONG_LOCKS[key]
+        if users > 1:
+            _STRONG_LOCKS[key] = (store, locks, users - 1)
+        else:
+            del _STRONG_LOCKS[key]
 
 
 async def _acquire(table: dict[str, _Queue], key: str, holder: _Holder) -> None:
@@ -258,6 +275,7 @@ class Memory:
     """A service's chat memory, resolved at build: the `ChatMemory` and the service's namespace."""
 
     __slots__ = (
+        "__weakref__",
         "config",
         "counter",
         "locks",
@@ -295,7 +313,7 @@ class Memory:
         self.max_messages = config.max_messages
         self.max_tokens = config.max_tokens
         self.counter = config.counter
-        self.locks = _locks_for(config.store)
+        self.locks = _locks_for(config.store, self)
 
     def key(self, memory_id: Any, where: str) -> str:
         return memory_key(self.namespace, memory_id, where)
