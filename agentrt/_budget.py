@@ -8,15 +8,12 @@ and tool round, and while a response streams.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import math
-import sys
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Final, Literal
 
-import anyio
-
+from ._backend import now as now  # the pipeline's clock, re-exported
 from ._errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -204,18 +201,6 @@ class BudgetAccount:
             tool_calls=self.tool_calls,
             estimated=self.estimated,
         )
-
-
-def now() -> float:
-    """`anyio.current_time()` without its backend lookup: the asyncio loop's own clock, or trio's
-    (what anyio reads on each)."""
-    trio = sys.modules.get("trio")
-    if trio is not None and getattr(trio.lowlevel, "in_trio_run", bool)():
-        return float(trio.current_time())
-    try:
-        return asyncio.get_running_loop().time()
-    except RuntimeError:
-        return anyio.current_time()
 
 
 def chars_for_tokens(tokens: int) -> int:

@@ -26,14 +26,13 @@ Closing rules:
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import sys
 import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final, Generic, Self, TypeVar
 
+from ._backend import Schedule, home, spawn
 from ._events import (
     ApprovalRequested,
     Completed,
@@ -57,9 +56,6 @@ T = TypeVar("T")
 
 logger = logging.getLogger("agentrt")
 
-# Closing tasks started from finalizers: asyncio keeps only weak references to tasks.
-_closing: set[asyncio.Task[None]] = set()
-
 # The pipelines of streams not closed yet. A stream left in a reference cycle would otherwise take
 # its pipeline into the same garbage, and the collector would run both the stream's finalizer and
 # the loop's async-generator finalizer: two closes of one generator, the second failing with
@@ -78,39 +74,15 @@ async def _close_quietly(events: AsyncGenerator[Event, None]) -> None:
         _open.discard(events)
 
 
-Schedule = Callable[[Callable[[], object]], object]
-
-
-def _home() -> Schedule | None:
-    """A thread-safe way to run a callback in the event loop that is running here, if any."""
-    trio = sys.modules.get("trio")
-    if trio is not None and getattr(trio.lowlevel, "in_trio_run", bool)():
-        run_sync_soon: Schedule = trio.lowlevel.current_trio_token().run_sync_soon
-        return run_sync_soon
-    try:
-        return asyncio.get_running_loop().call_soon_threadsafe
-    except RuntimeError:
-        return None
-
-
-def _close_later(events: AsyncGenerator[Event, None], home: Schedule | None) -> None:
+def _close_later(events: AsyncGenerator[Event, None], schedule: Schedule | None) -> None:
     """Close an abandoned pipeline from a fresh task of the event loop it was made in (from
-    `__del__`, which may run in any thread: the garbage collector runs where it runs)."""
-    if home is None:
+    `__del__`, which may run in any thread: the garbage collector runs where it runs); `schedule` is
+    that loop's `home()`."""
+    if schedule is None:
         _open.discard(events)
         return  # made outside an event loop: nothing to clean up with
-
-    def start() -> None:
-        trio = sys.modules.get("trio")
-        if trio is not None and getattr(trio.lowlevel, "in_trio_run", bool)():
-            trio.lowlevel.spawn_system_task(_close_quietly, events)
-            return
-        task = asyncio.get_running_loop().create_task(_close_quietly(events))
-        _closing.add(task)
-        task.add_done_callback(_closing.discard)
-
     try:
-        home(start)
+        schedule(lambda: spawn(_close_quietly, events))
     except RuntimeError:
         # The loop is closed (trio's RunFinishedError is a RuntimeError): it closed its live async
         # generators as it shut down. Nothing to clean up with.
@@ -192,7 +164,7 @@ class _View(Generic[T]):
         self._before = before
         self._result: Result[T] | None = None
         self._error: Exception | None = None
-        self._home = _home()
+        self._home = home()
         self._where = where
         self._conversation = conversation
         _open.add(events)

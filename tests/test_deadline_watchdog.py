@@ -23,7 +23,7 @@ import orjson
 import pytest
 
 import agentrt
-from agentrt import Budget, BudgetExceededError, TokenStream, _watchdog
+from agentrt import Budget, BudgetExceededError, TokenStream, _backend
 from agentrt._watchdog import Watchdog
 from agentrt.models import OpenAIChatModel, RetryPolicy
 
@@ -119,7 +119,7 @@ def watchdogs() -> int:
     """The watchdog timers still armed in this event loop: asyncio's timer handles; on trio, the
     entries of the run's heap that are not closed (then its task must sleep until the earliest)."""
     if "trio" in sys.modules and sys.modules["trio"].lowlevel.in_trio_run():
-        timers = _watchdog._TRIO_TIMERS.get(None) if _watchdog._TRIO_TIMERS is not None else None
+        timers = _backend._TRIO_TIMERS.get(None) if _backend._TRIO_TIMERS is not None else None
         if timers is None:
             return 0
         armed = sorted(deadline for deadline, _, dog in timers._heap if not dog.closed)
@@ -128,7 +128,7 @@ def watchdogs() -> int:
         return len(armed)
     loop: Any = asyncio.get_running_loop()
     return sum(
-        not handle.cancelled() and getattr(handle._callback, "__func__", None) is Watchdog._fire
+        not handle.cancelled() and getattr(handle._callback, "__func__", None) is Watchdog.fire
         for handle in loop._scheduled
     )
 

@@ -1,6 +1,6 @@
 """What both shared stores (`SQLiteStore`, `RedisStore`) promise: one lock holder across processes,
-writes refused to anyone else, commits atomic for readers, leases renewed while held and expired
-when not, writes completed even when cancelled.
+writes refused to anyone else, commits atomic for readers, leases renewed while held by a live event
+loop and expired when not (a crashed process, a wedged loop), writes completed even when cancelled.
 
 Each test runs on both stores (and on asyncio and trio). `Backend.make` makes another store on the
 same data at each call (the same file in `tmp_path`, or the same redis-server and key prefix), with
@@ -16,6 +16,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -329,14 +330,47 @@ async def test_a_live_holders_lease_is_renewed(backend: Backend) -> None:
             await anyio.sleep(lease / 5)
     assert checks >= 5
 
-    # The renewer is a thread: it renews even while the event loop is blocked.
-    time.sleep(3 * lease)  # noqa: ASYNC251 (blocking the loop is the point)
-    assert not await taker.try_lock("c", "bob")
-
     await holder.commit("c", [user("still mine")], owner="alice")
     assert texts(await taker.load("c")) == ["still mine"]
     await holder.unlock("c", "alice")
     assert await taker.try_lock("c", "bob")
+    await taker.unlock("c", "bob")
+
+
+async def test_a_wedged_event_loop_loses_its_lease(backend: Backend) -> None:
+    """A process that is alive but stuck loses its locks as a crashed one does: a lease is renewed
+    only while the event loop that took it answers. Here the test's own loop is blocked (no await)
+    until another store takes the lock from a thread with an event loop of its own (another
+    process, as it were)."""
+    lease = 0.3
+    holder = backend.make(lease_seconds=lease)
+    taker = backend.make(lease_seconds=30.0)  # its lock outlasts the test without renewal
+    await holder.commit("c", [user("a")])
+    assert await holder.try_lock("c", "alice")
+
+    def take_from_another_thread() -> bool:
+        taken: list[bool] = []
+        thread = threading.Thread(target=lambda: taken.append(anyio.run(taker.try_lock, "c", "bob")))
+        thread.start()
+        thread.join()
+        return taken == [True]
+
+    give_up = time.monotonic() + 10
+    while not take_from_another_thread():  # the loop is wedged: nothing in it runs meanwhile
+        assert time.monotonic() < give_up, "the lease of a wedged event loop was still renewed"
+        time.sleep(lease / 10)  # noqa: ASYNC251 (blocking the loop is the point)
+    assert backend.lock_owner("c") == "bob"
+
+    # The loop runs again: its writes are refused, and its renewer learns that the lease is gone.
+    with pytest.raises(ConversationLockLostError):
+        await holder.commit("c", [user("late")], owner="alice")
+    with anyio.fail_after(5):
+        while True:
+            if not holder.renewer.held():
+                break
+            await anyio.sleep(0.02)
+    assert texts(await taker.load("c")) == ["a"]
+    assert backend.lock_owner("c") == "bob"
     await taker.unlock("c", "bob")
 
 

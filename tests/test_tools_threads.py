@@ -8,7 +8,12 @@ functions that start `anyio.run` on asyncio and trio themselves.
 
 from __future__ import annotations
 
+import functools
+import sys
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 import anyio
@@ -17,6 +22,7 @@ import pytest
 import agentrt
 from agentrt import Budget, BudgetExceededError, ToolSettings, tool
 from agentrt.testing import CallTool, FunctionModel
+from agentrt.tools._run import ThreadLimiter
 
 
 class Chat:
@@ -140,3 +146,102 @@ def test_a_round_cut_at_the_deadline_keeps_the_calls_that_finished(backend: str)
 
     assert [(e.name, e.call_id, e.result) for e in error.partial.tool_executions] == [("quick", "q", "quick")]
     assert error.partial.spent is not None and error.partial.spent.tool_calls == 2
+
+
+# --- ThreadLimiter itself: threads wait for a slot in order, and a call abandoned meanwhile wakes its own --
+
+
+def waiting_threads() -> int:
+    """The threads waiting for a `ThreadLimiter` slot now (seen on their stacks)."""
+    code = ThreadLimiter._acquire.__code__
+    count = 0
+    for frame in sys._current_frames().values():
+        walked: FrameType | None = frame
+        while walked is not None and walked.f_code is not code:
+            walked = walked.f_back
+        count += walked is not None
+    return count
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    with anyio.fail_after(10):
+        while True:
+            if condition():
+                return
+            await anyio.sleep(0.005)
+
+
+class Holder:
+    """A tool body that holds its slot until released."""
+
+    def __init__(self) -> None:
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self) -> str:
+        self.holding.set()
+        self.release.wait(30)
+        return "held"
+
+
+@contextmanager
+def held_from_other_loops(limiter: ThreadLimiter, holders: list[Holder], backend: str) -> Iterator[None]:
+    """Each holder runs in a call from an event loop of its own, in a thread of its own, holding a
+    slot (so the loop under test may start threads of its own: a limiter per loop); released and
+    joined on exit."""
+    threads = [
+        threading.Thread(target=anyio.run, args=(limiter.run, holder), kwargs={"backend": backend})
+        for holder in holders
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        for holder in holders:
+            assert holder.holding.wait(10)
+        yield
+    finally:
+        for holder in holders:
+            holder.release.set()
+        for thread in threads:
+            thread.join(10)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_call_abandoned_while_its_thread_waits_for_a_slot_ends_that_thread(backend: str) -> None:
+    # The slot stays taken throughout: the waiting thread ends because its call was abandoned (it is
+    # woken: nothing polls), its body never runs, and the slot it waited for is not lost.
+    limiter = ThreadLimiter(1)
+    holder = Holder()
+    ran: list[str] = []
+
+    async def main() -> None:
+        with held_from_other_loops(limiter, [holder], backend):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(limiter.run, functools.partial(ran.append, "abandoned"))
+                await until(lambda: waiting_threads() == 1)
+                tg.cancel_scope.cancel()
+            await until(lambda: waiting_threads() == 0)
+            assert not holder.release.is_set()  # the slot is still taken
+        assert await limiter.run(lambda: "again") == "again"  # the holder has returned its slot
+
+    anyio.run(main, backend=backend)
+    assert ran == []
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_threads_get_a_freed_slot_in_the_order_they_asked(backend: str) -> None:
+    limiter = ThreadLimiter(2)
+    holders = [Holder(), Holder()]
+    order: list[str] = []
+
+    async def main() -> None:
+        with held_from_other_loops(limiter, holders, backend):
+            async with anyio.create_task_group() as tg:
+                for waiting, name in enumerate(["first", "second"], 1):
+                    tg.start_soon(limiter.run, functools.partial(order.append, name))
+                    await until(lambda waiting=waiting: waiting_threads() == waiting)
+                # One slot frees: the first waiter's, then (once its body returns) the second's.
+                holders[0].release.set()
+
+    anyio.run(main, backend=backend)
+    assert order == ["first", "second"]

@@ -16,22 +16,22 @@ so waiting would never end. Across processes, a shared store adds its own lease 
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import math
 import os
-import sys
 import threading
 import warnings
 import weakref
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import orjson
 
+from .._backend import complete as complete  # re-exported: the pipeline's approvals use it
+from .._backend import current_task
 from .._errors import ConfigurationError, ConversationBusyError, ConversationReentryError
 from .._messages import SystemMessage, ToolResultMessage
 from ._inmemory import DEFAULT_MAX_CONVERSATIONS, InMemoryStore
@@ -39,7 +39,7 @@ from ._store import ChatMemoryStore, SharedChatMemoryStore
 from ._window import TokenCounter, estimate_tokens, window_start
 
 if TYPE_CHECKING:
-    from collections.abc import Coroutine, Sequence
+    from collections.abc import Sequence
 
     from .._messages import ChatMessage
 
@@ -49,8 +49,6 @@ DEFAULT_MEMORY_ID: Final = "default"
 """The conversation of methods without a `MemoryId` parameter."""
 
 logger = logging.getLogger("agentrt.memory")
-
-_T = TypeVar("_T")
 
 _FIRST_POLL: Final = 0.002  # seconds between tries of a shared store's lock, doubling up to _LAST_POLL
 _LAST_POLL: Final = 0.1
@@ -167,63 +165,6 @@ def memory_key(namespace: str, memory_id: Any, where: str) -> str:
     return f"{namespace}:{encoded.decode()}"
 
 
-def _asyncio_task() -> asyncio.Task[Any] | None:
-    """The running asyncio task; `None` under trio."""
-    try:
-        return asyncio.current_task()
-    except RuntimeError:
-        return None
-
-
-async def complete(operation: Coroutine[Any, Any, _T]) -> _T:
-    """Run a store operation to its end even if the caller is cancelled meanwhile; a cancellation
-    that arrived is raised after it.
-
-    A write cut off mid-flight could have happened or not, and a lock taken in flight could be held
-    without the turn knowing. anyio's shield defers cancel scopes (and trio's cancellation); a native
-    asyncio cancellation (`task.cancel()`, `asyncio.timeout`, `wait_for`) goes through it, so on
-    asyncio the operation runs in a task of its own, which the caller waits out.
-    """
-    with anyio.CancelScope(shield=True):
-        if _asyncio_task() is None:
-            return await operation
-        task = asyncio.ensure_future(operation)
-        cancelled: BaseException | None = None
-        while True:
-            try:
-                result = await asyncio.shield(task)
-            except asyncio.CancelledError as exc:
-                if not task.done():
-                    cancelled = exc  # the caller's: wait the operation out, then raise it
-                    continue
-                if cancelled is None:
-                    raise
-                raise cancelled from None
-            except BaseException as exc:
-                if cancelled is None:
-                    raise
-                raise cancelled from exc
-            if cancelled is not None:
-                raise cancelled
-            return result
-    raise AssertionError("unreachable: a shielded scope with no deadline is never cancelled")
-
-
-def _current_task() -> object | None:
-    """The running task (asyncio's or trio's), compared by identity only; `None` outside of one."""
-    task = _asyncio_task()
-    if task is not None:
-        return task
-    trio = sys.modules.get("trio")  # anyio's other backend: imported if it runs
-    if trio is None:
-        return None
-    try:
-        current: object = trio.lowlevel.current_task()
-    except RuntimeError:
-        return None
-    return current
-
-
 class _Holder:
     """One turn's claim on a conversation's lock: the task that may still close it, if any, and the
     method that opened it (for the error)."""
@@ -265,22 +206,39 @@ class _Locks:
 
 
 _LOCKS: weakref.WeakKeyDictionary[Any, _Locks] = weakref.WeakKeyDictionary()
-_STRONG_LOCKS: dict[int, tuple[Any, _Locks]] = {}  # stores that cannot be weakly referenced
+# Stores that cannot be weakly referenced, by id: the store (so that its id is not reused), its
+# locks, and how many `Memory` objects use it. The last one to be collected removes the entry.
+_STRONG_LOCKS: dict[int, tuple[Any, _Locks, int]] = {}
+_STRONG_GUARD = threading.Lock()
 
 
-def _locks_for(store: ChatMemoryStore) -> _Locks:
+def _locks_for(store: ChatMemoryStore, user: Memory) -> _Locks:
     """The locks of `store`, shared by every service that uses it (two services sharing a namespace
-    on one store lock the same conversations)."""
+    on one store lock the same conversations); kept as long as a `Memory` (`user`) uses it."""
     try:
         locks = _LOCKS.get(store)
         if locks is None:
             locks = _LOCKS[store] = _Locks()
+        return locks
     except TypeError:
-        entry = _STRONG_LOCKS.get(id(store))
-        if entry is None:
-            entry = _STRONG_LOCKS[id(store)] = (store, _Locks())
-        locks = entry[1]
+        pass
+    key = id(store)
+    with _STRONG_GUARD:
+        entry = _STRONG_LOCKS.get(key)
+        locks = _Locks() if entry is None else entry[1]
+        _STRONG_LOCKS[key] = (store, locks, 1 if entry is None else entry[2] + 1)
+    weakref.finalize(user, _forget_locks, key)
     return locks
+
+
+def _forget_locks(key: int) -> None:
+    """A `Memory` on a store that cannot be weakly referenced was collected."""
+    with _STRONG_GUARD:
+        store, locks, users = _STRONG_LOCKS[key]
+        if users > 1:
+            _STRONG_LOCKS[key] = (store, locks, users - 1)
+        else:
+            del _STRONG_LOCKS[key]
 
 
 async def _acquire(table: dict[str, _Queue], key: str, holder: _Holder) -> None:
@@ -317,6 +275,7 @@ class Memory:
     """A service's chat memory, resolved at build: the `ChatMemory` and the service's namespace."""
 
     __slots__ = (
+        "__weakref__",
         "config",
         "counter",
         "locks",
@@ -354,7 +313,7 @@ class Memory:
         self.max_messages = config.max_messages
         self.max_tokens = config.max_tokens
         self.counter = config.counter
-        self.locks = _locks_for(config.store)
+        self.locks = _locks_for(config.store, self)
 
     def key(self, memory_id: Any, where: str) -> str:
         return memory_key(self.namespace, memory_id, where)
@@ -373,7 +332,7 @@ class Memory:
         wait = self.config.wait
         give_up = math.inf if wait is None else anyio.current_time() + wait
         table = self.locks.table()
-        holder = _Holder(_current_task(), where)
+        holder = _Holder(current_task(), where)
         queue = table.get(key)
         if queue is None:
             table[key] = _Queue(holder)  # free: taken without an await
@@ -482,7 +441,7 @@ class Conversation:
     def claim(self) -> None:
         """The running task reads the turn's stream from now on: it holds the conversation (a stream
         handed to another task is that task's to close)."""
-        self._holder.task = _current_task()
+        self._holder.task = current_task()
 
     def abandon(self) -> None:
         """The turn's stream was collected unclosed and is being closed from another task: no task

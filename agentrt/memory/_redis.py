@@ -2,7 +2,8 @@
 
 A conversation is a Redis list at `{prefix}conv:{key}`, one JSON message per item (`message_to_json`),
 so a commit appends without rewriting what is stored. Its lock is a string at `{prefix}lock:{key}`
-holding the owner with a `PX` expiry (the lease), renewed by a `LeaseRenewer` thread while held.
+holding the owner with a `PX` expiry (the lease), renewed by a `LeaseRenewer` thread while held (and
+while the event loop that took it answers).
 
 redis-py's asyncio client runs on asyncio only and agentrt also runs on trio, so the store uses the
 blocking client (a thread-safe connection pool) and runs each operation in a worker thread with
@@ -113,8 +114,8 @@ class RedisStore:
     Give a `url` (a pool of connections is made for it, with a 10 s socket timeout so that a dead
     server fails an operation instead of hanging it) or your own `client` (a blocking `redis.Redis`:
     its pool, timeouts and retries are used as they are). Keys start with `prefix`. A lock is a lease
-    of `lease_seconds`, renewed every third of it while held: a holder that crashed or stopped
-    renewing loses it within one lease.
+    of `lease_seconds`, renewed every third of it while held by a live event loop: a holder that
+    crashed, or whose event loop is blocked, loses it within one lease (and a third).
 
     Every operation runs in a worker thread as one command or one Lua script. Writes carry an id the
     server remembers for a few minutes, so a write redis-py retries after a lost reply is applied once.

@@ -3,8 +3,8 @@
 A conversation is the rows of `agentrt_messages` with its key, one JSON message per row
 (`message_to_json`) numbered by `seq`, so a commit appends rows without rewriting what is stored. Its
 lock is a row of `agentrt_leases` holding the owner and the wall-clock time its lease expires, renewed
-by a `LeaseRenewer` thread while held. The tables are prefixed so that the store can live in a file an
-application also uses for its own tables.
+by a `LeaseRenewer` thread while held (and while the event loop that took it answers). The tables
+are prefixed so that the store can live in a file an application also uses for its own tables.
 
 sqlite3 blocks, and agentrt runs on asyncio and trio: each operation runs in a worker thread with
 `anyio.to_thread.run_sync`, one hop per operation, on that thread's own connection (a connection must
@@ -104,8 +104,9 @@ class SQLiteStore:
     The file is made on first use, in WAL mode (readers do not wait for a writer) with
     `synchronous=NORMAL`: a commit survives a crash of the process, the last ones may be lost to a
     power failure, and the file is never left inconsistent. A lock is a lease of `lease_seconds`,
-    renewed every third of it while held: a holder that crashed or stopped renewing loses it within one
-    lease. Leases compare wall-clock times, which the processes of one host share.
+    renewed every third of it while held by a live event loop: a holder that crashed, or whose event
+    loop is blocked, loses it within one lease (and a third). Leases compare wall-clock times, which
+    the processes of one host share.
 
     Do not put the file on a network file system: SQLite's locking is not reliable there.
     """
