@@ -41,11 +41,10 @@ from .._messages import (
     UserMessage,
 )
 from ._base import HttpChatModel
-from ._decoders import _PROBLEMS, JSONChunkDecoder, MalformedPayload, json_type
+from ._decoders import EventStreamDecoder, JSONChunkDecoder, MalformedPayload, json_type
 from ._failures import error_from_payload, unreadable
 from ._http import stream_chunks
 from ._protocol import Capabilities, ModelSettings, check_declared_settings
-from ._sse import SSEDecoder
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -624,64 +623,3 @@ def _text(value: Any, field: str) -> str:
     if value.__class__ is not str:
         raise MalformedPayload(f"`{field}` is {json_type(value)}, not a string")
     return value
-
-
-class EventStreamDecoder:
-    """The SSE body of a Messages stream, until `message_stop`; an `error` event fails the call.
-
-    Events are told apart by their data's `type` (which repeats the event's name). A stream that ends
-    before `message_stop` is an error (a cut connection).
-    """
-
-    __slots__ = ("_mapper", "_sse", "done", "error")
-
-    def __init__(self, mapper: MessagesMapper) -> None:
-        self._mapper = mapper
-        self._sse = SSEDecoder()
-        self.done = False
-        self.error: ModelError | None = None
-
-    def feed(self, raw: bytes) -> list[ModelChunk]:
-        out: list[ModelChunk] = []
-        events = self._sse.feed(raw)
-        if events:
-            self._events(events, out)
-        return out
-
-    def close(self) -> list[ModelChunk]:
-        out: list[ModelChunk] = []
-        if not self.done:
-            self._events(self._sse.close(), out)
-        mapper = self._mapper
-        if self.error is None and not mapper.finished:
-            self.error = mapper.unreadable(
-                "the stream ended before the response was complete", mid_stream=True
-            )
-        self.done = True
-        return out
-
-    def _events(self, events: list[tuple[str, bytes]], out: list[ModelChunk]) -> None:
-        mapper = self._mapper
-        loads = orjson.loads
-        for name, data in events:
-            try:
-                payload = loads(data)
-                if name == "error" and (payload.__class__ is not dict or payload.get("type") != "error"):
-                    # an `error` event is an error whatever its data says (a gateway's own shape)
-                    raise mapper.error(payload, mid_stream=True)
-                mapper.feed(payload, out)
-            except ModelError as exc:
-                self.error, self.done = exc, True
-                return
-            except _PROBLEMS as exc:
-                self.done = True
-                if name == "error":  # an error event whose data is not JSON: its text is the message
-                    self.error = mapper.error(data.decode("utf-8", "replace"), mid_stream=True)
-                else:
-                    self.error = mapper.unreadable(
-                        "a stream event is not a valid chunk", mid_stream=True, data=data, cause=exc
-                    )
-                return
-            if mapper.finished:
-                self.done = True
-                return
