@@ -86,6 +86,7 @@ class Server:
     added; otherwise it is refused."""
 
     def url(self, given: str | None) -> str:
+        """The base URL given, or else the one in `base_url_variable`, or else the default."""
         base = given or os.environ.get(self.base_url_variable) or self.base_url
         return f"http://{base}" if self.bare_host and "://" not in base else base
 
