@@ -1,9 +1,14 @@
-"""The HTTP side of the adapters: client lifecycle, cancellation, secrecy, transport failures."""
+"""The HTTP side of the adapters: client lifecycle, cancellation, secrecy, transport failures, and the
+connection options every HTTP adapter takes."""
 
 from __future__ import annotations
 
 import logging
+import textwrap
 import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -11,6 +16,7 @@ import httpx
 import orjson
 import pytest
 from cassettes import Parts, load
+from mypy import api as mypy_api
 
 import agentrt
 from agentrt import (
@@ -23,13 +29,21 @@ from agentrt import (
     UserMessage,
 )
 from agentrt.models import (
+    AnthropicChatModel,
+    HttpErrorEvent,
+    HttpRequestEvent,
+    HttpResponseEvent,
     ModelRequest,
     OllamaChatModel,
     OpenAIChatModel,
     RetryPolicy,
     complete,
 )
+from agentrt.moderation.openai import OpenAIModerationModel
+from agentrt.rag.ollama import OllamaEmbeddingModel
+from agentrt.rag.openai import OpenAIEmbeddingModel
 
+ROOT = Path(__file__).resolve().parent.parent
 REQUEST = ModelRequest(messages=(UserMessage.of("hi"),))
 KEY = "sk-proj-SECRET-4f9a2b7c1d"
 FIRST = b'data: {"id":"c1","model":"m","choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\n'
@@ -344,3 +358,187 @@ async def test_a_raising_listener_is_logged_and_ignored(caplog: pytest.LogCaptur
         response = await complete(openai(client, on_request=broken, on_response=broken), REQUEST)
     assert response.message.text == "Hello"
     assert "listener bug" in caplog.text
+
+
+# --- one set of connection options for every HTTP adapter ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """An HTTP adapter, a call of it, and what its server answers that call with."""
+
+    make: Callable[..., Any]
+    call: Callable[[Any], Awaitable[object]]
+    path: str
+    key_header: str
+    content_type: str
+    answer: bytes
+
+
+_MESSAGE = (
+    b'{"type":"message","id":"m1","model":"m","content":[{"type":"text","text":"hi"}],'
+    b'"stop_reason":"end_turn"}'
+)
+ADAPTERS = {
+    "OpenAIChatModel": Adapter(
+        lambda **o: OpenAIChatModel("m", **o),
+        lambda model: complete(model, REQUEST),
+        "/chat/completions",
+        "authorization",
+        "text/event-stream",
+        FIRST + REST,
+    ),
+    "OllamaChatModel": Adapter(
+        lambda **o: OllamaChatModel("m", **o),
+        lambda model: complete(model, REQUEST),
+        "/api/chat",
+        "authorization",
+        "application/x-ndjson",
+        b'{"model":"m","message":{"role":"assistant","content":"hi"},"done":true,"done_reason":"stop"}\n',
+    ),
+    "AnthropicChatModel": Adapter(
+        lambda **o: AnthropicChatModel("m", **o),
+        lambda model: complete(model, REQUEST),
+        "/v1/messages",
+        "x-api-key",
+        "application/json",
+        _MESSAGE,
+    ),
+    "OpenAIEmbeddingModel": Adapter(
+        lambda **o: OpenAIEmbeddingModel("m", **o),
+        lambda model: model.embed(["a"]),
+        "/embeddings",
+        "authorization",
+        "application/json",
+        b'{"data":[{"index":0,"embedding":[0.5,0.25]}]}',
+    ),
+    "OllamaEmbeddingModel": Adapter(
+        lambda **o: OllamaEmbeddingModel("m", **o),
+        lambda model: model.embed(["a"]),
+        "/api/embed",
+        "authorization",
+        "application/json",
+        b'{"embeddings":[[0.5,0.25]]}',
+    ),
+    "OpenAIModerationModel": Adapter(
+        lambda **o: OpenAIModerationModel("m", **o),
+        lambda model: model.moderate(["a"]),
+        "/moderations",
+        "authorization",
+        "application/json",
+        b'{"results":[{"flagged":false,"categories":{},"category_scores":{}}]}',
+    ),
+}
+
+
+def _sent_key(adapter: Adapter, key: str) -> str:
+    return key if adapter.key_header == "x-api-key" else f"Bearer {key}"
+
+
+@pytest.mark.parametrize("name", list(ADAPTERS))
+async def test_every_http_adapter_takes_the_same_connection_options(name: str) -> None:
+    adapter = ADAPTERS[name]
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if len(seen) == 1:
+            return httpx.Response(503, json={"error": {"message": "busy"}})
+        return httpx.Response(200, headers={"content-type": adapter.content_type}, content=adapter.answer)
+
+    events: list[object] = []
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        model = adapter.make(
+            base_url="https://llm.test/base/",
+            api_key=KEY,
+            headers={"X-Team": "blue"},
+            timeout=7,
+            retry=RetryPolicy(max_attempts=2, initial_delay=0, jitter=0),
+            client=client,
+            on_request=events.append,
+            on_response=events.append,
+            on_error=events.append,
+        )
+        await adapter.call(model)
+        assert not client.is_closed
+    assert [str(request.url) for request in seen] == [f"https://llm.test/base{adapter.path}"] * 2
+    for request in seen:
+        assert request.headers[adapter.key_header] == _sent_key(adapter, KEY)
+        assert request.headers["x-team"] == "blue"
+        assert request.extensions["timeout"] == httpx.Timeout(7).as_dict()
+    assert [type(event) for event in events] == [
+        HttpRequestEvent,
+        HttpErrorEvent,
+        HttpRequestEvent,
+        HttpResponseEvent,
+    ]
+    assert isinstance(events[1], HttpErrorEvent)
+    assert events[1].will_retry
+    assert {getattr(event, "endpoint", None) for event in events} == {f"https://llm.test/base{adapter.path}"}
+
+
+@pytest.mark.parametrize(
+    ("name", "url", "key"),
+    [
+        ("OpenAIChatModel", "https://openai.env/v1", "sk-openai-env"),
+        ("OllamaChatModel", "http://ollama.env:11500", "ollama-env"),
+        ("AnthropicChatModel", "https://anthropic.env", "sk-ant-env"),
+        ("OpenAIEmbeddingModel", "https://openai.env/v1", "sk-openai-env"),
+        ("OllamaEmbeddingModel", "http://ollama.env:11500", "ollama-env"),
+        ("OpenAIModerationModel", "https://openai.env/v1", "sk-openai-env"),
+    ],
+)
+async def test_each_adapter_finds_its_server_and_key_in_its_providers_variables(
+    name: str, url: str, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", "https://openai.env/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-env")
+    monkeypatch.setenv("OLLAMA_HOST", "ollama.env:11500")  # a host and port: http:// is added
+    monkeypatch.setenv("OLLAMA_API_KEY", "ollama-env")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "https://anthropic.env")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-env")
+    adapter = ADAPTERS[name]
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, headers={"content-type": adapter.content_type}, content=adapter.answer)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        model = adapter.make(client=client)
+        assert model.endpoint == f"{url}{adapter.path}"
+        await adapter.call(model)
+    assert [str(request.url) for request in seen] == [f"{url}{adapter.path}"]
+    assert seen[0].headers[adapter.key_header] == _sent_key(adapter, key)
+
+
+@pytest.mark.parametrize("name", list(ADAPTERS))
+def test_a_misspelled_connection_option_is_refused(name: str) -> None:
+    with pytest.raises(TypeError, match=r"__init__\(\) got an unexpected keyword argument 'tmeout'"):
+        ADAPTERS[name].make(base_url="https://llm.test", tmeout=5)
+
+
+def test_the_connection_options_type_check_as_keywords(tmp_path: Path) -> None:
+    source = textwrap.dedent(
+        """
+        from agentrt.models import AnthropicChatModel, OpenAIChatModel, RetryPolicy
+        from agentrt.moderation.openai import OpenAIModerationModel
+        from agentrt.rag.ollama import OllamaEmbeddingModel
+
+        OpenAIChatModel("m", base_url="http://x", api_key="k", timeout=3, retry=RetryPolicy(), headers={})
+        OllamaEmbeddingModel("m", client=None, batch_size=2, on_request=print)
+        OpenAIModerationModel(on_error=print)
+        OpenAIChatModel("m", tmeout=3)  # line 9
+        AnthropicChatModel("m", timeout="soon")  # line 10
+        """
+    )
+    target = tmp_path / "use_adapters.py"
+    target.write_text(source)
+    stdout, _, status = mypy_api.run(
+        [str(target), "--strict", "--no-incremental", "--config-file", str(ROOT / "pyproject.toml")]
+    )
+    errors = [line for line in stdout.splitlines() if ": error:" in line]
+    assert status == 1
+    assert len(errors) == 2, stdout
+    assert ':9: error: Unexpected keyword argument "tmeout"' in errors[0]
+    assert ':10: error: Argument "timeout" to "AnthropicChatModel" has incompatible type "str"' in errors[1]

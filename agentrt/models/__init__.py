@@ -2,7 +2,8 @@
 
 `OpenAIChatModel` talks to OpenAI-compatible Chat Completions endpoints, `OllamaChatModel` to Ollama's
 native `/api/chat`, `AnthropicChatModel` to Anthropic's Messages API; all share `RetryPolicy` and
-report HTTP exchanges to listeners as `HttpRequestEvent`, `HttpResponseEvent` and `HttpErrorEvent`.
+report HTTP exchanges to listeners as `HttpRequestEvent`, `HttpResponseEvent` and `HttpErrorEvent`, and
+take the same `ConnectionOptions` keywords (as do the embedding and moderation adapters).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .._events import (
     ToolCallDelta,
     Usage,
 )
+from ._base import ConnectionOptions
 from ._http import HttpErrorEvent, HttpRequestEvent, HttpResponseEvent
 from ._protocol import (
     Capabilities,
@@ -43,6 +45,7 @@ __all__ = [
     "AnthropicChatModel",
     "Capabilities",
     "ChatModel",
+    "ConnectionOptions",
     "Finish",
     "FinishReason",
     "HttpErrorEvent",

@@ -1,36 +1,62 @@
-"""What the HTTP adapters share: one `HttpSession`, the model name, capabilities, closing.
+"""What the HTTP adapters share: the connection options, the session, the name, capabilities, `stream`.
 
-`HttpModel` is the part every HTTP adapter has (chat, embedding and moderation models alike): the key
-and its environment variable, the session, the name, `aclose` and `async with`. `HttpChatModel` adds
-what only a chat model has: default settings, capabilities, streaming.
+Every HTTP adapter (chat, embedding and moderation models alike) takes the same connection keywords,
+declared once as `ConnectionOptions` and passed on whole (`**connection: Unpack[ConnectionOptions]`);
+where each provider's server is unless told otherwise is a `Server`. `HttpModel` turns the two into
+an `HttpSession` and has the name, `aclose` and `async with`. `HttpChatModel` adds what only a chat
+model has: default settings, capabilities, and `stream`, which sends the adapter's `request_body` and
+reads the response with its protocol's decoder over its `_mapper`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Self, TypedDict, Unpack
+from collections.abc import Callable, Mapping  # noqa: TC003 (ConnectionOptions resolves at run time)
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, Self, TypedDict
 
 import httpx
 from pydantic import SecretStr
 
 from .._errors import ConfigurationError
-from ._http import HttpSession
+from ._decoders import JSONChunkDecoder, PayloadMapper
+from ._http import HttpErrorEvent, HttpRequestEvent, HttpResponseEvent, HttpSession, stream_chunks
 from ._protocol import Capabilities, ModelSettings
 from ._retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import AsyncIterator
     from types import TracebackType
 
-    from ._http import HttpErrorEvent, HttpRequestEvent, HttpResponseEvent
+    from .._events import ModelChunk
+    from ._http import ChunkDecoder, Exchange
+    from ._protocol import ModelRequest
 
-__all__ = ["HttpChatModel", "HttpModel", "SessionOptions"]
+__all__ = ["ConnectionOptions", "HttpChatModel", "HttpModel", "Server"]
 
 
-class SessionOptions(TypedDict):
-    """The options of an adapter's HTTP session, as its `__init__` takes them (see `OpenAIChatModel`)."""
+class ConnectionOptions(TypedDict, total=False):
+    """How an HTTP model reaches its server: the keyword arguments every HTTP adapter takes, all
+    optional (`OpenAIChatModel`, `OllamaChatModel`, `AnthropicChatModel`, `OpenAIEmbeddingModel`,
+    `OllamaEmbeddingModel`, `OpenAIModerationModel`).
 
+    - `base_url`, `api_key`: the server and its key. Each adapter says where they default from (its
+      provider's environment variables, then its provider's URL and no key). The key is kept as a
+      `SecretStr` and only ever put into one request header (`Authorization`, or Anthropic's
+      `x-api-key`); errors, listener events and the HTTP loggers' records never show it.
+    - `headers`: extra request headers.
+    - `timeout`: the httpx timeout (seconds, or an `httpx.Timeout`).
+    - `retry`: the `RetryPolicy` (default `RetryPolicy()`).
+    - `client`: your own `httpx.AsyncClient` (not closed by the model); otherwise one pooled client is
+      created on first use and closed by `aclose()` / `async with model:`.
+    - `on_request`, `on_response`, `on_error`: called with `HttpRequestEvent`, `HttpResponseEvent`,
+      `HttpErrorEvent` (the request body and the endpoint, never the key); exceptions are logged.
+    """
+
+    base_url: str | None
+    api_key: SecretStr | str | None
     headers: Mapping[str, str] | None
     timeout: httpx.Timeout | float | None
     retry: RetryPolicy | None
@@ -38,6 +64,40 @@ class SessionOptions(TypedDict):
     on_request: Callable[[HttpRequestEvent], None] | None
     on_response: Callable[[HttpResponseEvent], None] | None
     on_error: Callable[[HttpErrorEvent], None] | None
+
+
+_OPTIONS: Final = ConnectionOptions.__optional_keys__
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """Where a provider's API is unless the caller says otherwise, and how it takes the key."""
+
+    provider: str
+    """The provider's name (`Capabilities.provider` of its chat models, unless they name another)."""
+    base_url: str
+    """The base URL when neither `base_url=` nor `base_url_variable` names one."""
+    base_url_variable: str
+    api_key_variable: str
+    key_header: str | None = None
+    """The header the key goes in as it is (Anthropic's `x-api-key`); `None`: a bearer token."""
+    bare_host: bool = False
+    """A base URL without a scheme is a host and port (`OLLAMA_HOST=localhost:11434`): `http://` is
+    added; otherwise it is refused."""
+
+    def url(self, given: str | None) -> str:
+        """The base URL given, or else the one in `base_url_variable`, or else the default."""
+        base = given or os.environ.get(self.base_url_variable) or self.base_url
+        return f"http://{base}" if self.bare_host and "://" not in base else base
+
+    def key(self, given: SecretStr | str | None, kind: str) -> SecretStr | None:
+        """The key given, or else the one in `api_key_variable`; `None` for no key (or a blank one)."""
+        if given is None:
+            from_env = os.environ.get(self.api_key_variable)
+            given = SecretStr(from_env) if from_env else None
+        elif isinstance(given, str):
+            given = SecretStr(given)
+        return _header_safe(given, kind)
 
 
 def _header_safe(key: SecretStr | None, kind: str) -> SecretStr | None:
@@ -60,45 +120,45 @@ def _header_safe(key: SecretStr | None, kind: str) -> SecretStr | None:
 
 
 class HttpModel:
-    """The common part of an HTTP model. Subclasses call `_connect_session` from their `__init__`."""
+    """The common part of an HTTP model: one session to `_path` on its `_server`.
 
+    A subclass names both and passes its `**connection` keywords to `__init__`.
+    """
+
+    _server: ClassVar[Server]
+    _path: ClassVar[str]
     _model: str
     _session: HttpSession
 
-    def _connect_session(
-        self,
-        model: str,
-        *,
-        base_url: str,
-        path: str,
-        api_key: SecretStr | str | None,
-        api_key_variable: str,
-        key_header: str | None = None,
-        **options: Unpack[SessionOptions],
+    def __init__(
+        self, model: str, connection: ConnectionOptions, *, headers: Mapping[str, str] | None = None
     ) -> None:
+        """Open the session; `headers` are the adapter's own, which the caller's `headers` override."""
         kind = type(self).__name__
+        unknown = connection.keys() - _OPTIONS
+        if unknown:
+            # what Python says of a keyword no parameter takes (the options are one `**` parameter)
+            raise TypeError(f"{kind}.__init__() got an unexpected keyword argument {min(unknown)!r}")
         if not model:
             raise ConfigurationError(f"{kind} needs a model name")
-        if api_key is None:
-            from_env = os.environ.get(api_key_variable)
-            api_key = SecretStr(from_env) if from_env else None
-        elif isinstance(api_key, str):
-            api_key = SecretStr(api_key)
-        api_key = _header_safe(api_key, kind)
+        server = self._server
+        api_key = server.key(connection.get("api_key"), kind)
+        base_url = server.url(connection.get("base_url"))
+        headers = {**(headers or {}), **(connection.get("headers") or {})}
         self._model = model
         try:
             self._session = HttpSession(
                 base_url,
-                path,
-                secret=api_key or None,
-                headers=options["headers"],
-                timeout=options["timeout"],
-                retry=options["retry"] or RetryPolicy(),
-                client=options["client"],
-                on_request=options["on_request"],
-                on_response=options["on_response"],
-                on_error=options["on_error"],
-                key_header=key_header,
+                self._path,
+                secret=api_key,
+                headers=headers,
+                timeout=connection.get("timeout"),
+                retry=connection.get("retry") or RetryPolicy(),
+                client=connection.get("client"),
+                on_request=connection.get("on_request"),
+                on_response=connection.get("on_response"),
+                on_error=connection.get("on_error"),
+                key_header=server.key_header,
             )
         except (httpx.InvalidURL, ValueError, TypeError) as exc:
             raise ConfigurationError(f"{kind}: invalid base_url {base_url!r}: {exc}") from None
@@ -132,44 +192,44 @@ class HttpModel:
         await self.aclose()
 
 
-class HttpChatModel(HttpModel):
-    """The common part of an HTTP chat model. Subclasses call `_connect` from their `__init__`."""
+class _StreamDecoder(Protocol):
+    """A decoder class for a streamed body (`SSEChunkDecoder`, ...)."""
 
+    def __call__(self, mapper: PayloadMapper, /) -> ChunkDecoder: ...
+
+
+class HttpChatModel(HttpModel):
+    """The common part of an HTTP chat model: settings, capabilities and `stream`.
+
+    A subclass adds `request_body` (the JSON body of a request), `_mapper` (what reads the response's
+    payloads), and the decoder of its streamed body, `_stream_decoder`, with its content type.
+    """
+
+    _stream_type: ClassVar[str]
+    """What the content type of a streamed body contains (`"text/event-stream"`, `"ndjson"`)."""
+    _stream_decoder: ClassVar[_StreamDecoder]
     _settings: ModelSettings
     _capabilities: Capabilities
     _streaming: bool
 
-    def _connect(
+    def __init__(
         self,
         model: str,
+        connection: ConnectionOptions,
         *,
-        base_url: str,
-        path: str,
-        api_key: SecretStr | str | None,
-        api_key_variable: str,
         settings: ModelSettings | None,
         capabilities: Capabilities,
-        provider: str,
         streaming: bool,
-        key_header: str | None = None,
-        **options: Unpack[SessionOptions],
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         """Open the session. The capabilities declare `handles_deadline` whatever the caller's say
-        (opening, retries and reads stop at `ModelRequest.deadline`: see `stream_chunks`), and
-        `provider` where they name none."""
-        self._connect_session(
-            model,
-            base_url=base_url,
-            path=path,
-            api_key=api_key,
-            api_key_variable=api_key_variable,
-            key_header=key_header,
-            **options,
-        )
+        (opening, retries and reads stop at `ModelRequest.deadline`: see `stream_chunks`), and the
+        server's `provider` where they name none."""
+        super().__init__(model, connection, headers=headers)
         self._settings = settings or ModelSettings()
         if not capabilities.handles_deadline or capabilities.provider is None:
             capabilities = dataclasses.replace(
-                capabilities, handles_deadline=True, provider=capabilities.provider or provider
+                capabilities, handles_deadline=True, provider=capabilities.provider or self._server.provider
             )
         self._capabilities = capabilities
         self._streaming = streaming
@@ -177,3 +237,31 @@ class HttpChatModel(HttpModel):
     @property
     def capabilities(self) -> Capabilities:
         return self._capabilities
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        """The response's chunks as they arrive. Closing the iterator closes the HTTP response."""
+        return stream_chunks(
+            self._session,
+            partial(self.request_body, request),
+            partial(self._decoder, request),
+            request.deadline,
+        )
+
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The JSON body for `request` (what listeners see)."""
+        raise NotImplementedError
+
+    def _mapper(self, request: ModelRequest, request_id: str | None) -> PayloadMapper:
+        """What reads the payloads of the response to `request`."""
+        raise NotImplementedError
+
+    def _decoder(self, request: ModelRequest, exchange: Exchange) -> ChunkDecoder:
+        """The decoder the response's content type calls for; a body of neither kind is read as
+        what was asked for."""
+        content_type = exchange.response.headers.get("content-type", "")
+        mapper = self._mapper(request, exchange.request_id)
+        if self._stream_type in content_type:
+            return self._stream_decoder(mapper)
+        if "json" in content_type or not self._streaming:
+            return JSONChunkDecoder(mapper)
+        return self._stream_decoder(mapper)

@@ -1,4 +1,5 @@
-"""Response bodies to model chunks: framing (SSE, NDJSON, one JSON document) over a payload mapper.
+"""Response bodies to model chunks: framing (SSE, SSE of named events, NDJSON, one JSON document) over
+a payload mapper.
 
 A decoder is fed the body's bytes as they arrive and returns the chunks they complete. It never raises:
 an error the body reports, or a body that does not follow the protocol, is stored in `error` (and
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FINISH_REASONS",
+    "EventStreamDecoder",
     "JSONChunkDecoder",
     "MalformedPayload",
     "NDJSONChunkDecoder",
@@ -213,6 +215,68 @@ class SSEChunkDecoder:
             payload = None
         reported = payload if payload is not None else data.decode("utf-8", "replace")
         self.error = mapper.error(reported, mid_stream=True)
+
+
+class EventStreamDecoder:
+    """An SSE body of named events (Anthropic's Messages stream), until the mapper has finished
+    (`message_stop`); an `error` event fails the call, whatever its data.
+
+    The mapper tells events apart by their data's `type` (which repeats the event's name). A stream
+    that ends before the mapper finished is an error (a cut connection).
+    """
+
+    __slots__ = ("_mapper", "_sse", "done", "error")
+
+    def __init__(self, mapper: PayloadMapper) -> None:
+        self._mapper = mapper
+        self._sse = SSEDecoder()
+        self.done = False
+        self.error: ModelError | None = None
+
+    def feed(self, raw: bytes) -> list[ModelChunk]:
+        out: list[ModelChunk] = []
+        events = self._sse.feed(raw)
+        if events:
+            self._events(events, out)
+        return out
+
+    def close(self) -> list[ModelChunk]:
+        out: list[ModelChunk] = []
+        if not self.done:
+            self._events(self._sse.close(), out)
+        mapper = self._mapper
+        if self.error is None and not mapper.finished:
+            self.error = mapper.unreadable(
+                "the stream ended before the response was complete", mid_stream=True
+            )
+        self.done = True
+        return out
+
+    def _events(self, events: list[tuple[str, bytes]], out: list[ModelChunk]) -> None:
+        mapper = self._mapper
+        loads = orjson.loads
+        for name, data in events:
+            try:
+                payload = loads(data)
+                if name == "error" and (payload.__class__ is not dict or payload.get("type") != "error"):
+                    # an `error` event is an error whatever its data says (a gateway's own shape)
+                    raise mapper.error(payload, mid_stream=True)
+                mapper.feed(payload, out)
+            except ModelError as exc:
+                self.error, self.done = exc, True
+                return
+            except _PROBLEMS as exc:
+                self.done = True
+                if name == "error":  # an error event whose data is not JSON: its text is the message
+                    self.error = mapper.error(data.decode("utf-8", "replace"), mid_stream=True)
+                else:
+                    self.error = mapper.unreadable(
+                        "a stream event is not a valid chunk", mid_stream=True, data=data, cause=exc
+                    )
+                return
+            if mapper.finished:
+                self.done = True
+                return
 
 
 class NDJSONChunkDecoder:

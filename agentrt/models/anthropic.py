@@ -15,9 +15,7 @@ whole message is read as the events that would have streamed it.
 from __future__ import annotations
 
 import dataclasses
-import os
-from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, Unpack
 
 import orjson
 
@@ -40,34 +38,33 @@ from .._messages import (
     ToolResultMessage,
     UserMessage,
 )
-from ._base import HttpChatModel
-from ._decoders import _PROBLEMS, JSONChunkDecoder, MalformedPayload, json_type
+from ._base import ConnectionOptions, HttpChatModel, Server
+from ._decoders import EventStreamDecoder, MalformedPayload, json_type
 from ._failures import error_from_payload, unreadable
-from ._http import stream_chunks
 from ._protocol import Capabilities, ModelSettings, check_declared_settings
-from ._sse import SSEDecoder
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-
-    import httpx
-    from pydantic import SecretStr
+    from collections.abc import Mapping, Sequence
 
     from .._events import ModelChunk
     from .._messages import ChatMessage, ThinkingBlock, UserContent
     from ._failures import ErrorContext
-    from ._http import Exchange, HttpErrorEvent, HttpRequestEvent, HttpResponseEvent
     from ._protocol import ModelRequest, ToolChoice, ToolSpec
-    from ._retry import RetryPolicy
 
 __all__ = ["AnthropicChatModel", "MessagesMapper"]
 
 DEFAULT_BASE_URL: Final = "https://api.anthropic.com"
+SERVER: Final = Server(
+    "anthropic", DEFAULT_BASE_URL, "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", key_header="x-api-key"
+)
+"""Anthropic's API, or where `ANTHROPIC_BASE_URL` says; the key, in `ANTHROPIC_API_KEY`, goes in
+`x-api-key`."""
+
 API_VERSION: Final = "2023-06-01"
 DEFAULT_MAX_TOKENS: Final = 4096
+"""Sent when neither the request's nor the model's settings name `max_tokens` (the API requires one)."""
 MIN_THINKING_BUDGET: Final = 1024
 """The least thinking budget the Messages API takes."""
-"""Sent when neither the request's nor the model's settings name `max_tokens` (the API requires one)."""
 
 DEFAULT_CAPABILITIES: Final = Capabilities(
     tool_output=True,
@@ -132,8 +129,10 @@ class AnthropicChatModel(HttpChatModel):
     - `cache_tools`, `cache_system`, `cache_history`: prompt caching (see below).
     - `parallel_tool_calls`: `False` sends `disable_parallel_tool_use` with the tool choice.
     - `api_version`, `beta`: the `anthropic-version` header and the `anthropic-beta` features.
-    - `streaming`, `capabilities`, `extra_body`, `headers`, `timeout`, `retry`, `client`, listeners:
-      as for `OpenAIChatModel`.
+    - `streaming`, `capabilities`, `extra_body`: as for `OpenAIChatModel`.
+    - `headers`, `timeout`, `retry`, `client`, `on_request`, `on_response`, `on_error`: how to reach
+      the server, as for every HTTP adapter (see `ConnectionOptions`); `headers` win over the
+      `anthropic-version` and `anthropic-beta` headers made of `api_version` and `beta`.
 
     Prompt caching is three switches rather than a list of breakpoints, because the places worth a
     `cache_control: {"type": "ephemeral"}` marker are fixed by the request's layout, and a caller
@@ -151,12 +150,15 @@ class AnthropicChatModel(HttpChatModel):
     as HTTP 529, is `OverloadedError`), an `error` event inside a stream by its type.
     """
 
+    _server = SERVER
+    _path = "/v1/messages"
+    _stream_type = "text/event-stream"
+    _stream_decoder = EventStreamDecoder
+
     def __init__(
         self,
         model: str,
         *,
-        base_url: str | None = None,
-        api_key: SecretStr | str | None = None,
         settings: ModelSettings | None = None,
         capabilities: Capabilities | None = None,
         streaming: bool = True,
@@ -169,13 +171,7 @@ class AnthropicChatModel(HttpChatModel):
         api_version: str = API_VERSION,
         beta: Sequence[str] = (),
         extra_body: Mapping[str, Any] | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout: httpx.Timeout | float | None = None,
-        retry: RetryPolicy | None = None,
-        client: httpx.AsyncClient | None = None,
-        on_request: Callable[[HttpRequestEvent], None] | None = None,
-        on_response: Callable[[HttpResponseEvent], None] | None = None,
-        on_error: Callable[[HttpErrorEvent], None] | None = None,
+        **connection: Unpack[ConnectionOptions],
     ) -> None:
         kind = type(self).__name__
         if max_tokens < 1:
@@ -195,44 +191,17 @@ class AnthropicChatModel(HttpChatModel):
                 dataclasses.replace(own, max_tokens=own.max_tokens or max_tokens),
                 f"{kind}(thinking={thinking!r})",
             )
-        base = base_url or os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
-        sent_headers = {"anthropic-version": api_version}
+        headers = {"anthropic-version": api_version}
         if beta:
-            sent_headers["anthropic-beta"] = ",".join(beta)
-        sent_headers.update(headers or {})
-        self._connect(
-            model,
-            base_url=base,
-            path="/v1/messages",
-            api_key=api_key,
-            api_key_variable="ANTHROPIC_API_KEY",
-            key_header="x-api-key",
-            settings=settings,
-            capabilities=declared,
-            provider="anthropic",
-            streaming=streaming,
-            headers=sent_headers,
-            timeout=timeout,
-            retry=retry,
-            client=client,
-            on_request=on_request,
-            on_response=on_response,
-            on_error=on_error,
+            headers["anthropic-beta"] = ",".join(beta)
+        super().__init__(
+            model, connection, settings=settings, capabilities=declared, streaming=streaming, headers=headers
         )
         self._cache_tools = cache_tools
         self._cache_system = cache_system
         self._cache_history = cache_history
         self._parallel_tool_calls = parallel_tool_calls
         self._extra_body = dict(extra_body or {})
-
-    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
-        """The response's chunks as they arrive. Closing the iterator closes the HTTP response."""
-        return stream_chunks(
-            self._session,
-            partial(self.request_body, request),
-            self._decoder,
-            request.deadline,
-        )
 
     # --- request ---------------------------------------------------------------------------------
 
@@ -286,14 +255,8 @@ class AnthropicChatModel(HttpChatModel):
 
     # --- response --------------------------------------------------------------------------------
 
-    def _decoder(self, exchange: Exchange) -> EventStreamDecoder | JSONChunkDecoder:
-        content_type = exchange.response.headers.get("content-type", "")
-        mapper = MessagesMapper(self._session.context, exchange.request_id)
-        if "text/event-stream" in content_type:
-            return EventStreamDecoder(mapper)
-        if "json" in content_type or not self._streaming:
-            return JSONChunkDecoder(mapper)
-        return EventStreamDecoder(mapper)
+    def _mapper(self, request: ModelRequest, request_id: str | None) -> MessagesMapper:
+        return MessagesMapper(self._session.context, request_id)
 
 
 def _thinking_limits(capabilities: Capabilities, thinking: int | Literal["adaptive"]) -> Capabilities:
@@ -624,64 +587,3 @@ def _text(value: Any, field: str) -> str:
     if value.__class__ is not str:
         raise MalformedPayload(f"`{field}` is {json_type(value)}, not a string")
     return value
-
-
-class EventStreamDecoder:
-    """The SSE body of a Messages stream, until `message_stop`; an `error` event fails the call.
-
-    Events are told apart by their data's `type` (which repeats the event's name). A stream that ends
-    before `message_stop` is an error (a cut connection).
-    """
-
-    __slots__ = ("_mapper", "_sse", "done", "error")
-
-    def __init__(self, mapper: MessagesMapper) -> None:
-        self._mapper = mapper
-        self._sse = SSEDecoder()
-        self.done = False
-        self.error: ModelError | None = None
-
-    def feed(self, raw: bytes) -> list[ModelChunk]:
-        out: list[ModelChunk] = []
-        events = self._sse.feed(raw)
-        if events:
-            self._events(events, out)
-        return out
-
-    def close(self) -> list[ModelChunk]:
-        out: list[ModelChunk] = []
-        if not self.done:
-            self._events(self._sse.close(), out)
-        mapper = self._mapper
-        if self.error is None and not mapper.finished:
-            self.error = mapper.unreadable(
-                "the stream ended before the response was complete", mid_stream=True
-            )
-        self.done = True
-        return out
-
-    def _events(self, events: list[tuple[str, bytes]], out: list[ModelChunk]) -> None:
-        mapper = self._mapper
-        loads = orjson.loads
-        for name, data in events:
-            try:
-                payload = loads(data)
-                if name == "error" and (payload.__class__ is not dict or payload.get("type") != "error"):
-                    # an `error` event is an error whatever its data says (a gateway's own shape)
-                    raise mapper.error(payload, mid_stream=True)
-                mapper.feed(payload, out)
-            except ModelError as exc:
-                self.error, self.done = exc, True
-                return
-            except _PROBLEMS as exc:
-                self.done = True
-                if name == "error":  # an error event whose data is not JSON: its text is the message
-                    self.error = mapper.error(data.decode("utf-8", "replace"), mid_stream=True)
-                else:
-                    self.error = mapper.unreadable(
-                        "a stream event is not a valid chunk", mid_stream=True, data=data, cause=exc
-                    )
-                return
-            if mapper.finished:
-                self.done = True
-                return

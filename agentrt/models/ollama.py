@@ -10,9 +10,7 @@ object as the last line of a stream, and is mapped by the same `OllamaChatMapper
 
 from __future__ import annotations
 
-import os
-from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, Unpack
 
 import orjson
 
@@ -26,10 +24,9 @@ from .._messages import (
     ToolResultMessage,
     UserMessage,
 )
-from ._base import HttpChatModel
-from ._decoders import JSONChunkDecoder, MalformedPayload, NDJSONChunkDecoder, finish_reason, json_type
+from ._base import ConnectionOptions, HttpChatModel, Server
+from ._decoders import MalformedPayload, NDJSONChunkDecoder, finish_reason, json_type
 from ._failures import error_from_payload, unreadable
-from ._http import stream_chunks
 from ._protocol import (
     Capabilities,
     JsonSchemaFormat,
@@ -40,22 +37,19 @@ from ._protocol import (
 from ._think import ThinkTagSplitter
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping
-
-    import httpx
-    from pydantic import SecretStr
-
     from .._errors import ModelError
     from .._events import ModelChunk
     from .._messages import ChatMessage
     from ._failures import ErrorContext
-    from ._http import Exchange, HttpErrorEvent, HttpRequestEvent, HttpResponseEvent
     from ._protocol import ModelRequest
-    from ._retry import RetryPolicy
 
 __all__ = ["OllamaChatMapper", "OllamaChatModel"]
 
 DEFAULT_BASE_URL: Final = "http://localhost:11434"
+
+SERVER: Final = Server("ollama", DEFAULT_BASE_URL, "OLLAMA_HOST", "OLLAMA_API_KEY", bare_host=True)
+"""Ollama on this machine, or where `OLLAMA_HOST` says (a URL, or a host and port); the key, for
+ollama.com and authenticating proxies, in `OLLAMA_API_KEY`."""
 
 DEFAULT_CAPABILITIES: Final = Capabilities(
     tool_choice_required=False,
@@ -81,66 +75,41 @@ class OllamaChatModel(HttpChatModel):
     - `think`: Ollama's `think` switch (`True`/`False`, or a level such as `"high"`); `None` leaves
       the model's default. `think_tags` reads a leading `<think>…</think>` in content as thinking.
     - `keep_alive`: how long Ollama keeps the model loaded after the request (e.g. `"10m"`, `0`).
-    - `streaming`, `capabilities`, `headers`, `timeout`, `retry`, `client`, listeners: as for
-      `OpenAIChatModel`.
+    - `streaming`, `capabilities`: as for `OpenAIChatModel`.
+    - `headers`, `timeout`, `retry`, `client`, `on_request`, `on_response`, `on_error`: how to reach
+      the server, as for every HTTP adapter (see `ConnectionOptions`).
 
     Ollama cannot force a tool call: a request with `tool_choice` `"required"` or a tool name raises
     `BadRequestError` (`Capabilities.tool_choice_required` is false); `"none"` sends no tools.
     """
 
+    _server = SERVER
+    _path = "/api/chat"
+    _stream_type = "ndjson"
+    _stream_decoder = NDJSONChunkDecoder
+
     def __init__(
         self,
         model: str,
         *,
-        base_url: str | None = None,
-        api_key: SecretStr | str | None = None,
         settings: ModelSettings | None = None,
         capabilities: Capabilities | None = None,
         streaming: bool = True,
         think: bool | Literal["low", "medium", "high"] | None = None,
         think_tags: bool = True,
         keep_alive: str | float | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout: httpx.Timeout | float | None = None,
-        retry: RetryPolicy | None = None,
-        client: httpx.AsyncClient | None = None,
-        on_request: Callable[[HttpRequestEvent], None] | None = None,
-        on_response: Callable[[HttpResponseEvent], None] | None = None,
-        on_error: Callable[[HttpErrorEvent], None] | None = None,
+        **connection: Unpack[ConnectionOptions],
     ) -> None:
-        base = base_url or os.environ.get("OLLAMA_HOST") or DEFAULT_BASE_URL
-        if "://" not in base:
-            base = f"http://{base}"
-        self._connect(
+        super().__init__(
             model,
-            base_url=base,
-            path="/api/chat",
-            api_key=api_key,
-            api_key_variable="OLLAMA_API_KEY",
+            connection,
             settings=settings,
             capabilities=capabilities or DEFAULT_CAPABILITIES,
-            provider="ollama",
             streaming=streaming,
-            headers=headers,
-            timeout=timeout,
-            retry=retry,
-            client=client,
-            on_request=on_request,
-            on_response=on_response,
-            on_error=on_error,
         )
         self._think = think
         self._think_tags = think_tags
         self._keep_alive = keep_alive
-
-    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
-        """The response's chunks as they arrive. Closing the iterator closes the HTTP response."""
-        return stream_chunks(
-            self._session,
-            partial(self.request_body, request),
-            partial(self._decoder, request),
-            request.deadline,
-        )
 
     # --- request ---------------------------------------------------------------------------------
 
@@ -185,16 +154,8 @@ class OllamaChatModel(HttpChatModel):
 
     # --- response --------------------------------------------------------------------------------
 
-    def _decoder(self, request: ModelRequest, exchange: Exchange) -> NDJSONChunkDecoder | JSONChunkDecoder:
-        content_type = exchange.response.headers.get("content-type", "")
-        mapper = OllamaChatMapper(
-            self._session.context, exchange.request_id, request, think_tags=self._think_tags
-        )
-        if "ndjson" in content_type:
-            return NDJSONChunkDecoder(mapper)
-        if "json" in content_type or not self._streaming:
-            return JSONChunkDecoder(mapper)
-        return NDJSONChunkDecoder(mapper)
+    def _mapper(self, request: ModelRequest, request_id: str | None) -> OllamaChatMapper:
+        return OllamaChatMapper(self._session.context, request_id, request, think_tags=self._think_tags)
 
 
 # --- request mapping -------------------------------------------------------------------------------

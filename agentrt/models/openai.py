@@ -13,10 +13,8 @@ whole. Which one is chosen depends on the response's content type, then on what 
 
 from __future__ import annotations
 
-import os
 import re
-from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, Unpack
 
 import orjson
 
@@ -41,30 +39,27 @@ from .._messages import (
     UserMessage,
     VideoContent,
 )
-from ._base import HttpChatModel
-from ._decoders import JSONChunkDecoder, MalformedPayload, SSEChunkDecoder, finish_reason, json_type
+from ._base import ConnectionOptions, HttpChatModel, Server
+from ._decoders import MalformedPayload, SSEChunkDecoder, finish_reason, json_type
 from ._failures import error_from_payload, unreadable
-from ._http import stream_chunks
 from ._protocol import Capabilities, JsonSchemaFormat, ModelSettings
 from ._schema import strict_schema
 from ._think import ThinkTagSplitter
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Mapping
-
-    import httpx
-    from pydantic import SecretStr
+    from collections.abc import Mapping
 
     from .._events import ModelChunk
     from .._messages import ChatMessage
     from ._failures import ErrorContext
-    from ._http import Exchange, HttpErrorEvent, HttpRequestEvent, HttpResponseEvent
     from ._protocol import ModelRequest, ResponseFormat, ToolSpec
-    from ._retry import RetryPolicy
 
 __all__ = ["ChatCompletionMapper", "OpenAIChatModel"]
 
 DEFAULT_BASE_URL: Final = "https://api.openai.com/v1"
+
+SERVER: Final = Server("openai", DEFAULT_BASE_URL, "OPENAI_BASE_URL", "OPENAI_API_KEY")
+"""OpenAI's API, or the compatible server `OPENAI_BASE_URL` names; the key in `OPENAI_API_KEY`."""
 
 DEFAULT_CAPABILITIES: Final = Capabilities(
     json_schema=True,
@@ -99,21 +94,21 @@ class OpenAIChatModel(HttpChatModel):
     - `json_object_schema`: send the schema inside a `json_object` response format (llama-cpp-python's
       dialect for grammar-constrained JSON); OpenAI itself rejects the extra field.
     - `extra_body`: extra top-level request fields for a server's own parameters (e.g. vLLM's `top_k`).
-    - `headers`, `timeout`, `retry`: extra request headers, the httpx timeout, the `RetryPolicy`.
-    - `client`: your own `httpx.AsyncClient` (not closed by this model); otherwise one pooled client is
-      created on first use and closed by `aclose()` / `async with model:`.
-    - `on_request`, `on_response`, `on_error`: called with `HttpRequestEvent`, `HttpResponseEvent`,
-      `HttpErrorEvent` (the request body and the endpoint, never the key); exceptions are logged.
+    - `headers`, `timeout`, `retry`, `client`, `on_request`, `on_response`, `on_error`: how to reach
+      the server, as for every HTTP adapter (see `ConnectionOptions`).
 
     Errors are `agentrt.ModelError` kinds; transport errors and timeouts are translated here.
     """
+
+    _server = SERVER
+    _path = "/chat/completions"
+    _stream_type = "text/event-stream"
+    _stream_decoder = SSEChunkDecoder
 
     def __init__(
         self,
         model: str,
         *,
-        base_url: str | None = None,
-        api_key: SecretStr | str | None = None,
         settings: ModelSettings | None = None,
         capabilities: Capabilities | None = None,
         streaming: bool = True,
@@ -123,32 +118,14 @@ class OpenAIChatModel(HttpChatModel):
         think_tags: bool = True,
         json_object_schema: bool = False,
         extra_body: Mapping[str, Any] | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout: httpx.Timeout | float | None = None,
-        retry: RetryPolicy | None = None,
-        client: httpx.AsyncClient | None = None,
-        on_request: Callable[[HttpRequestEvent], None] | None = None,
-        on_response: Callable[[HttpResponseEvent], None] | None = None,
-        on_error: Callable[[HttpErrorEvent], None] | None = None,
+        **connection: Unpack[ConnectionOptions],
     ) -> None:
-        base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-        self._connect(
+        super().__init__(
             model,
-            base_url=base,
-            path="/chat/completions",
-            api_key=api_key,
-            api_key_variable="OPENAI_API_KEY",
+            connection,
             settings=settings,
             capabilities=capabilities or DEFAULT_CAPABILITIES,
-            provider="openai",
             streaming=streaming,
-            headers=headers,
-            timeout=timeout,
-            retry=retry,
-            client=client,
-            on_request=on_request,
-            on_response=on_response,
-            on_error=on_error,
         )
         self._system_role = system_role
         self._max_tokens_field = max_tokens_field
@@ -156,15 +133,6 @@ class OpenAIChatModel(HttpChatModel):
         self._think_tags = think_tags
         self._json_object_schema = json_object_schema
         self._extra_body = dict(extra_body or {})
-
-    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
-        """The response's chunks as they arrive. Closing the iterator closes the HTTP response."""
-        return stream_chunks(
-            self._session,
-            partial(self.request_body, request),
-            self._decoder,
-            request.deadline,
-        )
 
     # --- request ---------------------------------------------------------------------------------
 
@@ -218,14 +186,8 @@ class OpenAIChatModel(HttpChatModel):
 
     # --- response --------------------------------------------------------------------------------
 
-    def _decoder(self, exchange: Exchange) -> SSEChunkDecoder | JSONChunkDecoder:
-        content_type = exchange.response.headers.get("content-type", "")
-        mapper = ChatCompletionMapper(self._session.context, exchange.request_id, think_tags=self._think_tags)
-        if "text/event-stream" in content_type:
-            return SSEChunkDecoder(mapper)
-        if "json" in content_type or not self._streaming:
-            return JSONChunkDecoder(mapper)
-        return SSEChunkDecoder(mapper)
+    def _mapper(self, request: ModelRequest, request_id: str | None) -> ChatCompletionMapper:
+        return ChatCompletionMapper(self._session.context, request_id, think_tags=self._think_tags)
 
 
 # --- request mapping -------------------------------------------------------------------------------

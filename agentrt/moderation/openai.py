@@ -11,25 +11,20 @@ are not kept.
 
 from __future__ import annotations
 
-import os
 from functools import partial
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Unpack
 
 from ..models._base import HttpModel
 from ..models._decoders import MalformedPayload, json_type
 from ..models._http import fetch_json
-from ..models.openai import DEFAULT_BASE_URL
+from ..models.openai import SERVER
 from ._types import Moderation
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Sequence
 
-    import httpx
-    from pydantic import SecretStr
-
-    from ..models._http import HttpErrorEvent, HttpRequestEvent, HttpResponseEvent
-    from ..models._retry import RetryPolicy
+    from ..models._base import ConnectionOptions
 
 __all__ = ["OpenAIModerationModel"]
 
@@ -43,42 +38,19 @@ class OpenAIModerationModel(HttpModel):
     - `base_url`, `api_key`: default to `OPENAI_BASE_URL` and `OPENAI_API_KEY` (then to OpenAI's URL and
       no key), as for `OpenAIChatModel`. The key is kept as a `SecretStr`, only ever put into the
       `Authorization` header.
-    - `headers`, `timeout`, `retry`, `client`, `on_request`, `on_response`, `on_error`: as for
-      `OpenAIChatModel` (the same `RetryPolicy`, listener events and error kinds).
+    - `headers`, `timeout`, `retry`, `client`, `on_request`, `on_response`, `on_error`: how to reach
+      the server, as for every HTTP adapter (see `agentrt.models.ConnectionOptions`).
 
     `moderate(texts)` sends all texts in one request and returns one `Moderation` per text, in order.
     Errors are `agentrt.ModelError` kinds; an answer that does not fit the texts is a
     `ModelResponseError`. Cancellation closes the response.
     """
 
-    def __init__(
-        self,
-        model: str = DEFAULT_MODEL,
-        *,
-        base_url: str | None = None,
-        api_key: SecretStr | str | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout: httpx.Timeout | float | None = None,
-        retry: RetryPolicy | None = None,
-        client: httpx.AsyncClient | None = None,
-        on_request: Callable[[HttpRequestEvent], None] | None = None,
-        on_response: Callable[[HttpResponseEvent], None] | None = None,
-        on_error: Callable[[HttpErrorEvent], None] | None = None,
-    ) -> None:
-        self._connect_session(
-            model,
-            base_url=base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL,
-            path="/moderations",
-            api_key=api_key,
-            api_key_variable="OPENAI_API_KEY",
-            headers=headers,
-            timeout=timeout,
-            retry=retry,
-            client=client,
-            on_request=on_request,
-            on_response=on_response,
-            on_error=on_error,
-        )
+    _server = SERVER
+    _path = "/moderations"
+
+    def __init__(self, model: str = DEFAULT_MODEL, **connection: Unpack[ConnectionOptions]) -> None:
+        super().__init__(model, connection)
 
     def request_body(self, texts: list[str]) -> dict[str, Any]:
         """The JSON body for `texts` (what listeners see)."""

@@ -21,6 +21,8 @@ from ..models._failures import unreadable
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from ..models._base import ConnectionOptions
+
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_CONCURRENCY",
@@ -53,13 +55,16 @@ class Embeddings:
 class HttpEmbeddingModel(HttpModel):
     """The common part of an HTTP embedding model: `embed` splits the texts into batches of
     `batch_size`, sends up to `max_concurrency` of them at once, and puts the vectors back in input
-    order. Subclasses call `_connect_session` and `_batching` from `__init__` and implement
+    order. Subclasses pass their connection and batching options to `__init__` and implement
     `_embed_batch`."""
 
     _batch_size: int
     _max_concurrency: int
 
-    def _batching(self, batch_size: int, max_concurrency: int) -> None:
+    def __init__(
+        self, model: str, connection: ConnectionOptions, *, batch_size: int, max_concurrency: int
+    ) -> None:
+        super().__init__(model, connection)
         kind = type(self).__name__
         if batch_size < 1:
             raise ConfigurationError(f"{kind}: batch_size must be at least 1, got {batch_size}")

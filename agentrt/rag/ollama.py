@@ -7,13 +7,12 @@ vectors in input order.
 
 from __future__ import annotations
 
-import os
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from ..models._decoders import MalformedPayload, json_type
 from ..models._http import fetch_json
-from ..models.ollama import DEFAULT_BASE_URL
+from ..models.ollama import SERVER
 from ._embedding import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_CONCURRENCY,
@@ -24,13 +23,7 @@ from ._embedding import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
-    import httpx
-    from pydantic import SecretStr
-
-    from ..models._http import HttpErrorEvent, HttpRequestEvent, HttpResponseEvent
-    from ..models._retry import RetryPolicy
+    from ..models._base import ConnectionOptions
 
 __all__ = ["OllamaEmbeddingModel"]
 
@@ -45,45 +38,26 @@ class OllamaEmbeddingModel(HttpEmbeddingModel):
       `BadRequestError`) instead of cutting it; `None` (default) leaves Ollama's default (cut).
     - `keep_alive`: how long Ollama keeps the model loaded after the request (e.g. `"10m"`, `0`).
     - `dimensions`: ask for shorter vectors, for models that support it; not sent when `None`.
-    - `batch_size`, `max_concurrency`, `headers`, `timeout`, `retry`, `client`, listeners: as for
-      `OpenAIEmbeddingModel`.
+    - `batch_size`, `max_concurrency`: as for `OpenAIEmbeddingModel`.
+    - `headers`, `timeout`, `retry`, `client`, `on_request`, `on_response`, `on_error`: how to reach
+      the server, as for every HTTP adapter (see `agentrt.models.ConnectionOptions`).
     """
+
+    _server = SERVER
+    _path = "/api/embed"
 
     def __init__(
         self,
         model: str,
         *,
-        base_url: str | None = None,
-        api_key: SecretStr | str | None = None,
         truncate: bool | None = None,
         keep_alive: str | float | None = None,
         dimensions: int | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
         max_concurrency: int = DEFAULT_CONCURRENCY,
-        headers: Mapping[str, str] | None = None,
-        timeout: httpx.Timeout | float | None = None,
-        retry: RetryPolicy | None = None,
-        client: httpx.AsyncClient | None = None,
-        on_request: Callable[[HttpRequestEvent], None] | None = None,
-        on_response: Callable[[HttpResponseEvent], None] | None = None,
-        on_error: Callable[[HttpErrorEvent], None] | None = None,
+        **connection: Unpack[ConnectionOptions],
     ) -> None:
-        base = base_url or os.environ.get("OLLAMA_HOST") or DEFAULT_BASE_URL
-        self._connect_session(
-            model,
-            base_url=base if "://" in base else f"http://{base}",
-            path="/api/embed",
-            api_key=api_key,
-            api_key_variable="OLLAMA_API_KEY",
-            headers=headers,
-            timeout=timeout,
-            retry=retry,
-            client=client,
-            on_request=on_request,
-            on_response=on_response,
-            on_error=on_error,
-        )
-        self._batching(batch_size, max_concurrency)
+        super().__init__(model, connection, batch_size=batch_size, max_concurrency=max_concurrency)
         self._truncate = truncate
         self._keep_alive = keep_alive
         self._dimensions = dimensions

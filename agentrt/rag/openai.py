@@ -10,13 +10,12 @@ in input order by `index` (in the order sent where a server gives none).
 
 from __future__ import annotations
 
-import os
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, Unpack
 
 from ..models._decoders import MalformedPayload, json_type
 from ..models._http import fetch_json
-from ..models.openai import DEFAULT_BASE_URL
+from ..models.openai import SERVER
 from ._embedding import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_CONCURRENCY,
@@ -27,13 +26,9 @@ from ._embedding import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Mapping
 
-    import httpx
-    from pydantic import SecretStr
-
-    from ..models._http import HttpErrorEvent, HttpRequestEvent, HttpResponseEvent
-    from ..models._retry import RetryPolicy
+    from ..models._base import ConnectionOptions
 
 __all__ = ["OpenAIEmbeddingModel"]
 
@@ -57,48 +52,29 @@ class OpenAIEmbeddingModel(HttpEmbeddingModel):
     - `batch_size`: texts per request (default 256; OpenAI takes at most 2,048); `max_concurrency`:
       requests in flight at once (default 4) when the texts make several batches.
     - `extra_body`: extra top-level request fields (e.g. `user`, or a server's own `truncate`).
-    - `headers`, `timeout`, `retry`, `client`, `on_request`, `on_response`, `on_error`: as for
-      `OpenAIChatModel` (the same `RetryPolicy`, listener events and error kinds).
+    - `headers`, `timeout`, `retry`, `client`, `on_request`, `on_response`, `on_error`: how to reach
+      the server, as for every HTTP adapter (see `agentrt.models.ConnectionOptions`).
 
     `embed(texts)` returns one vector per text, in order; `embed_with_usage(texts)` also the tokens the
     server counted. Errors are `agentrt.ModelError` kinds; an answer that does not fit the texts is a
     `ModelResponseError`.
     """
 
+    _server = SERVER
+    _path = "/embeddings"
+
     def __init__(
         self,
         model: str = DEFAULT_MODEL,
         *,
-        base_url: str | None = None,
-        api_key: SecretStr | str | None = None,
         dimensions: int | None = None,
         encoding_format: Literal["float", "base64"] = "base64",
         batch_size: int = DEFAULT_BATCH_SIZE,
         max_concurrency: int = DEFAULT_CONCURRENCY,
         extra_body: Mapping[str, Any] | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout: httpx.Timeout | float | None = None,
-        retry: RetryPolicy | None = None,
-        client: httpx.AsyncClient | None = None,
-        on_request: Callable[[HttpRequestEvent], None] | None = None,
-        on_response: Callable[[HttpResponseEvent], None] | None = None,
-        on_error: Callable[[HttpErrorEvent], None] | None = None,
+        **connection: Unpack[ConnectionOptions],
     ) -> None:
-        self._connect_session(
-            model,
-            base_url=base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL,
-            path="/embeddings",
-            api_key=api_key,
-            api_key_variable="OPENAI_API_KEY",
-            headers=headers,
-            timeout=timeout,
-            retry=retry,
-            client=client,
-            on_request=on_request,
-            on_response=on_response,
-            on_error=on_error,
-        )
-        self._batching(batch_size, max_concurrency)
+        super().__init__(model, connection, batch_size=batch_size, max_concurrency=max_concurrency)
         self._dimensions = dimensions
         self._encoding_format = encoding_format
         self._extra_body = dict(extra_body or {})
