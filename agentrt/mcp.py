@@ -250,7 +250,7 @@ class _Watched:
         try:
             item: SessionMessage | Exception = await self._stream.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
-            self._link.closed = True
+            self._link.close()
             raise
         return item
 
@@ -280,13 +280,18 @@ class _Link:
     def __init__(self, state: _State) -> None:
         self.state = state
         self.client: Client | None = None
-        self.closed = False
         self.error: BaseException | None = None
+        self.gone = anyio.Event()
+        """Set once the link cannot carry another call: closed, failed, or its server closed it."""
         self._stop = anyio.Event()
+
+    @property
+    def closed(self) -> bool:
+        return self.gone.is_set()
 
     def close(self) -> None:
         """Close the link (its task leaves the client: a stdio server's process is stopped)."""
-        self.closed = True
+        self.gone.set()
         self._stop.set()
 
     @asynccontextmanager
@@ -333,7 +338,7 @@ class _Link:
                     logger.warning("MCP server %r: the connection failed: %r", server.label, exc)
             finally:
                 self.client = None
-                self.closed = True
+                self.gone.set()
         if scope.cancelled_caught and not started:  # (cancelled by its deadline: not another's)
             self.error = TimeoutError(f"no connection within {server.connect_timeout:g} s")
         if not started:
@@ -451,8 +456,10 @@ class _State:
         async with self.lock:
             link = self.link
             if link is None or link.closed:
-                if link is not None and not self.server.reconnect:
-                    raise self._error("the connection closed, and reconnect is off")
+                if link is not None:
+                    link.close()  # (its task leaves the client, if it has not yet)
+                    if not self.server.reconnect:
+                        raise self._error("the connection closed, and reconnect is off")
                 link = await self._connect()
             client = link.client
             if client is None:  # pragma: no cover - closed meanwhile
