@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import re
+import subprocess
 import sys
 import typing
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
@@ -160,7 +161,7 @@ class _Server:
 class StdioServer(_Server):
     """An MCP server this process starts and talks to over its stdin and stdout: `command` with
     `args`, in `cwd`, with `env` over the SDK's default environment (the server's stderr goes to
-    `errlog`, by default this process's). It is stopped when the connection closes."""
+    `errlog`, a file, by default this process's stderr). It is stopped when the connection closes."""
 
     command: str
     args: Sequence[str] = ()
@@ -179,7 +180,20 @@ class StdioServer(_Server):
             env=dict(self.env) if self.env is not None else None,
             cwd=self.cwd,
         )
-        return stdio_client(parameters, errlog=self.errlog or sys.stderr)
+        return stdio_client(parameters, errlog=self.errlog or _stderr())
+
+
+def _stderr() -> TextIO:
+    """This process's stderr for a server's, when it is a file (not when a test or a notebook
+    replaced it with an object that has no file descriptor: then the original one)."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.fileno()
+                return stream
+        except (AttributeError, OSError, ValueError):
+            continue
+    return typing.cast("TextIO", subprocess.DEVNULL)
 
 
 @dataclass(frozen=True)
