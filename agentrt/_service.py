@@ -28,13 +28,14 @@ from .output._modes import ANSWER_TOOL, AnswerTool, answer_tool, resolve_mode
 from .output._parsers import TypeParser
 from .output._partial import Snapshots
 from .rag._augment import RETRIEVAL_ATTR, Retrieval
-from .tools._declare import ToolDefinition, collect_tools
+from .tools._declare import ToolDefinition, ToolSource, collect_tools
 from .tools._run import ThreadLimiter, ToolSettings
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 
     from ._events import Event, Result
+    from ._pipeline import ToolRequest
     from .models._protocol import Capabilities, ChatModel
     from .moderation._types import ModerationModel
     from .output._modes import OutputMode
@@ -292,6 +293,23 @@ def _check_tool_choice(
         )
 
 
+def _with_sources(sources: Sequence[ToolSource], provider: ToolProvider | None) -> ToolProvider:
+    """A tool provider that asks each source (and the build's own provider) at every invocation."""
+
+    async def provide(request: ToolRequest) -> list[object]:
+        found: list[object] = []
+        for source in sources:
+            found.extend(await source(request))
+        if provider is not None:
+            extra = provider(request)
+            if inspect.isawaitable(extra):
+                extra = await extra
+            found.extend(extra)
+        return found
+
+    return provide
+
+
 def _declared(spec: ServiceSpec, attr: str, at_build: _D) -> dict[str, _D]:
     """What each method declares under `attr` (a decorator's value): the method's own, else its
     class's, else the build's; methods whose value is empty are left out."""
@@ -429,7 +447,8 @@ def build(
     - `variables`: fixed template values (e.g. `{"shop": "Acme"}`) visible to every template.
     - `listeners`: receive lifecycle events of every invocation; a raising listener is logged.
     - `settings`: request parameters (temperature, max_tokens, ...) for every request.
-    - `tools`: functions and objects with `@tool` methods the model may call.
+    - `tools`: functions and objects with `@tool` methods the model may call, and tool sources
+      whose tools are known when a call runs (`agentrt.mcp.MCPTools`), asked at each invocation.
     - `tool_provider`: called once per invocation with a `ToolRequest`; returns extra tools.
     - `tool_settings`: timeouts, concurrency, loop limits and failure policies (`ToolSettings`).
     - `budget`: what one call may spend (`Budget`: seconds, tokens, model requests, tool calls);
@@ -477,14 +496,18 @@ def build(
         method_spec.check(static, capabilities, model.name)
     if isinstance(tools, str | bytes) or not isinstance(tools, Sequence):
         raise ConfigurationError(f"{cls.__name__}: tools must be a list of functions or objects")
+    if tool_provider is not None and not callable(tool_provider):
+        raise ConfigurationError(f"{cls.__name__}: tool_provider must be callable")
+    sources = [item for item in tools if isinstance(item, ToolSource)]
+    if sources:  # their tools are known at each invocation: asked as a tool provider is
+        tools = [item for item in tools if not isinstance(item, ToolSource)]
+        tool_provider = _with_sources(sources, tool_provider)
     definitions = collect_tools(tools, where=cls.__name__)
     if (definitions or tool_provider is not None) and not capabilities.tools:
         raise ConfigurationError(
             f"{cls.__name__}: tools are configured but model {model.name!r} does not declare "
             "Capabilities.tools"
         )
-    if tool_provider is not None and not callable(tool_provider):
-        raise ConfigurationError(f"{cls.__name__}: tool_provider must be callable")
     if budget is not None and not isinstance(budget, Budget):
         raise ConfigurationError(f"{cls.__name__}: budget must be an agentrt.Budget, got {budget!r}")
     check_repairs(cls.__name__, max_repairs)

@@ -78,6 +78,7 @@ from agentrt._messages import (
     UserMessage,
 )
 from agentrt.local import LocalModelError
+from agentrt.mcp import MCPServerError, MCPToolError
 from agentrt.moderation import Moderation
 from agentrt.tools._run import LoopLimit
 
@@ -250,6 +251,8 @@ SAMPLES: dict[type[AgentError], Callable[[], AgentError]] = {
         holder="Assistant.stream",
     ),
     LocalModelError: lambda: LocalModelError("the local model server did not start within 60 s"),
+    MCPServerError: lambda: MCPServerError("MCP server 'notes': could not connect", server="notes"),
+    MCPToolError: lambda: MCPToolError("no note 'x'", server="notes", tool="read_note"),
     TenantQuotaError: lambda: TenantQuotaError("acme", 1001, 1000),
     SlottedToolError: lambda: SlottedToolError(3),
 }

@@ -10,6 +10,7 @@ import typing
 import pytest
 
 import agentrt
+import agentrt.mcp
 import agentrt.models
 import agentrt.moderation
 import agentrt.output
@@ -28,6 +29,7 @@ def _isort_order(name: str) -> tuple[int, str]:
     [
         (agentrt, "agentrt"),
         (agentrt.guardrails, "agentrt"),
+        (agentrt.mcp, "agentrt.mcp"),
         (agentrt.models, "agentrt"),
         (agentrt.moderation, "agentrt"),
         (agentrt.rag, "agentrt"),
@@ -43,11 +45,12 @@ async def test_all_is_sorted_and_lists_every_public_name(module: types.ModuleTyp
         if name.startswith("_") or name == "annotations":
             continue
         if isinstance(value, types.ModuleType):
-            # `agentrt.local`, `agentrt.otel` and `agentrt.sse` become attributes of the package
-            # once anything imports them; they are imported on their own (`import agentrt.sse`).
+            # `agentrt.local`, `agentrt.mcp`, `agentrt.otel` and `agentrt.sse` become attributes of the
+            # package once anything imports them; they are imported on their own (`import agentrt.sse`).
             # The adapter modules of `agentrt.rag` and `agentrt.moderation` are reached the same way.
             if value.__name__.startswith("agentrt.") and value.__name__ not in (
                 "agentrt.local",
+                "agentrt.mcp",
                 "agentrt.otel",
                 "agentrt.sse",
                 "agentrt.rag.openai",
@@ -98,6 +101,7 @@ def test_public_classes_resolve_their_annotations() -> None:
     unresolved = []
     modules = (
         agentrt,
+        agentrt.mcp,
         agentrt.models,
         agentrt.moderation,
         agentrt.output,

@@ -87,11 +87,16 @@ async def test_every_readme_block_runs_as_written(
     approving = ScriptedModel(
         [CallTool("refund", {"order_id": "SO-7", "amount": 250}, id="call_1")], "Refunded 250.00 on SO-7."
     )
+    railing = ScriptedModel(  # the MCP block: its stdio server's tool, called once
+        [CallTool("rail_next_train", {"origin": "Bern", "destination": "Basel"}, id="call_1")],
+        "14:32 from platform 7.",
+    )
     models = [
         model,
         typed,
         tooled,
         approving,
+        railing,
         budgeted,
         remembering,
         guarded,
@@ -145,6 +150,8 @@ async def test_every_readme_block_runs_as_written(
     assert "[('refund', {'order_id': 'SO-7', 'amount': 250.0})]\nRefunded 250.00 on SO-7.\n" in output
     assert namespace["refunds"].refunded == [("SO-7", 250.0)]
     assert len(approving.requests) == 2  # asked, stopped, resumed: the model asked again once
+    assert "['rail_next_train'] True\n14:32 from platform 7.\n" in output
+    assert railing.requests[1].messages[-1].text == '{"result":"Bern to Basel: 14:32, platform 7"}'
     assert "It ships today." in output
     assert "Your name is Ada." in output
     assert "Please wait, it is on its way." in output

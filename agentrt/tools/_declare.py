@@ -8,6 +8,7 @@ are validated against it before every call. Parameters the model never sees (the
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 import functools
@@ -15,23 +16,50 @@ import inspect
 import re
 import typing
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Final, TypeVar, get_args, get_origin, overload
+from types import MappingProxyType
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    ClassVar,
+    Final,
+    TypeVar,
+    get_args,
+    get_origin,
+    overload,
+)
 
-from pydantic import BaseModel, ConfigDict, Field, PydanticSchemaGenerationError, TypeAdapter, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PydanticSchemaGenerationError,
+    RootModel,
+    TypeAdapter,
+    create_model,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from .._errors import ConfigurationError
 from .._spec import MemoryId
 from ..models._protocol import ToolSpec
 
+if TYPE_CHECKING:
+    from .._pipeline._runtime import ToolRequest
+
 __all__ = [
     "ApprovalPredicate",
     "NeedsApproval",
     "P",
+    "SchemaArguments",
     "ToolContext",
     "ToolDefinition",
+    "ToolSource",
     "collect_tools",
+    "schema_tool",
     "tool",
 ]
 
@@ -195,6 +223,9 @@ def _strip_titles(node: Any) -> Any:
     return node
 
 
+_NO_ANNOTATIONS: Final[Mapping[str, Any]] = MappingProxyType({})
+
+
 class _Injected:
     MEMORY_ID: Final = "memory_id"
     CONTEXT: Final = "context"
@@ -218,6 +249,12 @@ class ToolDefinition:
     timeout: float | None = None
     needs_approval: NeedsApproval = False
     """Whether a call waits for a human's approval (see `tool`)."""
+    raw: bool = False
+    """`function` takes the validated arguments as one dict, `arguments=`, as the model sent them
+    (a tool declared by a JSON schema, `schema_tool`), not one keyword per parameter."""
+    annotations: Mapping[str, Any] = dataclasses.field(default_factory=lambda: _NO_ANNOTATIONS)
+    """What the tool's owner says about it, as they said it (an MCP server's tool annotations:
+    `readOnlyHint`, `destructiveHint`, `idempotentHint`, `openWorldHint`)."""
     _spec: ToolSpec = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -321,6 +358,95 @@ def define_tool(function: Callable[..., Any], *, owner: str | None = None) -> To
     )
 
 
+# --- tools declared by a JSON schema ----------------------------------------------------------------
+
+_ARGUMENT: Final = "argument:"
+"""Prefix of the `fields` of a `SchemaArguments` model: `getattr(arguments, "argument:path")` is the
+argument `path` (`None` when the model left it out)."""
+
+
+class SchemaArguments(RootModel[dict[str, Any]]):
+    """The arguments of a tool declared by a JSON schema (`schema_tool`): the JSON object the model
+    sent, checked by the tool's own `check` (which raises `ValueError` saying what is wrong), kept
+    as it was. Each tool gets a subclass with its `check`."""
+
+    check: ClassVar[Callable[[dict[str, Any]], None]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checked(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise PydanticCustomError("arguments_type", "the arguments must be a JSON object")
+        try:
+            cls.check(data)
+        except ValueError as error:  # the message as it is (not "Value error, ...")
+            raise PydanticCustomError("arguments_schema", str(error)) from None
+        return data
+
+    if not TYPE_CHECKING:
+
+        def __getattr__(self, name: str) -> Any:
+            # The values an approval predicate sees, by parameter name (the tool's `fields`).
+            if name.startswith(_ARGUMENT):
+                return self.root.get(name[len(_ARGUMENT) :])
+            return super().__getattr__(name)
+
+
+def schema_tool(
+    name: str,
+    description: str,
+    parameters: Mapping[str, Any],
+    function: Callable[..., Awaitable[Any]],
+    *,
+    check: Callable[[dict[str, Any]], None],
+    timeout: float | None = None,
+    needs_approval: NeedsApproval = False,
+    annotations: Mapping[str, Any] | None = None,
+) -> ToolDefinition:
+    """A tool that is not a Python function's signature: its `parameters` JSON schema goes to the
+    model as given, `check(arguments)` validates the model's arguments against it (raising
+    `ValueError`), and `await function(arguments=...)` runs a call with them as one dict.
+
+    Approval predicates see the arguments by the schema's property names (`None` for one the model
+    left out)."""
+    where = f"tool {name!r}"
+    if not _NAME.match(name):
+        raise ConfigurationError(f"{where}: name {name!r} must match [a-zA-Z0-9_-]{{1,64}}")
+    check_needs_approval(needs_approval, where)
+    if timeout is not None and timeout <= 0:
+        raise ConfigurationError(f"{where}: timeout must be positive, got {timeout}")
+    properties = parameters.get("properties")
+    names = tuple(properties) if isinstance(properties, Mapping) else ()
+    model_name = "".join(part.capitalize() for part in re.split(r"[_-]", name)) + "Arguments"
+    arguments = type(model_name, (SchemaArguments,), {"check": staticmethod(check), "__module__": __name__})
+    return ToolDefinition(
+        name=name,
+        description=description,
+        function=function,
+        arguments=arguments,
+        parameters=parameters,
+        injected={},
+        is_async=True,
+        fields=tuple((f"{_ARGUMENT}{key}", key) for key in names),
+        timeout=timeout,
+        needs_approval=needs_approval,
+        raw=True,
+        annotations=MappingProxyType(dict(annotations or {})),
+    )
+
+
+class ToolSource(abc.ABC):
+    """Tools known only when a call runs, not when the service is built (an MCP server's).
+
+    `build(..., tools=[source])` asks the source at each invocation, as it asks a `tool_provider`
+    (which a source also is: `tool_provider=source`); its tools must not clash with the build's.
+    """
+
+    @abc.abstractmethod
+    async def __call__(self, request: ToolRequest) -> Sequence[ToolDefinition]:
+        """The source's tools for this invocation."""
+
+
 _DEFINITIONS: weakref.WeakKeyDictionary[Any, ToolDefinition] = weakref.WeakKeyDictionary()
 
 
@@ -339,7 +465,8 @@ def _definition(item: Callable[..., Any], owner: str | None = None) -> ToolDefin
 
 
 def collect_tools(items: Iterable[object], *, where: str) -> dict[str, ToolDefinition]:
-    """Tool definitions by name from functions and objects with `@tool` methods.
+    """Tool definitions by name from functions, objects with `@tool` methods, and the definitions
+    a `ToolSource` gives.
 
     Raises `ConfigurationError` for duplicate names, an object without tools, or something that is
     neither.
@@ -352,6 +479,9 @@ def collect_tools(items: Iterable[object], *, where: str) -> dict[str, ToolDefin
         tools[definition.name] = definition
 
     for item in items:
+        if isinstance(item, ToolDefinition):  # a tool source's
+            add(item)
+            continue
         if (
             inspect.isroutine(item)
             or isinstance(item, functools.partial)

@@ -515,7 +515,11 @@ class ToolLoop:
             except ValidationError as exc:
                 outcome, error = ToolOutcome.INVALID_ARGUMENTS, exc
             else:
-                kwargs = {param: getattr(arguments, field) for field, param in definition.fields}
+                kwargs: dict[str, Any]
+                if definition.raw:  # declared by a JSON schema: the arguments as sent, one dict
+                    kwargs = {"arguments": arguments.model_dump(mode="json")}
+                else:
+                    kwargs = {param: getattr(arguments, field) for field, param in definition.fields}
                 if definition.injected:
                     context = self.context(call, self.rounds)
                     for name, kind in definition.injected.items():

@@ -1,0 +1,728 @@
+"""Tools from MCP servers (the Model Context Protocol), on the official `mcp` SDK: `agentrt[mcp]`.
+
+    files = StdioServer("python", ["-m", "files_server"], prefix="files_")
+    tickets = HTTPServer("https://mcp.example.com/mcp", headers={"Authorization": "Bearer ..."})
+    servers = MCPTools(files, tickets)
+    support = agentrt.build(Support, model=model, tools=[servers])  # or tool_provider=servers
+
+    async with servers:              # connects (a stdio server: starts its process), lists the tools
+        await support.ask("...")     # each invocation offers the servers' current tools
+                                     # leaving: every connection closed, every process stopped
+
+Each server's connection lives in its own task of the `async with`'s task group (the SDK's transports
+hold task groups of their own, entered and left in that task); calls are sent from the invocation's
+tool round, so they run in parallel, under its deadline, and a cancelled call sends MCP's cancellation.
+
+- A server's tool list is read when it connects and again after it says `tools/list_changed` (at the
+  next invocation); its schemas go to the model as the server gave them.
+- A server that dies fails the calls in flight with `MCPServerError`; the next call (or invocation)
+  starts it again, unless its `reconnect` is off.
+- A tool the server does not mark read-only (`readOnlyHint`) or harmless (`destructiveHint: false`)
+  is destructive, as the MCP specification says: its calls wait for a human's approval unless the
+  server's `needs_approval` (or the build's `Approvals`) says otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import subprocess
+import sys
+import typing
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import KW_ONLY, dataclass, field
+from types import MappingProxyType, TracebackType
+from typing import Any, Final, Literal, TextIO
+from urllib.parse import urlsplit
+
+import anyio
+import anyio.abc
+import httpx2
+import mcp_types
+from jsonschema import SchemaError  # type: ignore[import-untyped]
+from jsonschema.validators import validator_for  # type: ignore[import-untyped]
+from mcp import Client, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    AudioContent,
+    BlobResourceContents,
+    CallToolResult,
+    EmbeddedResource,
+    ImageContent,
+    Implementation,
+    ResourceLink,
+    TextContent,
+    Tool,
+    ToolListChangedNotification,
+)
+from referencing import Registry
+
+from ._errors import AgentError, ConfigurationError
+from .tools._declare import NeedsApproval as _NeedsApproval
+from .tools._declare import ToolDefinition, ToolSource, check_needs_approval, schema_tool
+
+if typing.TYPE_CHECKING:
+    from jsonschema.protocols import Validator  # type: ignore[import-untyped]
+    from mcp.shared.message import SessionMessage
+
+    from ._pipeline import ToolRequest
+
+__all__ = ["HTTPServer", "MCPServerError", "MCPTool", "MCPToolError", "MCPTools", "StdioServer"]
+
+logger = logging.getLogger("agentrt.mcp")
+
+_NAME: Final = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+_COMBINATORS: Final = ("anyOf", "oneOf", "allOf", "not", "enum", "const")
+_MAX_PAGES: Final = 100
+_CLOSE_GRACE: Final = 5.0
+_CLIENT: Final = Implementation(name="agentrt", version="0.1")
+
+_Approval = _NeedsApproval | Literal["destructive"]
+
+
+class MCPServerError(AgentError):
+    """An MCP server could not be reached, or its connection closed (the process died, the HTTP
+    server went away) during a call. `server` names it; the next call connects again unless its
+    `reconnect` is off."""
+
+    def __init__(self, message: str, *, server: str) -> None:
+        super().__init__(message)
+        self.server = server
+
+
+class MCPToolError(AgentError):
+    """An MCP server answered a tool call with an error (an `isError` result, or a protocol error).
+    The model is told as for any failing tool: the tool and this type, and the server's text only
+    with `ToolSettings(error_detail=True)`."""
+
+    def __init__(self, message: str, *, server: str, tool: str) -> None:
+        super().__init__(message)
+        self.server = server
+        self.tool = tool
+
+
+@dataclass(frozen=True)
+class _Server:
+    """What every server takes (keyword arguments).
+
+    - `name`: how errors and logs name the server (default: the command's or the URL host's name).
+    - `prefix`: put before each of its tool names as the model sees them (`"files_"`: `files_read`),
+      so that two servers' tools cannot clash; a clash is an error when the servers connect.
+    - `exclude`: tools of the server (its own names) not to offer.
+    - `needs_approval`: `"destructive"` (the default: tools not marked read-only or non-destructive
+      wait for approval), `True`, `False` or a predicate `(arguments, context) -> bool`, for every
+      tool of the server. The build's `Approvals(needs_approval={name: ...})` overrides it by tool.
+    - `timeout`: seconds per tool call (`ToolSettings.timeout` when `None`).
+    - `connect_timeout`: seconds to connect and read the tool list.
+    - `reconnect`: after the server died, connect again at the next call (else it stays an error).
+    - `mode`: the SDK's protocol negotiation: `"auto"` (the newest both speak), `"legacy"` (the
+      initialize handshake) or a protocol version.
+    """
+
+    _: KW_ONLY
+    name: str | None = None
+    prefix: str = ""
+    exclude: Collection[str] = ()
+    needs_approval: _Approval = "destructive"
+    timeout: float | None = None
+    connect_timeout: float = 30.0
+    reconnect: bool = True
+    mode: str = "auto"
+
+    def __post_init__(self) -> None:
+        where = f"MCP server {self.label!r}"
+        if self.needs_approval != "destructive":
+            check_needs_approval(self.needs_approval, where)
+        if self.prefix and not _NAME.match(self.prefix):
+            raise ConfigurationError(f"{where}: prefix {self.prefix!r} must match [a-zA-Z0-9_-]")
+        if isinstance(self.exclude, str):
+            raise ConfigurationError(f"{where}: exclude is a collection of tool names, not one string")
+        for name in ("timeout", "connect_timeout"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigurationError(f"{where}: {name} must be positive, got {value!r}")
+
+    @property
+    def label(self) -> str:
+        return self.name or self._default_name()
+
+    def _default_name(self) -> str:
+        raise NotImplementedError
+
+    def _transport(self, stack: AsyncExitStack) -> Any:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class StdioServer(_Server):
+    """An MCP server this process starts and talks to over its stdin and stdout: `command` with
+    `args`, in `cwd`, with `env` over the SDK's default environment (the server's stderr goes to
+    `errlog`, a file, by default this process's stderr). It is stopped when the connection closes."""
+
+    command: str
+    args: Sequence[str] = ()
+    _: KW_ONLY
+    env: Mapping[str, str] | None = None
+    cwd: str | os.PathLike[str] | None = None
+    errlog: TextIO | None = None
+
+    def _default_name(self) -> str:
+        return os.path.basename(self.command)
+
+    def _transport(self, stack: AsyncExitStack) -> Any:
+        parameters = StdioServerParameters(
+            command=self.command,
+            args=list(self.args),
+            env=dict(self.env) if self.env is not None else None,
+            cwd=self.cwd,
+        )
+        return stdio_client(parameters, errlog=self.errlog or _stderr())
+
+
+def _stderr() -> TextIO:
+    """This process's stderr for a server's, when it is a file (not when a test or a notebook
+    replaced it with an object that has no file descriptor: then the original one)."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.fileno()
+                return stream
+        except (AttributeError, OSError, ValueError):
+            continue
+    return typing.cast("TextIO", subprocess.DEVNULL)
+
+
+@dataclass(frozen=True)
+class HTTPServer(_Server):
+    """An MCP server at `url` over Streamable HTTP; `headers` go with every request (e.g. for
+    authorization), `http_timeout` bounds connecting and writing (reads may wait 300 s: a server
+    may hold a response stream open)."""
+
+    url: str
+    _: KW_ONLY
+    headers: Mapping[str, str] | None = None
+    http_timeout: float = 30.0
+
+    def _default_name(self) -> str:
+        return urlsplit(self.url).hostname or self.url
+
+    def _transport(self, stack: AsyncExitStack) -> Any:
+        timeout = httpx2.Timeout(self.http_timeout, read=300.0)
+        http = httpx2.AsyncClient(headers=dict(self.headers or {}), timeout=timeout)
+        stack.push_async_callback(http.aclose)
+        return streamable_http_client(self.url, http_client=http)
+
+
+@dataclass(frozen=True, slots=True)
+class MCPTool:
+    """One tool of an MCP server, as offered to the model."""
+
+    name: str
+    """The name the model sees (the server's `prefix` and the tool's own name)."""
+    server: str
+    """The server's `name`."""
+    remote_name: str
+    """The tool's name on its server."""
+    description: str
+    parameters: Mapping[str, Any]
+    """Its input JSON schema, as the server gave it."""
+    annotations: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """Its annotations, as the server gave them (`readOnlyHint`, `destructiveHint`, ...)."""
+
+    @property
+    def read_only(self) -> bool:
+        """The server says the tool changes nothing (`readOnlyHint`)."""
+        return self.annotations.get("readOnlyHint") is True
+
+    @property
+    def destructive(self) -> bool:
+        """The tool may change or delete things: not read-only, and the server does not say
+        `destructiveHint: false` (the MCP specification's default)."""
+        return not self.read_only and self.annotations.get("destructiveHint") is not False
+
+
+# --- one connection -------------------------------------------------------------------------------
+
+
+class _Watched:
+    """The transport's read stream, telling its link when the server closed it (a stdio server's
+    process exited): the next call connects again instead of failing."""
+
+    def __init__(self, stream: Any, link: _Link) -> None:
+        self._stream = stream
+        self._link = link
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._stream, "last_context", None)
+
+    async def receive(self) -> SessionMessage | Exception:
+        try:
+            item: SessionMessage | Exception = await self._stream.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._link.close()
+            raise
+        return item
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    def __aiter__(self) -> _Watched:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> _Watched:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class _Link:
+    """One connection to a server: the SDK's client, entered and left in one task of the source's
+    task group, which waits until the link is closed."""
+
+    def __init__(self, state: _State) -> None:
+        self.state = state
+        self.client: Client | None = None
+        self.error: BaseException | None = None
+        self.gone = anyio.Event()
+        """Set once the link cannot carry another call: closed, failed, or its server closed it."""
+        self._stop = anyio.Event()
+
+    @property
+    def closed(self) -> bool:
+        return self.gone.is_set()
+
+    def close(self) -> None:
+        """Close the link (its task leaves the client: a stdio server's process is stopped)."""
+        self.gone.set()
+        self._stop.set()
+
+    @asynccontextmanager
+    async def _watched(self, transport: Any) -> AsyncIterator[tuple[_Watched, Any]]:
+        async with transport as (read, write):
+            yield _Watched(read, self), write
+
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Connect, report (`task_status.started()`, with `error` set when connecting failed), then
+        hold the connection until `close()`. Never raises but cancellation: a server that fails
+        must not take the source's task group, and the application in it, down."""
+        server = self.state.server
+        started = False
+        # One scope around the whole connection (its transport's task groups are entered inside
+        # it): its deadline bounds connecting, then it is lifted.
+        with anyio.CancelScope(deadline=anyio.current_time() + server.connect_timeout) as scope:
+            try:
+                async with AsyncExitStack() as stack:
+                    transport = self._watched(server._transport(stack))
+                    client = Client(
+                        transport,
+                        mode=server.mode,
+                        message_handler=self._on_message,
+                        client_info=_CLIENT,
+                        cache=None,
+                    )
+                    await stack.enter_async_context(client)
+                    self.client = client
+                    group = await stack.enter_async_context(anyio.create_task_group())
+                    if client.protocol_version in mcp_types.version.MODERN_PROTOCOL_VERSIONS:
+                        # Change notifications come on a `subscriptions/listen` stream only.
+                        await group.start(self._listen, client)
+                    scope.deadline = math.inf
+                    started = True
+                    task_status.started()
+                    await self._stop.wait()
+                    group.cancel_scope.cancel()
+                    # Leaving may wait on the server (an HTTP session is ended with a request): a
+                    # while, not forever (a stdio process is stopped in any case, shielded).
+                    scope.deadline = anyio.current_time() + _CLOSE_GRACE
+            except Exception as exc:
+                self.error = exc
+                if started:
+                    logger.warning("MCP server %r: the connection failed: %r", server.label, exc)
+            finally:
+                self.client = None
+                self.gone.set()
+        if scope.cancelled_caught and not started:  # (cancelled by its deadline: not another's)
+            self.error = TimeoutError(f"no connection within {server.connect_timeout:g} s")
+        if not started:
+            task_status.started()
+
+    async def _listen(self, client: Client, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """Hold a `subscriptions/listen` stream for tool list changes (2026-07-28 and later)."""
+        listening = False
+        try:
+            async with client.listen(tools_list_changed=True) as subscription:
+                listening = True
+                task_status.started()
+                async for _ in subscription:
+                    pass  # each change also reaches `_on_message`, which marks the list stale
+        except Exception as exc:
+            logger.info("MCP server %r: no tool list changes: %r", self.state.server.label, exc)
+        if not listening:
+            task_status.started()
+
+    async def _on_message(self, message: Any) -> None:
+        if isinstance(message, ToolListChangedNotification):
+            self.state.changed()
+        elif isinstance(message, Exception):
+            logger.debug("MCP server %r: transport: %r", self.state.server.label, message)
+
+
+# --- one server -----------------------------------------------------------------------------------
+
+
+def _check_arguments(validator: Validator) -> Callable[[dict[str, Any]], None]:
+    """`ValueError` saying where the arguments break the schema, without their values (a message
+    may reach the model, and values may be data it should not see)."""
+
+    def check(arguments: dict[str, Any]) -> None:
+        problems = []
+        for error in sorted(validator.iter_errors(arguments), key=lambda e: list(map(str, e.path)))[:5]:
+            where = ".".join(map(str, error.absolute_path))
+            if error.validator in ("required", "additionalProperties", "dependentRequired"):
+                problem = error.message  # (names only)
+            else:
+                problem = f"does not match {{{error.validator!r}: {error.validator_value!r}}}"
+            problems.append(f"{where}: {problem}" if where else problem)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    return check
+
+
+def _refused(schema: Any) -> str | None:
+    """Why a model provider would refuse `schema` as a tool's parameters, or `None`."""
+    if not isinstance(schema, Mapping):
+        return "its input schema is not a JSON object"
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as exc:
+        return f"its input schema is not a valid JSON Schema: {exc.message}"
+    if schema.get("type") != "object":
+        return 'its input schema must have "type": "object" at the top (model providers refuse others)'
+    top = [key for key in _COMBINATORS if key in schema]
+    if top:
+        return f"its input schema has {', '.join(top)} at the top (model providers refuse that)"
+    return None
+
+
+def _text(result: CallToolResult) -> str:
+    """The contents of a result as text: text as is, embedded text resources by their text, and
+    what a tool result message cannot carry (images, audio, binary resources) named."""
+    parts = []
+    for content in result.content:
+        if isinstance(content, TextContent):
+            parts.append(content.text)
+        elif isinstance(content, ImageContent | AudioContent):
+            parts.append(f"[{content.type} {content.mime_type}, not shown]")
+        elif isinstance(content, EmbeddedResource):
+            resource = content.resource
+            if isinstance(resource, BlobResourceContents):
+                parts.append(f"[resource {resource.uri} ({resource.mime_type or 'binary'}), not shown]")
+            else:
+                parts.append(resource.text)
+        elif isinstance(content, ResourceLink):
+            parts.append(f"[resource {content.uri}]")
+    return "\n".join(parts)
+
+
+class _State:
+    """A server's connection (the current link), its tools, and whether their list is stale."""
+
+    def __init__(self, server: _Server, owner: MCPTools) -> None:
+        self.server = server
+        self.owner = owner
+        self.link: _Link | None = None
+        self.tools: dict[str, tuple[MCPTool, ToolDefinition]] = {}
+        self.stale = False
+        self.lock = anyio.Lock()
+
+    def changed(self) -> None:
+        self.stale = True
+        callback = self.owner.on_change
+        if callback is not None:
+            try:
+                callback(self.server.label)
+            except Exception:
+                logger.exception("MCPTools on_change raised")
+
+    def _error(self, message: str) -> MCPServerError:
+        return MCPServerError(f"MCP server {self.server.label!r}: {message}", server=self.server.label)
+
+    async def ready(self) -> Client:
+        """The connected client: connects (again) when there is no live link, and reads the tool
+        list again when it is stale."""
+        link = self.link
+        if link is not None and not link.closed and not self.stale:
+            assert link.client is not None
+            return link.client
+        async with self.lock:
+            link = self.link
+            if link is None or link.closed:
+                if link is not None:
+                    link.close()  # (its task leaves the client, if it has not yet)
+                    if not self.server.reconnect:
+                        raise self._error("the connection closed, and reconnect is off")
+                link = await self._connect()
+            client = link.client
+            if client is None:  # pragma: no cover - closed meanwhile
+                raise self._error("the connection closed")
+            if self.stale:
+                self.stale = False
+                try:
+                    await self._list(client)
+                except BaseException:
+                    self.stale = True
+                    raise
+            return client
+
+    async def _connect(self) -> _Link:
+        group = self.owner._group
+        if group is None:
+            raise self._error("not connected: use the MCPTools in `async with` first")
+        link = _Link(self)
+        await group.start(link.serve)
+        if link.error is not None or link.client is None:
+            error = link.error
+            raise self._error(f"could not connect: {error!r}") from error
+        self.link = link
+        try:
+            await self._list(link.client)
+        except BaseException:
+            link.close()
+            raise
+        self.stale = False
+        return link
+
+    async def _list(self, client: Client) -> None:
+        """Read the tool list (every page) and define its tools."""
+        server = self.server
+        found: list[Tool] = []
+        cursor: str | None = None
+        try:
+            with anyio.fail_after(server.connect_timeout):
+                for _ in range(_MAX_PAGES):
+                    page = await client.list_tools(cursor=cursor)
+                    found.extend(page.tools)
+                    cursor = page.next_cursor
+                    if cursor is None:
+                        break
+        except (MCPError, TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            if self.link is not None:
+                self.link.close()
+            raise self._error(f"could not list its tools: {exc!r}") from exc
+        tools = {}
+        for remote in found:
+            if remote.name in server.exclude:
+                continue
+            name = server.prefix + remote.name
+            if name in tools:
+                raise ConfigurationError(f"MCP server {server.label!r} lists two tools named {name!r}")
+            tools[name] = self._define(name, remote)
+        self.tools = tools
+
+    def _define(self, name: str, remote: Tool) -> tuple[MCPTool, ToolDefinition]:
+        server = self.server
+        where = f"MCP server {server.label!r}, tool {remote.name!r}"
+        if not _NAME.match(name):
+            raise ConfigurationError(
+                f"{where}: model providers refuse the name {name!r} (it must match [a-zA-Z0-9_-]{{1,64}}); "
+                "leave it out with exclude=[...]"
+            )
+        schema = remote.input_schema
+        refused = _refused(schema)
+        if refused is not None:
+            raise ConfigurationError(f"{where}: {refused}; leave it out with exclude=[...]")
+        annotations: dict[str, Any] = {}
+        if remote.annotations is not None:
+            annotations = remote.annotations.model_dump(mode="json", by_alias=True, exclude_none=True)
+        info = MCPTool(
+            name=name,
+            server=server.label,
+            remote_name=remote.name,
+            description=remote.description or remote.title or remote.name,
+            parameters=MappingProxyType(schema),
+            annotations=MappingProxyType(annotations),
+        )
+        approval = server.needs_approval
+        if approval == "destructive":
+            approval = info.destructive
+        validator = validator_for(schema)(schema, registry=Registry())
+
+        async def call(arguments: dict[str, Any]) -> Any:
+            return await self.call(info, arguments)
+
+        definition = schema_tool(
+            name,
+            info.description,
+            schema,
+            call,
+            check=_check_arguments(validator),
+            timeout=server.timeout,
+            needs_approval=approval,
+            annotations=annotations,
+        )
+        return info, definition
+
+    async def call(self, tool: MCPTool, arguments: dict[str, Any]) -> Any:
+        """Call `tool`: its structured content when it has some, else its contents as text."""
+        client = await self.ready()
+        link = self.link
+        try:
+            result = await client.call_tool(tool.remote_name, arguments)
+        except MCPError as exc:
+            if exc.error.code == mcp_types.CONNECTION_CLOSED or exc.error.message == "Session terminated":
+                if link is not None:
+                    link.close()
+                raise self._error(f"the connection closed during a call of {tool.name!r}") from exc
+            raise MCPToolError(
+                f"MCP server {self.server.label!r}, tool {tool.remote_name!r}: {exc.error.message}",
+                server=self.server.label,
+                tool=tool.name,
+            ) from exc
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            if link is not None:
+                link.close()
+            raise self._error(f"the connection closed during a call of {tool.name!r}") from exc
+        except (RuntimeError, ValueError) as exc:  # e.g. structured content that breaks its schema
+            raise MCPToolError(
+                f"MCP server {self.server.label!r}, tool {tool.remote_name!r}: {exc}",
+                server=self.server.label,
+                tool=tool.name,
+            ) from exc
+        if result.is_error:
+            raise MCPToolError(_text(result) or "the tool failed", server=self.server.label, tool=tool.name)
+        if result.structured_content is not None:
+            return result.structured_content
+        return _text(result) if result.content else None
+
+
+# --- the source -----------------------------------------------------------------------------------
+
+
+class MCPTools(ToolSource):
+    """The tools of one or more MCP servers, for `build(..., tools=[...])` or as a `tool_provider`.
+
+    Use it in `async with` (or an application's lifespan): entering connects every server and reads
+    their tool lists (raising `MCPServerError` naming a server that cannot be reached, and
+    `ConfigurationError` for two tools of the same name or a tool a model provider would refuse);
+    leaving closes every connection and stops every process it started. Invocations outside it fail
+    with `MCPServerError`.
+
+    `on_change(server)` is called when a server says its tool list changed; the list is read again
+    at the next invocation.
+    """
+
+    def __init__(self, *servers: StdioServer | HTTPServer, on_change: Callable[[str], object] | None = None):
+        if not servers:
+            raise ConfigurationError("MCPTools: give at least one server")
+        labels = [server.label for server in servers]
+        for server in servers:
+            if not isinstance(server, _Server):
+                raise ConfigurationError(f"MCPTools: {server!r} is not a StdioServer or an HTTPServer")
+            if labels.count(server.label) > 1:
+                raise ConfigurationError(f"MCPTools: two servers are named {server.label!r}; name them")
+        self.on_change = on_change
+        self._states = [_State(server, self) for server in servers]
+        self._group: anyio.abc.TaskGroup | None = None
+        self._entered = False
+        self._offered: tuple[tuple[tuple[str, ToolDefinition], ...], list[ToolDefinition]] | None = None
+
+    def __repr__(self) -> str:
+        return f"MCPTools({', '.join(repr(s.server.label) for s in self._states)})"
+
+    @property
+    def tools(self) -> Mapping[str, MCPTool]:
+        """The tools offered now, by the name the model sees."""
+        return MappingProxyType(
+            {name: info for state in self._states for name, (info, _) in state.tools.items()}
+        )
+
+    async def __aenter__(self) -> MCPTools:
+        if self._entered:
+            raise RuntimeError("MCPTools is already entered; use one `async with` at a time")
+        self._entered = True
+        group = anyio.create_task_group()
+        await group.__aenter__()
+        self._group = group
+        try:
+            async with anyio.create_task_group() as connecting:
+                for state in self._states:
+                    connecting.start_soon(state.ready)
+            self._definitions()
+        except BaseException as exc:
+            await self._close()
+            if isinstance(exc, BaseExceptionGroup):
+                errors = exc.split((MCPServerError, ConfigurationError))[0]
+                if errors is not None:
+                    first: BaseException = errors
+                    while isinstance(first, BaseExceptionGroup):
+                        first = first.exceptions[0]
+                    raise first from None
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._close()
+
+    async def _close(self) -> None:
+        """Close every link and wait until their tasks left (processes stopped). An exception of the
+        body goes on as it is, not in an exception group."""
+        group = self._group
+        self._group = None
+        self._entered = False
+        for state in self._states:
+            if state.link is not None:
+                state.link.close()
+            state.link = None
+            state.tools = {}
+            state.stale = False
+        self._offered = None
+        assert group is not None
+        await group.__aexit__(None, None, None)
+
+    def _definitions(self) -> list[ToolDefinition]:
+        """Every server's tool definitions; `ConfigurationError` when two servers' tools clash."""
+        current = tuple((name, d) for state in self._states for name, (_, d) in state.tools.items())
+        offered = self._offered
+        if offered is not None and offered[0] == current:
+            return offered[1]
+        owners: dict[str, str] = {}
+        for state in self._states:
+            for name in state.tools:
+                other = owners.setdefault(name, state.server.label)
+                if other != state.server.label:
+                    raise ConfigurationError(
+                        f"MCP servers {other!r} and {state.server.label!r} both offer a tool named "
+                        f"{name!r}: give one of them a prefix"
+                    )
+        definitions = [d for _, d in current]
+        self._offered = (current, definitions)
+        return definitions
+
+    async def __call__(self, request: ToolRequest | None = None) -> list[ToolDefinition]:
+        """The servers' current tools (connecting again to a server that died, reading a changed
+        list again)."""
+        if self._group is None:
+            raise MCPServerError(
+                f"{self!r} is not connected: enter it with `async with` first",
+                server=self._states[0].server.label,
+            )
+        for state in self._states:
+            link = state.link
+            if link is None or link.closed or state.stale:
+                await state.ready()
+        return self._definitions()
