@@ -63,7 +63,7 @@ def run_client(script: str, url: str, body: dict[str, Any], tmp_path: Path) -> A
 
 
 def stored(app: str, conversation: str) -> list[dict[str, Any]]:
-    return httpx.get(f"{app}/stored", params={"id": conversation}, timeout=10).json()  # type: ignore[no-any-return]
+    return httpx.get(f"{app}/stored", params={"id": conversation}, timeout=60).json()  # type: ignore[no-any-return]
 
 
 def test_use_chat_s_reader_assembles_the_answer_the_service_stored(
@@ -213,7 +213,7 @@ def run_node(*args: str) -> Any:
 
 def refunds(app: str) -> list[list[Any]]:
     """The refund tool's side-effect counter: every refund that ran, in order."""
-    return httpx.get(f"{app}/refunds", timeout=10).json()  # type: ignore[no-any-return]
+    return httpx.get(f"{app}/refunds", timeout=60).json()  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize(
