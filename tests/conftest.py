@@ -26,3 +26,13 @@ def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "virtual_clock: run on virtual time (instant sleeps and deadlines)")
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The approvals' wall clock, set by the test: `clock[0] += 61` moves it on 61 seconds."""
+    from agentrt._pipeline import _approve
+
+    now = [1_000_000.0]
+    monkeypatch.setattr(_approve, "_now", lambda: now[0])
+    return now

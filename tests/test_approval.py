@@ -43,7 +43,6 @@ from agentrt import (
     UserMessage,
     tool,
 )
-from agentrt._pipeline import _approve
 from agentrt.memory import InMemoryStore, access
 from agentrt.testing import CallTool, ScriptedModel
 
@@ -90,11 +89,13 @@ GATED_ROUND = [
 ANSWER = ["Done."]
 
 
-def service(*script: Any, memory: bool = True, **kw: Any) -> tuple[Support, ScriptedModel, Shop]:
+def service(
+    *script: Any, memory: bool = True, cls: type = Support, **kw: Any
+) -> tuple[Any, ScriptedModel, Shop]:
     shop = kw.pop("shop", None) or Shop()
     model = ScriptedModel(*script)
     built = agentrt.build(
-        Support,
+        cls,
         model=model,
         tools=kw.pop("tools", [shop]),
         memory=agentrt.memory.window(store=kw.pop("store", None)) if memory else None,
@@ -103,7 +104,7 @@ def service(*script: Any, memory: bool = True, **kw: Any) -> tuple[Support, Scri
     return built, model, shop
 
 
-async def suspended(svc: Support, conversation: str = "u1", text: str = "refund A1") -> ApprovalRequested:
+async def suspended(svc: Any, conversation: Any = "u1", text: str = "refund A1") -> ApprovalRequested:
     with pytest.raises(ApprovalRequired) as info:
         await svc.chat(conversation, text)
     return info.value.approval
@@ -113,7 +114,7 @@ def tool_results(messages: Any) -> list[tuple[str, str, bool]]:
     return [(m.tool_call_id, m.text, m.is_error) for m in messages if isinstance(m, ToolResultMessage)]
 
 
-async def pending_of(svc: Support, conversation: str = "u1") -> tuple[str, bytes] | None:
+async def pending_of(svc: Any, conversation: Any = "u1") -> tuple[str, bytes] | None:
     store = access(svc)._memory.store  # type: ignore[attr-defined]
     key = access(svc)._memory.key(conversation, "test")  # type: ignore[attr-defined]
     return await store.load_pending(key)  # type: ignore[no-any-return]
@@ -462,13 +463,6 @@ async def test_the_deny_policy_stores_the_waiting_turn_with_denials_and_goes_on(
 
 
 # --- expiry -----------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    now = [1_000_000.0]
-    monkeypatch.setattr(_approve, "_now", lambda: now[0])
-    return now
 
 
 async def test_an_expired_approval_denies_its_calls_with_a_reason_the_model_sees(clock: list[float]) -> None:

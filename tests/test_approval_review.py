@@ -15,6 +15,16 @@ import anyio
 import anyio.lowlevel
 import pytest
 from pydantic import BaseModel
+from test_approval import (  # the same tools, service and helpers as the feature's own tests
+    ANSWER,
+    GATED_ROUND,
+    Shop,
+    Support,
+    pending_of,
+    service,
+    suspended,
+    tool_results,
+)
 
 import agentrt
 from agentrt import (
@@ -33,91 +43,12 @@ from agentrt import (
     TokenStream,
     ToolCallRequested,
     ToolContext,
-    ToolResultMessage,
     tool,
 )
-from agentrt._pipeline import _approve
 from agentrt.memory import InMemoryStore, access
 from agentrt.testing import CallTool, Hang, ScriptedModel
 
 pytestmark = pytest.mark.anyio
-
-
-class Shop:
-    """Tools with a side-effect log: every call that ran, in order."""
-
-    def __init__(self) -> None:
-        self.ran: list[tuple[str, Any]] = []
-
-    @tool("Refund an order.", needs_approval=lambda args, ctx: args["amount"] > 100)
-    async def refund(self, order: str, amount: float) -> str:
-        self.ran.append(("refund", (order, amount)))
-        return f"refunded {amount:g} on {order}"
-
-    @tool("Look an order up.")
-    def lookup(self, order: str) -> str:
-        self.ran.append(("lookup", order))
-        return f"{order}: delivered"
-
-    @tool("Email the customer.", needs_approval=True)
-    async def email(self, text: str) -> str:
-        self.ran.append(("email", text))
-        return "sent"
-
-
-class Support:
-    async def chat(self, conversation: Annotated[str, MemoryId], text: str) -> str: ...
-
-    async def chat_result(self, conversation: Annotated[str, MemoryId], text: str) -> Result[str]: ...
-
-    async def chat_stream(self, conversation: Annotated[str, MemoryId], text: str) -> TokenStream: ...
-
-
-GATED_ROUND = [
-    "Let me look.",
-    CallTool("lookup", {"order": "A1"}, id="c1"),
-    CallTool("refund", {"order": "A1", "amount": 250}, id="c2"),
-    CallTool("lookup", {"order": "B2"}, id="c3"),
-]
-ANSWER = ["Done."]
-
-
-def service(
-    *script: Any, memory: bool = True, cls: type = Support, **kw: Any
-) -> tuple[Any, ScriptedModel, Shop]:
-    shop = kw.pop("shop", None) or Shop()
-    model = ScriptedModel(*script)
-    built = agentrt.build(
-        cls,
-        model=model,
-        tools=kw.pop("tools", [shop]),
-        memory=agentrt.memory.window(store=kw.pop("store", None)) if memory else None,
-        **kw,
-    )
-    return built, model, shop
-
-
-async def suspended(svc: Any, conversation: Any = "u1", text: str = "refund A1") -> ApprovalRequested:
-    with pytest.raises(ApprovalRequired) as info:
-        await svc.chat(conversation, text)
-    return info.value.approval
-
-
-def tool_results(messages: Any) -> list[tuple[str, str, bool]]:
-    return [(m.tool_call_id, m.text, m.is_error) for m in messages if isinstance(m, ToolResultMessage)]
-
-
-async def pending_of(svc: Any, conversation: Any = "u1") -> tuple[str, bytes] | None:
-    store = access(svc)._memory.store
-    key = access(svc)._memory.key(conversation, "test")
-    return await store.load_pending(key)  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    now = [1_000_000.0]
-    monkeypatch.setattr(_approve, "_now", lambda: now[0])
-    return now
 
 
 # --- bad input to resume ------------------------------------------------------------------------
