@@ -51,11 +51,9 @@ async def run_readme(namespace: dict[str, Any], *, local: bool, models: list[Any
     return ran
 
 
-async def test_every_readme_block_runs_as_written(
-    monkeypatch: pytest.MonkeyPatch, capsys: Any, tmp_path: Path
-) -> None:
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-readme-test")
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+def readme_models() -> dict[str, ScriptedModel]:
+    """The scripted model given as `model` to each block that uses it, in the README's order (the
+    end-to-end tier's README test runs the same blocks with these models)."""
     model = ScriptedModel(
         "Order SO-2026-0001 ships tomorrow.",
         '{"origin": "Bern", "destination": "Basel"}',
@@ -74,13 +72,7 @@ async def test_every_readme_block_runs_as_written(
         "POSITIVE",
         [ToolCallDelta(0, "call_1", "final_answer", trips[0]), ToolCallDelta(0, None, None, trips[1])],
     )
-    namespace: dict[str, Any] = {"__name__": "readme"}
-    monkeypatch.chdir(tmp_path)  # the memory block writes chat.db
-
-    # The quickstart, return types, the tools block (which only builds), the budgets, memory and
-    # guardrail blocks.
-    # The tools block's: its service is served over SSE below, then to an AG-UI client.
-    tooled = ScriptedModel(["Over ", "SSE."], "Over AG-UI.")
+    tooled = ScriptedModel(["Over ", "SSE."], "Over AG-UI.")  # served over SSE, then to AG-UI
     retrieving = ScriptedModel("Half the adult fare.")
     moderated = ScriptedModel(["You could ", "hide it..."])
     traced = ScriptedModel("Traced.")
@@ -91,20 +83,41 @@ async def test_every_readme_block_runs_as_written(
         [CallTool("rail_next_train", {"origin": "Bern", "destination": "Basel"}, id="call_1")],
         "14:32 from platform 7.",
     )
-    models = [
-        model,
-        typed,
-        tooled,
-        approving,
-        railing,
-        budgeted,
-        remembering,
-        guarded,
-        redacting,
-        retrieving,
-        moderated,
-        traced,
-    ]
+    return {
+        "model": model,
+        "typed": typed,
+        "tooled": tooled,
+        "approving": approving,
+        "railing": railing,
+        "budgeted": budgeted,
+        "remembering": remembering,
+        "guarded": guarded,
+        "redacting": redacting,
+        "retrieving": retrieving,
+        "moderated": moderated,
+        "traced": traced,
+    }
+
+
+async def test_every_readme_block_runs_as_written(
+    monkeypatch: pytest.MonkeyPatch, capsys: Any, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-readme-test")
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    monkeypatch.chdir(tmp_path)  # the memory block writes chat.db
+    scripted = readme_models()
+    model = scripted["model"]
+    typed = scripted["typed"]
+    tooled = scripted["tooled"]
+    approving = scripted["approving"]
+    railing = scripted["railing"]
+    budgeted = scripted["budgeted"]
+    remembering = scripted["remembering"]
+    guarded = scripted["guarded"]
+    retrieving = scripted["retrieving"]
+    moderated = scripted["moderated"]
+    models = list(scripted.values())
     ran = await run_readme(namespace, local=False, models=models)
 
     assert len(ran) == len(python_blocks()) - 1  # all but the local-server block

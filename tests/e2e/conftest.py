@@ -13,7 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
+
+from agentrt.local import EMBEDDING_ALIAS, MODEL_ALIAS
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,31 @@ def local_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServ
     if started.returncode != 0 or not (state / "url").exists():
         pytest.fail(f"the local model server did not start:\n{started.stdout}\n{started.stderr}")
     try:
-        yield LocalServer((state / "url").read_text().strip(), Path((state / "log").read_text().strip()))
+        server = LocalServer((state / "url").read_text().strip(), Path((state / "log").read_text().strip()))
+        _first_requests(server)
+        yield server
     finally:
         stopped = _local("stop", state)
         assert stopped.returncode == 0, stopped.stderr
         assert not (state / "pid").exists()
+
+
+def _first_requests(server: LocalServer) -> None:
+    """One token and one embedding: a server that answers /models but dies on its first inference
+    (a llama.cpp build whose kernels this CPU cannot run) fails here, once, with its log, rather
+    than as a connection error in every test."""
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=120) as client:
+            chat = {"model": MODEL_ALIAS, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+            client.post("/chat/completions", json=chat).raise_for_status()
+            client.post("/embeddings", json={"model": EMBEDDING_ALIAS, "input": ["Hi"]}).raise_for_status()
+    except httpx.HTTPError as exc:
+        pytest.fail(f"the local model server failed its first requests ({exc!r}); {_log_tail(server)}")
+
+
+def _log_tail(server: LocalServer, lines: int = 30) -> str:
+    try:
+        text = server.log.read_text(errors="replace")
+    except OSError as exc:
+        return f"its log {server.log} could not be read: {exc}"
+    return f"its log {server.log} ends:\n" + "\n".join(text.splitlines()[-lines:])

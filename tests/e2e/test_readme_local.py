@@ -6,9 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_readme import python_blocks, run_readme
-
-from agentrt.testing import CallTool, ScriptedModel
+from test_readme import python_blocks, readme_models, run_readme
 
 pytestmark = pytest.mark.e2e
 
@@ -17,23 +15,10 @@ async def test_the_local_server_block_of_the_readme_runs_as_written(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-readme-test")
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     monkeypatch.chdir(tmp_path)  # the memory block writes chat.db
-    models = [
-        ScriptedModel("a", '{"origin": "a", "destination": "b"}', "c", "d"),
-        ScriptedModel(
-            "POSITIVE", [CallTool("final_answer", {"value": [{"origin": "a", "destination": "b"}]})]
-        ),
-        ScriptedModel(),
-        ScriptedModel("e", "f"),
-        ScriptedModel("g", "h"),
-        ScriptedModel("i", "please j"),
-        ScriptedModel("k. l."),
-        ScriptedModel("m"),  # Retrieval
-        ScriptedModel(["n"]),  # Moderation
-        ScriptedModel("o"),  # Tracing
-    ]
     namespace: dict[str, Any] = {"__name__": "readme"}
-    await run_readme(namespace, local=False, models=models)
+    await run_readme(namespace, local=False, models=list(readme_models().values()))
     await namespace["stream"].aclose()
 
     ran = await run_readme(namespace, local=True)
