@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import enum
 import pickle
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Generic, SupportsIndex, TypeVar
 
@@ -261,6 +262,10 @@ def _tool_execution(state: dict[str, Any]) -> ToolExecution:
 class ToolCallRequested:
     """The model asked for a tool call.
 
+    `annotations` are what the tool's owner says of it, as they said it (an MCP server's
+    `readOnlyHint`, `destructiveHint`, `idempotentHint`, `openWorldHint`; empty for tools written
+    in Python), shown with the call over SSE and on its OTel span.
+
     The event carries the whole `call` (its arguments too) to code in this process, as
     `RequestIssued` carries the prompt: the SSE endpoint and the frontends need them for
     `tool_details=True`. Whatever leaves the process shows `arguments_hash` instead unless its owner
@@ -272,6 +277,7 @@ class ToolCallRequested:
     call: ToolCall
     arguments_hash: str
     round: int
+    annotations: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __repr__(self) -> str:
         call = self.call

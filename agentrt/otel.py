@@ -438,6 +438,10 @@ class OTelListener:
             # Tells equal calls apart (a loop calling a tool with the same arguments) without them.
             "agentrt.tool.arguments_hash": event.arguments_hash,
         }
+        for key, value in event.annotations.items():
+            # The owner's hints (an MCP server's readOnlyHint, destructiveHint, ...), when scalar.
+            if isinstance(value, bool | int | float | str):
+                attributes[f"agentrt.tool.annotation.{key}"] = value
         if self.capture_content:
             attributes["gen_ai.tool.call.arguments"] = tool.arguments
         started = time.time_ns()

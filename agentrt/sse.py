@@ -205,6 +205,9 @@ class _Text(TypedDict):
 class _ToolCall(TypedDict):
     id: str
     name: str
+    annotations: NotRequired[dict[str, Any]]
+    """What the tool's owner says of it (an MCP server's `readOnlyHint`, `destructiveHint`, ...),
+    when it says anything."""
     arguments: NotRequired[str]
     """With `tool_details=True`: the arguments as the model wrote them (JSON text)."""
 
@@ -399,6 +402,8 @@ def _encode(event: Event, thinking: bool, tool_details: bool) -> tuple[str, dict
     if kind is ToolCallRequested:
         assert isinstance(event, ToolCallRequested)
         call: dict[str, Any] = {"id": event.call.id, "name": event.call.name}
+        if event.annotations:
+            call["annotations"] = event.annotations
         if tool_details:
             call["arguments"] = event.call.arguments
         return "tool_call", call

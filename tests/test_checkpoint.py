@@ -300,3 +300,14 @@ async def test_time_between_save_and_restore_is_not_spent() -> None:
     assert result.text == "Hi."
     assert result.spent is not None
     assert result.spent.seconds < 10
+
+
+def test_a_held_tool_call_keeps_its_tools_annotations_through_json() -> None:
+    from agentrt._pipeline._checkpoint import _event, _loaded
+
+    call = agentrt.ToolCall(id="c1", name="delete_note", arguments='{"title": "x"}')
+    annotated = agentrt.ToolCallRequested("inv", call, "h", 2, {"destructiveHint": True})
+    plain = agentrt.ToolCallRequested("inv", call, "h", 2)
+    for event in (annotated, plain):
+        assert _loaded(orjson.loads(orjson.dumps(_event(event))), "inv") == event
+    assert "annotations" not in _event(plain)  # nothing stored for a tool without them

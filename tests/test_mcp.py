@@ -528,3 +528,71 @@ async def test_a_tool_provider_and_local_tools_work_beside_it_and_a_clash_is_an_
                 await clashing.ask("hi")
 
     assert results(model) == [("c1", "noon", False), ("c2", "hi", False)]
+
+
+async def test_a_calls_event_sse_data_and_span_carry_its_tools_annotations(stdio: Launcher) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agentrt.otel import instrument
+    from agentrt.sse import _encode
+
+    @tool
+    def shout(text: str) -> str:
+        """Say it loudly."""
+        return text.upper()
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    source = MCPTools(stdio.server())
+    events: list[Any] = []
+    model = ScriptedModel(
+        [
+            CallTool("read_note", {"title": "groceries"}, id="c1"),
+            CallTool("add_note", {"title": "todo", "text": "call"}, id="c2"),
+            CallTool("shout", {"text": "hi"}, id="c3"),
+        ],
+        "done",
+    )
+    listeners = [events.append, instrument(tracer_provider=provider)]
+    service = agentrt.build(Desk, model=model, tools=[source, shout], listeners=listeners)
+    with anyio.fail_after(PATIENCE):
+        async with source:
+            assert (await service.ask("notes")).value == "done"
+    provider.shutdown()
+
+    requested = [e for e in events if isinstance(e, ToolCallRequested)]
+    assert [(e.call.name, e.annotations) for e in requested] == [
+        ("read_note", {"readOnlyHint": True}),
+        ("add_note", {"readOnlyHint": False, "destructiveHint": False}),
+        ("shout", {}),
+    ]
+    assert [_encode(e, thinking=False, tool_details=False) for e in requested] == [
+        ("tool_call", {"id": "c1", "name": "read_note", "annotations": {"readOnlyHint": True}}),
+        (
+            "tool_call",
+            {
+                "id": "c2",
+                "name": "add_note",
+                "annotations": {"readOnlyHint": False, "destructiveHint": False},
+            },
+        ),
+        ("tool_call", {"id": "c3", "name": "shout"}),  # a Python tool's owner says nothing
+    ]
+    hints = {
+        span.name: {
+            k: v for k, v in (span.attributes or {}).items() if k.startswith("agentrt.tool.annotation.")
+        }
+        for span in exporter.get_finished_spans()
+        if span.name.startswith("execute_tool")
+    }
+    assert hints == {
+        "execute_tool read_note": {"agentrt.tool.annotation.readOnlyHint": True},
+        "execute_tool add_note": {
+            "agentrt.tool.annotation.readOnlyHint": False,
+            "agentrt.tool.annotation.destructiveHint": False,
+        },
+        "execute_tool shout": {},
+    }

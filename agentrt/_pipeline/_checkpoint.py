@@ -437,12 +437,16 @@ def _event(event: Event) -> dict[str, Any]:
             "round": event.round,  # type: ignore[union-attr]
         }
     if kind is ToolCallRequested:
-        return {
+        assert isinstance(event, ToolCallRequested)
+        held: dict[str, Any] = {
             "kind": "call",
-            "call": _adapter(ToolCall).dump_python(event.call, mode="json"),  # type: ignore[union-attr]
-            "hash": event.arguments_hash,  # type: ignore[union-attr]
-            "round": event.round,  # type: ignore[union-attr]
+            "call": _adapter(ToolCall).dump_python(event.call, mode="json"),
+            "hash": event.arguments_hash,
+            "round": event.round,
         }
+        if event.annotations:
+            held["annotations"] = dict(event.annotations)
+        return held
     if kind is ToolExecuted:
         return {
             "kind": "executed",
@@ -463,6 +467,7 @@ def _loaded(item: Mapping[str, Any], invocation_id: str) -> Event:
             _adapter(ToolCall).validate_python(item["call"]),
             str(item["hash"]),
             int(item["round"]),
+            dict(item.get("annotations") or {}),
         )
     if kind == "executed":
         return ToolExecuted(invocation_id, _adapter(ToolExecution).validate_python(item["execution"]))

@@ -182,12 +182,20 @@ async def tool_round(turn: Turn, guard: float | None) -> AsyncGenerator[Event, N
     assert turn.response is not None
     calls = turn.response.message.tool_calls
     round_ = turn.round
-    for call in calls:
-        requested = ToolCallRequested(turn.id, call, arguments_hash(call.arguments), round_)
-        if shown(turn, requested):
-            yield requested
     loop = turn.loop
     assert loop is not None
+    tools = loop.tools
+    for call in calls:
+        definition = tools.get(call.name)
+        requested = ToolCallRequested(
+            turn.id,
+            call,
+            arguments_hash(call.arguments),
+            round_,
+            dict(definition.annotations) if definition is not None and definition.annotations else {},
+        )
+        if shown(turn, requested):
+            yield requested
     loop.begin_round(calls)
     if turn.plan.approvals is None:
         round_run = loop.run_calls(calls)
