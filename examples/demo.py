@@ -1,5 +1,6 @@
 """`make demo`: a streamed answer, a structured extraction, a tool round trip, a tool call that
-waits for a human's approval and then runs once, a two-turn conversation that remembers, with usage,
+waits for a human's approval and then runs once, a tool from an MCP server (a process the demo
+starts over stdio), a two-turn conversation that remembers, with usage,
 a question answered from a retrieved document, and a moderated request stopped before any of its
 text is shown.
 
@@ -11,6 +12,7 @@ endpoint. Otherwise it starts a real local model (agentrt.local: llama-cpp-pytho
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ import anyio
 import agentrt
 from agentrt import Approvals, Approve, ChatModel, ToolSettings
 from agentrt.local import LocalModelServer
+from agentrt.mcp import MCPTools, StdioServer
 from agentrt.models import ModelSettings, OpenAIChatModel
 from agentrt.rag import (
     BM25Retriever,
@@ -34,6 +37,7 @@ from agentrt.rag import (
 from .support import HANDBOOK, ModeratedSupport, OrderTools, Support, WordListModeration
 
 SHOP = {"shop": "Acme Rail"}
+TIMETABLE_SERVER = Path(__file__).with_name("timetable_server.py")
 
 
 def rule(title: str) -> None:
@@ -125,8 +129,27 @@ async def approve(model: ChatModel) -> None:
     print(f"   final answer: {(answer.value or '')[:200]!r}")
 
 
+async def mcp_tool(model: ChatModel) -> None:
+    rule("5. a tool from an MCP server (examples/timetable_server.py, started over stdio)")
+    rail = MCPTools(StdioServer(sys.executable, [str(TIMETABLE_SERVER)], name="timetable", prefix="rail_"))
+    travel = agentrt.build(
+        Support,
+        model=model,
+        variables=SHOP,
+        tools=[rail],
+        tool_settings=ToolSettings(tool_choice="rail_next_train", max_rounds=1, on_limit="final_answer"),
+    )
+    async with rail:  # starts the server, reads its tools; stops it on the way out
+        tool = rail.tools["rail_next_train"]
+        print(f"   the server offers {sorted(rail.tools)}; read-only: {tool.read_only}")
+        answer = await travel.chat("user-9", "When is the next train from Bern to Basel?")
+    for execution in answer.tool_executions:
+        print(f"   tool {execution.name} ran on the server -> {execution.result!r}")
+    print(f"   final answer: {(answer.value or '')[:200]!r}")
+
+
 async def remember(model: ChatModel) -> None:
-    rule("5. chat memory: the second turn on a conversation carries the first")
+    rule("6. chat memory: the second turn on a conversation carries the first")
     with tempfile.TemporaryDirectory() as directory:
         store = agentrt.memory.SQLiteStore(Path(directory) / "chat.db")
         memory = agentrt.memory.window(max_messages=20, store=store)
@@ -148,7 +171,7 @@ async def remember(model: ChatModel) -> None:
 
 
 async def retrieve(model: ChatModel, embedder: EmbeddingModel | None = None) -> None:
-    rule("6. retrieval: a question answered from a retrieved document (BM25 over a handbook)")
+    rule("7. retrieval: a question answered from a retrieved document (BM25 over a handbook)")
     documents = [Document(text, {"source": name}) for name, text in HANDBOOK.items()]
     handbook = BM25Retriever(documents, k=1)
     support = agentrt.build(
@@ -164,14 +187,14 @@ async def retrieve(model: ChatModel, embedder: EmbeddingModel | None = None) -> 
     print(f"   answer: {(answer.value or '')[:200]!r}")
 
     if embedder is not None:
-        rule("6b. the same question by meaning: embeddings from the model server, cosine search")
+        rule("7b. the same question by meaning: embeddings from the model server, cosine search")
         by_meaning = EmbeddingRetriever(embedder, InMemoryVectorIndex(), k=1)
         await by_meaning.add(documents)
         question = "Is my bike allowed on the fast train?"
         (found,) = await by_meaning.retrieve(Query(question))
         print(f"   {question!r} -> {found.metadata['source']} (cosine {found.score:.3f})")
 
-    rule("7. moderation: a flagged request is stopped while the model starts answering")
+    rule("8. moderation: a flagged request is stopped while the model starts answering")
     moderated = agentrt.build(
         ModeratedSupport, model=model, variables=SHOP, moderation_model=WordListModeration("weapon")
     )
@@ -196,6 +219,7 @@ async def main() -> None:
         async with model:
             await run(model)
             await approve(model)
+            await mcp_tool(model)
             await remember(model)
             await retrieve(model)
         return
@@ -211,6 +235,7 @@ async def main() -> None:
         async with model:
             await run(model)
             await approve(model)
+            await mcp_tool(model)
             await remember(model)
             async with server.embedding_model() as embedder:
                 await retrieve(model, embedder)

@@ -1,10 +1,13 @@
-"""`make demo`'s approval step on a scripted model (the demo itself runs on the real local model in
-`make demo`): the forced tool call waits, nothing is stored, then it runs once on Approve."""
+"""`make demo`'s approval and MCP steps on a scripted model (the demo itself runs on the real local
+model in `make demo`): the forced tool call waits, nothing is stored, then it runs once on Approve;
+the MCP tool is called on the timetable server the demo starts."""
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
+from agentrt import ToolResultMessage
 from agentrt.testing import CallTool, ScriptedModel
 from examples import demo
 
@@ -33,3 +36,20 @@ async def test_the_demo_ends_after_one_approval_even_if_the_model_calls_again(
     out = capsys.readouterr().out
     assert "final answer: 'Friday.'" in out
     assert model.requests[-1].tool_choice == "none"  # the last request asked for an answer
+
+
+async def test_the_demos_mcp_step_calls_the_timetable_server_over_stdio(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    call = CallTool("rail_next_train", {"origin": "Bern", "destination": "Basel"}, id="m1")
+    model = ScriptedModel([call], "At 14:32.")
+    with anyio.fail_after(60):
+        await demo.mcp_tool(model)
+    out = capsys.readouterr().out
+    assert "the server offers ['rail_next_train']; read-only: True" in out
+    # what the server process answered, as the model was sent it
+    sent = [m.text for m in model.requests[1].messages if isinstance(m, ToolResultMessage)]
+    assert sent == ['{"result":"Bern to Basel: 14:32, platform 7"}']
+    assert "tool rail_next_train ran on the server -> " in out
+    assert "final answer: 'At 14:32.'" in out
+    assert model.requests[0].tool_choice == "rail_next_train"

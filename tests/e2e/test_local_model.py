@@ -278,3 +278,19 @@ async def test_the_demos_approval_step_on_the_real_model(
     assert "waiting for approval: order_status(" in out
     assert "the tool has run 0 time(s); the conversation holds 0 messages" in out
     assert "the tool ran 1 time(s); the conversation now holds" in out
+
+
+async def test_the_demos_mcp_step_on_the_real_model(
+    local_server: LocalServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make demo`'s step 5 on the real server: the forced call reaches the timetable server the demo
+    starts over stdio, and what it answered goes back to the model."""
+    from examples import demo
+
+    async with local_chat_model(
+        local_server.base_url, settings=ModelSettings(max_tokens=40, temperature=0)
+    ) as model:
+        await demo.mcp_tool(model)
+    out = capsys.readouterr().out
+    assert "the server offers ['rail_next_train']; read-only: True" in out
+    assert "tool rail_next_train ran on the server -> '" in out
