@@ -98,7 +98,7 @@ from ._service import build, create
 from ._spec import AiService, MemoryId, V, system_message, user_message
 from ._stream import RESET, PartialStream, TokenStream
 from .models import Capabilities, ChatModel, ModelRequest, ModelSettings
-from .tools import LoopLimit, P, ToolContext, ToolSettings, tool
+from .tools import LoopLimit, P, ToolContext, ToolReturn, ToolSettings, tool
 
 __version__ = "0.1.0.dev0"
 
@@ -194,6 +194,7 @@ __all__ = [
     "ToolProvider",
     "ToolRequest",
     "ToolResultMessage",
+    "ToolReturn",
     "ToolSettings",
     "ToolTimeoutError",
     "UnknownToolError",

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Generic, SupportsIndex, TypeVar
 
 from ._budget import Budget, Spent
-from ._messages import AssistantMessage, ChatMessage, ToolCall
+from ._messages import AssistantMessage, ChatMessage, ImageContent, ToolCall
 from ._wire import Content, ModelRequest
 
 __all__ = [
@@ -228,6 +228,8 @@ class ToolExecution:
     round: int = 1
     duration: float = field(default=0.0, compare=False)
     value: Any = field(default=None, compare=False, repr=False)
+    images: tuple[ImageContent, ...] = field(default=(), repr=False)
+    """Images the tool returned with its result (`ToolReturn`, an MCP tool's image content)."""
 
     @property
     def is_error(self) -> bool:

@@ -194,14 +194,25 @@ class AssistantMessage(_Value):
     thinking_blocks: tuple[ThinkingBlock, ...] = Field(default=(), exclude_if=_no_blocks)
 
 
+def _no_images(images: tuple[ImageContent, ...]) -> bool:
+    return not images
+
+
 class ToolResultMessage(_Value):
-    """The result of one tool call, sent back to the model."""
+    """The result of one tool call, sent back to the model.
+
+    `images` are images the tool returned (`ToolReturn`, an MCP tool's image content): adapters whose
+    API takes images in tool results send them there (Anthropic), others in a user message right
+    after the round's results when the model takes image input (OpenAI-compatible), else they are
+    named in the text. Left out of the JSON when empty.
+    """
 
     role: Literal["tool"] = "tool"
     tool_call_id: str
     tool_name: str
     text: str
     is_error: bool = False
+    images: tuple[ImageContent, ...] = Field(default=(), exclude_if=_no_images)
 
 
 ChatMessage = Annotated[

@@ -62,8 +62,10 @@ from mcp_types import (
 from referencing import Registry
 
 from ._errors import AgentError, ConfigurationError
+from ._messages import ImageContent as _Image
 from .tools._declare import NeedsApproval as _NeedsApproval
 from .tools._declare import ToolDefinition, ToolSource, check_needs_approval, schema_tool
+from .tools._run import ToolReturn
 
 if typing.TYPE_CHECKING:
     from jsonschema.protocols import Validator  # type: ignore[import-untyped]
@@ -417,13 +419,31 @@ def _refused(schema: Any) -> str | None:
     return None
 
 
-def _text(result: CallToolResult) -> str:
+def _returned(result: CallToolResult) -> Any:
+    """What a successful call returns to the loop: its structured content when there is one, else
+    its text; with the images it holds as a `ToolReturn` (they go to the model as images)."""
+    images = tuple(
+        _Image(data=content.data, media_type=content.mime_type)
+        for content in result.content
+        if isinstance(content, ImageContent)
+    )
+    if result.structured_content is not None:
+        value: Any = result.structured_content
+    else:
+        value = _text(result, images_apart=True) if result.content else None
+    return ToolReturn(value, images) if images else value
+
+
+def _text(result: CallToolResult, *, images_apart: bool = False) -> str:
     """The contents of a result as text: text as is, embedded text resources by their text, and
-    what a tool result message cannot carry (images, audio, binary resources) named."""
+    what a tool result message cannot carry (audio, binary resources; images unless they go apart)
+    named."""
     parts = []
     for content in result.content:
         if isinstance(content, TextContent):
             parts.append(content.text)
+        elif isinstance(content, ImageContent) and images_apart:
+            continue
         elif isinstance(content, ImageContent | AudioContent):
             parts.append(f"[{content.type} {content.mime_type}, not shown]")
         elif isinstance(content, EmbeddedResource):
@@ -603,9 +623,7 @@ class _State:
             ) from exc
         if result.is_error:
             raise MCPToolError(_text(result) or "the tool failed", server=self.server.label, tool=tool.name)
-        if result.structured_content is not None:
-            return result.structured_content
-        return _text(result) if result.content else None
+        return _returned(result)
 
 
 # --- the source -----------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import Any
 
 import anyio
 import pytest
+from mcp_server import PIXEL
 
 import agentrt
 from agentrt import (
@@ -196,8 +197,10 @@ async def test_arguments_structured_and_text_results_and_errors_reach_the_model(
         ("c2", "plain text", False),  # text content
         ("c3", "Error: tool 'read_note' failed (MCPToolError).", True),  # isError: sanitized
         ("c4", "Error: tool 'add' was called with invalid arguments (ValidationError).", True),
-        ("c5", "a pixel\n[image image/png, not shown]", False),
+        ("c5", "a pixel", False),  # its image goes beside the text, as an image
     ]
+    (picture,) = [m for m in model.requests[-1].messages if getattr(m, "tool_call_id", None) == "c5"]
+    assert picture.images == (agentrt.ImageContent(data=PIXEL, media_type="image/png"),)
     assert results(detailed_model)[2:4] == [
         (
             "c3",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping  # noqa: TC003 (ConnectionOptions resolves at run time)
+from collections.abc import Callable, Mapping, Sequence  # noqa: TC003 (ConnectionOptions resolves at run time)
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, Self, TypedDict
@@ -21,6 +21,7 @@ import httpx
 from pydantic import SecretStr
 
 from .._errors import ConfigurationError
+from .._messages import ChatMessage, ImageContent, TextContent, ToolResultMessage, UserMessage
 from ._decoders import JSONChunkDecoder, PayloadMapper
 from ._http import HttpErrorEvent, HttpRequestEvent, HttpResponseEvent, HttpSession, stream_chunks
 from ._protocol import Capabilities, ModelSettings
@@ -265,3 +266,42 @@ class HttpChatModel(HttpModel):
         if "json" in content_type or not self._streaming:
             return JSONChunkDecoder(mapper)
         return self._stream_decoder(mapper)
+
+
+def tool_images_apart(messages: Sequence[ChatMessage], image_input: bool) -> Sequence[ChatMessage]:
+    """`messages` for an API whose tool results carry text only (Chat Completions, Ollama): each run
+    of tool results that returned images is followed by one user message with those images, when
+    the model takes image input; otherwise the images are named in their results' text. `messages`
+    themselves when no tool result holds an image (the common case: one pass, nothing built)."""
+    if not any(type(m) is ToolResultMessage and m.images for m in messages):
+        return messages
+    out: list[ChatMessage] = []
+    pending: list[TextContent | ImageContent] = []
+    for message in messages:
+        if type(message) is ToolResultMessage:
+            if message.images:
+                if image_input:
+                    count = len(message.images)
+                    pending.append(
+                        TextContent(
+                            text=f"The tool call {message.tool_call_id} ({message.tool_name}) returned "
+                            f"{count} image{'s' if count > 1 else ''}:"
+                        )
+                    )
+                    pending.extend(message.images)
+                    message = message.model_copy(update={"images": ()})
+                else:
+                    named = " ".join(
+                        f"[image {image.media_type or 'by URL'}, not shown]" for image in message.images
+                    )
+                    text = f"{message.text}\n{named}" if message.text else named
+                    message = message.model_copy(update={"images": (), "text": text})
+            out.append(message)
+            continue
+        if pending:
+            out.append(UserMessage(contents=tuple(pending)))
+            pending = []
+        out.append(message)
+    if pending:
+        out.append(UserMessage(contents=tuple(pending)))
+    return out

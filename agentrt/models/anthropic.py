@@ -295,6 +295,9 @@ def _messages(messages: Sequence[ChatMessage], *, thinking: bool) -> tuple[str, 
                 "tool_use_id": message.tool_call_id,
                 "content": message.text,
             }
+            if message.images:  # a tool result's content may hold images: text first, then them
+                text = [{"type": "text", "text": message.text}] if message.text else []
+                result["content"] = [*text, *(_content_block(image) for image in message.images)]
             if message.is_error:
                 result["is_error"] = True
             role, blocks = "user", [result]

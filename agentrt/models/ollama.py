@@ -24,7 +24,7 @@ from .._messages import (
     ToolResultMessage,
     UserMessage,
 )
-from ._base import ConnectionOptions, HttpChatModel, Server
+from ._base import ConnectionOptions, HttpChatModel, Server, tool_images_apart
 from ._decoders import MalformedPayload, NDJSONChunkDecoder, finish_reason, json_type
 from ._failures import error_from_payload, unreadable
 from ._protocol import (
@@ -117,7 +117,9 @@ class OllamaChatModel(HttpChatModel):
         """The JSON body for `request` (what listeners see)."""
         body: dict[str, Any] = {
             "model": self._model,
-            "messages": [_message(m) for m in request.messages],
+            "messages": [
+                _message(m) for m in tool_images_apart(request.messages, self.capabilities.image_input)
+            ],
             "stream": self._streaming,
         }
         options = _options(self._settings.merge(request.settings))

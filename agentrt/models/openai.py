@@ -39,7 +39,7 @@ from .._messages import (
     UserMessage,
     VideoContent,
 )
-from ._base import ConnectionOptions, HttpChatModel, Server
+from ._base import ConnectionOptions, HttpChatModel, Server, tool_images_apart
 from ._decoders import MalformedPayload, SSEChunkDecoder, finish_reason, json_type
 from ._failures import error_from_payload, unreadable
 from ._protocol import Capabilities, JsonSchemaFormat, ModelSettings
@@ -140,7 +140,9 @@ class OpenAIChatModel(HttpChatModel):
         """The JSON body for `request` (what listeners see)."""
         body: dict[str, Any] = {
             "model": self._model,
-            "messages": [self._message(m) for m in request.messages],
+            "messages": [
+                self._message(m) for m in tool_images_apart(request.messages, self.capabilities.image_input)
+            ],
         }
         settings = self._settings.merge(request.settings)
         if settings.temperature is not None:

@@ -9,7 +9,7 @@ class OrderTools:
 from __future__ import annotations
 
 from ._declare import P, ToolContext, tool
-from ._run import FailurePolicy, LoopLimit, ToolFailure, ToolSettings
+from ._run import FailurePolicy, LoopLimit, ToolFailure, ToolReturn, ToolSettings
 
 __all__ = [
     "FailurePolicy",
@@ -17,6 +17,7 @@ __all__ = [
     "P",
     "ToolContext",
     "ToolFailure",
+    "ToolReturn",
     "ToolSettings",
     "tool",
 ]

@@ -35,7 +35,7 @@ from .._errors import (
     UnknownToolError,
 )
 from .._events import ToolExecution, ToolOutcome
-from .._messages import ToolCall, ToolResultMessage
+from .._messages import ImageContent, ToolCall, ToolResultMessage
 from ..models._protocol import ToolChoice  # at runtime: `get_type_hints(ToolSettings)` resolves it
 from ._declare import ToolContext, ToolDefinition, _Injected
 
@@ -45,6 +45,7 @@ __all__ = [
     "ThreadLimiter",
     "ToolFailure",
     "ToolLoop",
+    "ToolReturn",
     "ToolSettings",
     "arguments_hash",
     "result_text",
@@ -166,6 +167,29 @@ def arguments_hash(arguments: str) -> str:
     digest = hashlib.sha256(arguments.encode("utf-8", "surrogatepass")).hexdigest()[:16]
     _last_hash = (arguments, digest)
     return digest
+
+
+@dataclass(frozen=True, slots=True)
+class ToolReturn:
+    """What a tool returns to send the model images with its result: `value` is what it sees as text
+    (as any return value: str as is, None as a success text, else JSON), `images` follow it
+    (`ImageContent`; see `ToolResultMessage.images` for how each adapter sends them).
+
+        @tool
+        async def chart(series: str) -> ToolReturn:
+            return ToolReturn("the chart of " + series, images=[ImageContent.from_bytes(png, "image/png")])
+    """
+
+    value: Any
+    images: Sequence[ImageContent] = ()
+
+
+def _images(returned: ToolReturn) -> tuple[ImageContent, ...]:
+    images = tuple(returned.images)
+    for image in images:
+        if not isinstance(image, ImageContent):
+            raise TypeError(f"ToolReturn.images holds ImageContent only, not {type(image).__name__}")
+    return images
 
 
 def _default(value: Any) -> Any:
@@ -494,7 +518,9 @@ class ToolLoop:
 
     def result_messages(self, executions: Sequence[ToolExecution]) -> list[ToolResultMessage]:
         return [
-            ToolResultMessage(tool_call_id=e.call_id, tool_name=e.name, text=e.result, is_error=e.is_error)
+            ToolResultMessage(
+                tool_call_id=e.call_id, tool_name=e.name, text=e.result, is_error=e.is_error, images=e.images
+            )
             for e in executions
         ]
 
@@ -537,11 +563,15 @@ class ToolLoop:
         duration = time.perf_counter() - started
         raised: ToolError | None = None
         text = ""
+        images: tuple[ImageContent, ...] = ()
         if outcome is ToolOutcome.SUCCESS:
             try:
+                if isinstance(value, ToolReturn):
+                    images = _images(value)
+                    value = value.value
                 text = result_text(value)
             except Exception as exc:  # e.g. a return value JSON cannot carry
-                outcome, error = ToolOutcome.ERROR, exc
+                outcome, error, images = ToolOutcome.ERROR, exc, ()
         if outcome is not ToolOutcome.SUCCESS:
             text, raised = await self._failure_text(ToolFailure(outcome, call.name, call, error, timeout))
         logger.debug(
@@ -562,6 +592,7 @@ class ToolLoop:
             round=self.rounds,
             duration=duration,
             value=value,
+            images=images,
         )
         return execution, raised
 
