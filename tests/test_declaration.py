@@ -228,7 +228,7 @@ async def test_wrong_arguments_raise_type_error_naming_the_method() -> None:
 
 
 def test_stub_bodies_that_count_as_stubs() -> None:
-    from agentrt._spec import is_stub
+    from agentrt._stubs import is_stub
 
     async def dots() -> None: ...
 
@@ -335,7 +335,7 @@ async def test_an_abc_with_abstract_stubs_builds() -> None:
 
 
 def test_stubs_without_source_are_read_from_bytecode() -> None:
-    from agentrt._spec import is_stub
+    from agentrt._stubs import is_stub
 
     namespace: dict[str, Any] = {}
     exec("async def stub(self):\n    raise NotImplementedError from None\n", namespace)
