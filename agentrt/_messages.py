@@ -14,7 +14,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Iterable
 
 __all__ = [
     "AssistantMessage",
@@ -255,14 +255,6 @@ def messages_to_json(messages: Iterable[ChatMessage]) -> bytes:
 def messages_from_json(data: bytes | str) -> list[ChatMessage]:
     """Parse what `messages_to_json` produced; raises `pydantic.ValidationError` on bad input."""
     return _MESSAGES.validate_python(_loads(data))
-
-
-def user_text(messages: Sequence[ChatMessage]) -> str:
-    """The text of the last user message, or an empty string."""
-    for message in reversed(messages):
-        if isinstance(message, UserMessage):
-            return message.text
-    return ""
 
 
 _MESSAGE: TypeAdapter[ChatMessage] = TypeAdapter(ChatMessage)

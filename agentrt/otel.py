@@ -74,7 +74,7 @@ from ._events import (
 from ._messages import AssistantMessage, SystemMessage, TextContent, ToolResultMessage, UserMessage
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
 
     from opentelemetry.context import Context
     from opentelemetry.trace import Span
@@ -522,17 +522,13 @@ class OTelListener:
             )
 
     def _other(self, event: object) -> None:
-        """Events this module does not know by type: a moderation's (by name, should one come), and
-        any later one, as an event on the invocation span named for its class, without its fields."""
+        """Events this module does not know by type (any later one), as an event on the invocation
+        span named for its class, without its fields."""
         invocation_id = getattr(event, "invocation_id", None)
         call = self._calls.get(invocation_id) if isinstance(invocation_id, str) else None
         if call is None or not call.span.is_recording():
             return
-        name = type(event).__name__
-        if name.startswith("Moderat"):
-            call.span.add_event("moderation", _moderation(event))
-        else:
-            call.span.add_event("agentrt." + _snake(name))
+        call.span.add_event("agentrt." + _snake(type(event).__name__))
 
     def _retrieved(self, event: Retrieved) -> None:
         call = self._calls.get(event.invocation_id)
@@ -636,28 +632,6 @@ def _document(content: Content) -> dict[str, Any]:
     if content.metadata:
         document["metadata"] = dict(content.metadata)
     return document
-
-
-def _moderation(event: object) -> Attributes:
-    """Whether text was flagged, and the provider's names of the flagged categories (no text)."""
-    verdicts: Sequence[Any] | None = _first(event, ("moderations", "results"))
-    single = _first(event, ("moderation",))
-    if verdicts is None:
-        verdicts = [single] if single is not None else [event]
-    flagged = [v for v in verdicts if getattr(v, "flagged", False)]
-    attributes: Attributes = {"agentrt.moderation.flagged": bool(flagged)}
-    categories = sorted({c for v in flagged for c in getattr(v, "flagged_categories", ())})
-    if categories:
-        attributes["agentrt.moderation.categories"] = tuple(categories)
-    return attributes
-
-
-def _first(event: object, names: tuple[str, ...]) -> Any:
-    for name in names:
-        value = getattr(event, name, None)
-        if value is not None:
-            return value
-    return None
 
 
 def _snake(name: str) -> str:
