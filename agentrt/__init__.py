@@ -222,3 +222,16 @@ __all__ = [
     "tools",
     "user_message",
 ]
+
+# Errors show as `agentrt.BudgetExceededError` in tracebacks, reprs and OTel's `error.type`, where
+# users import them from, not as the private module that defines them (httpx and anyio do the same).
+# Errors only: other classes keep their module, which `typing.get_type_hints` and pydantic read.
+for _name in __all__:
+    _public = globals()[_name]
+    if (
+        isinstance(_public, type)
+        and issubclass(_public, BaseException)
+        and _public.__module__.startswith("agentrt._")
+    ):
+        _public.__module__ = __name__
+del _name, _public

@@ -118,3 +118,21 @@ def test_public_classes_resolve_their_annotations() -> None:
                 except Exception as exc:
                     unresolved.append(f"{module.__name__}.{name}: {exc}")
     assert unresolved == []
+
+
+def test_errors_show_the_public_module_they_are_imported_from_and_still_pickle() -> None:
+    import pickle
+
+    errors = [
+        value
+        for value in (getattr(agentrt, name) for name in agentrt.__all__)
+        if isinstance(value, type) and issubclass(value, BaseException)
+    ]
+    assert len(errors) > 20
+    assert [e.__qualname__ for e in errors if e.__module__ != "agentrt"] == []
+    assert repr(agentrt.BudgetExceededError) == "<class 'agentrt.BudgetExceededError'>"
+    assert pickle.loads(pickle.dumps(agentrt.ConfigurationError("bad"))).args == ("bad",)
+    # the classes are still their defining module's: one class, two names
+    from agentrt import _errors
+
+    assert _errors.BudgetExceededError is agentrt.BudgetExceededError
