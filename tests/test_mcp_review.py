@@ -1,0 +1,141 @@
+"""An outside review of issue 30 (tools from MCP servers, images from tools, tool annotations): what
+a demanding user does to it, as tests of what should happen. Real servers (tests/mcp_server.py over
+stdio and Streamable HTTP, as tests/test_mcp.py starts them), adapters' bodies read off the wire.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Annotated
+
+import anyio
+import pytest
+from test_mcp import PATIENCE, Launcher
+
+import agentrt
+from agentrt import (
+    ImageContent,
+    MemoryId,
+    Result,
+    ToolResultMessage,
+)
+from agentrt.mcp import MCPServerError, MCPTools
+from agentrt.testing import CallTool, ScriptedModel
+
+pytestmark = pytest.mark.filterwarnings("ignore:Async generator 'http(x|core)2\\.:ResourceWarning")
+
+PNG = "iVBORw0KGgo="
+PIXEL = ImageContent(data=PNG, media_type="image/png")
+LINKED = ImageContent(url="https://example.test/chart.png")
+
+
+class Desk:
+    async def ask(self, question: str) -> Result[str]: ...
+
+
+class Chat:
+    async def ask(self, conversation: Annotated[str, MemoryId], question: str) -> str: ...
+
+
+@pytest.fixture(params=["stdio", "http"])
+def launcher(request: pytest.FixtureRequest) -> Iterator[Launcher]:
+    launched = Launcher(request.param)
+    yield launched
+    launched.close()
+
+
+def results(model: ScriptedModel, request: int = -1) -> list[tuple[str, str, bool]]:
+    return [
+        (m.tool_call_id, m.text, m.is_error)
+        for m in model.requests[request].messages
+        if isinstance(m, ToolResultMessage)
+    ]
+
+
+# --- MCP: closing, cancelling, dying, sharing ------------------------------------------------------
+
+
+async def test_closing_the_source_while_a_call_runs_fails_the_call_and_the_turn_goes_on(
+    launcher: Launcher,
+) -> None:
+    source = MCPTools(launcher.server())
+    model = ScriptedModel([CallTool("park", id="c1")], "it stopped")
+    parked = agentrt.build(Desk, model=model, tools=[source])
+    check = agentrt.build(Desk, model=ScriptedModel([CallTool("is_parked", id="c2")], "yes"), tools=[source])
+    finished: list[Result[str]] = []
+
+    async def park() -> None:
+        finished.append(await parked.ask("park"))
+
+    with anyio.fail_after(PATIENCE):
+        async with anyio.create_task_group() as group:
+            async with source:
+                group.start_soon(park)
+                await check.ask("is it parked?")  # returns once the server runs the call
+            # (leaving closed the connection under the running call)
+
+    assert [r.value for r in finished] == ["it stopped"]
+    assert results(model) == [("c1", "Error: tool 'park' failed (MCPServerError).", True)]
+
+
+async def test_a_turn_cancelled_during_a_call_cancels_it_on_the_server_and_the_connection_goes_on(
+    launcher: Launcher,
+) -> None:
+    source = MCPTools(launcher.server())
+    parked = agentrt.build(Desk, model=ScriptedModel([CallTool("park", id="c1")], "never"), tools=[source])
+    check_model = ScriptedModel([CallTool("is_parked", id="c2")], "parked", [CallTool("pid", id="c3")], "p")
+    check = agentrt.build(Desk, model=check_model, tools=[source])
+    confirm_model = ScriptedModel([CallTool("was_cancelled", id="c4")], "it was")
+    confirm = agentrt.build(Desk, model=confirm_model, tools=[source])
+    with anyio.fail_after(PATIENCE):
+        async with source:
+            link = source._states[0].link
+            async with anyio.create_task_group() as group:
+                group.start_soon(parked.ask, "park")
+                await check.ask("is it parked?")
+                group.cancel_scope.cancel()  # the caller gives up on the parked turn
+            await confirm.ask("was it cancelled?")  # the server saw MCP's cancellation
+            await check.ask("and your pid?")
+            assert source._states[0].link is link  # the same connection carried on
+
+    assert results(confirm_model) == [("c4", '{"result":"cancelled"}', False)]
+    assert json.loads(results(check_model)[0][1])["result"] > 0
+
+
+async def test_a_server_that_dies_while_its_changed_list_is_read_fails_that_turn_and_the_next_reconnects(
+    launcher: Launcher,
+) -> None:
+    changed = anyio.Event()
+    source = MCPTools(launcher.server(), on_change=lambda server: changed.set())
+    model = ScriptedModel(
+        [CallTool("die_at_next_listing", id="c1")], "armed", [CallTool("pid", id="c2")], "p"
+    )
+    service = agentrt.build(Desk, model=model, tools=[source])
+    with anyio.fail_after(PATIENCE):
+        async with source:
+            await service.ask("arm it")
+            await changed.wait()
+            with pytest.raises(MCPServerError, match="'notes': could not list its tools") as info:
+                await service.ask("the list is read again: the server dies")
+            launcher.restart_killed()
+            await service.ask("and now?")
+
+    assert info.value.server == "notes"
+    assert json.loads(results(model)[0][1])["result"] > 0
+
+
+async def test_two_services_share_one_source_and_call_it_at_the_same_time(launcher: Launcher) -> None:
+    source = MCPTools(launcher.server())
+    left_model = ScriptedModel([CallTool("meet", id="c1")], "left met")
+    right_model = ScriptedModel([CallTool("meet", id="c2")], "right met")
+    left = agentrt.build(Desk, model=left_model, tools=[source])
+    right = agentrt.build(Chat, model=right_model, tool_provider=source)
+    with anyio.fail_after(PATIENCE):
+        async with source:
+            async with anyio.create_task_group() as group:  # `meet` returns once both run at once
+                group.start_soon(left.ask, "meet")
+                group.start_soon(right.ask, "u1", "meet")
+
+    assert results(left_model) == [("c1", '{"result":"met"}', False)]
+    assert results(right_model) == [("c2", '{"result":"met"}', False)]
