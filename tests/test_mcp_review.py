@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
+import httpx
+import orjson
 import pytest
 from test_mcp import PATIENCE, Launcher
 
@@ -19,8 +21,12 @@ from agentrt import (
     MemoryId,
     Result,
     ToolResultMessage,
+    ToolReturn,
+    tool,
 )
 from agentrt.mcp import MCPServerError, MCPTools
+from agentrt.memory import window
+from agentrt.models.ollama import OllamaChatModel
 from agentrt.testing import CallTool, ScriptedModel
 
 pytestmark = pytest.mark.filterwarnings("ignore:Async generator 'http(x|core)2\\.:ResourceWarning")
@@ -139,3 +145,59 @@ async def test_two_services_share_one_source_and_call_it_at_the_same_time(launch
 
     assert results(left_model) == [("c1", '{"result":"met"}', False)]
     assert results(right_model) == [("c2", '{"result":"met"}', False)]
+
+
+# --- images from tools ----------------------------------------------------------------------------
+
+
+class Charts:
+    def __init__(self, *images: ImageContent) -> None:
+        self.images = images
+
+    @tool
+    async def chart(self, series: str) -> ToolReturn:
+        """Draw a chart of a series."""
+        return ToolReturn(f"the chart of {series}", images=self.images)
+
+
+OLLAMA_DONE = orjson.dumps(
+    {"model": "m", "message": {"role": "assistant", "content": "ok"}, "done": True, "done_reason": "stop"}
+)
+
+
+async def test_on_ollama_a_tools_image_by_url_is_named_and_does_not_break_the_conversation() -> None:
+    # Ollama takes inline images only: one by URL in a stored tool result made every later request
+    # of the conversation a BadRequestError.
+    bodies: list[dict[str, Any]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = orjson.loads(request.content)
+        bodies.append(body)
+        if len(bodies) == 1:
+            message = {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "function": {"name": "chart", "arguments": {"series": "sales"}}}
+            ]}  # fmt: skip
+            return httpx.Response(
+                200,
+                content=orjson.dumps({"model": "m", "message": message, "done": True}) + b"\n",
+                headers={"content-type": "application/x-ndjson"},
+            )
+        return httpx.Response(
+            200, content=OLLAMA_DONE + b"\n", headers={"content-type": "application/x-ndjson"}
+        )
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+        model = OllamaChatModel("m", base_url="http://x.test", client=client)
+        chat = agentrt.build(Chat, model=model, tools=[Charts(LINKED, PIXEL)], memory=window())
+        assert await chat.ask("u1", "How are sales?") == "ok"
+        assert await chat.ask("u1", "And then?") == "ok"
+
+    for body in bodies[1:]:
+        tool_message = next(m for m in body["messages"] if m["role"] == "tool")
+        assert tool_message["content"] == "the chart of sales\n[image by URL, not shown]"
+        after = body["messages"][body["messages"].index(tool_message) + 1]
+        assert after == {
+            "role": "user",
+            "content": "The tool call c1 (chart) returned 1 image:",
+            "images": [PNG],
+        }
