@@ -25,7 +25,7 @@ from agentrt import (
     tool,
 )
 from agentrt.mcp import MCPServerError, MCPTools
-from agentrt.memory import window
+from agentrt.memory import InMemoryStore, window
 from agentrt.models.ollama import OllamaChatModel
 from agentrt.testing import CallTool, ScriptedModel
 
@@ -201,3 +201,24 @@ async def test_on_ollama_a_tools_image_by_url_is_named_and_does_not_break_the_co
             "content": "The tool call c1 (chart) returned 1 image:",
             "images": [PNG],
         }
+
+
+async def test_a_tools_images_count_in_the_token_estimates_as_a_users_do() -> None:
+    # What a request's input is estimated at (usage when the model reports none, the budget's check
+    # before a request, a max_tokens window) counts a tool's image as it counts one a user sent.
+    def run(*images: ImageContent) -> Any:
+        model = ScriptedModel([CallTool("chart", {"series": "s"}, id="c1")], "ok")
+        return agentrt.build(Desk, model=model, tools=[Charts(*images)]).ask("chart it")
+
+    plain, pictured = await run(), await run(PIXEL)
+    assert pictured.usage.input_tokens - plain.usage.input_tokens == 64  # 256 characters, as a user's
+
+    store = InMemoryStore()
+    model = ScriptedModel([CallTool("chart", {"series": "s"}, id="c1")], "ok", "again")
+    chat = agentrt.build(
+        Chat, model=model, tools=[Charts(PIXEL, PIXEL, PIXEL)], memory=window(max_tokens=150, store=store)
+    )
+    await chat.ask("u1", "chart it")
+    await chat.ask("u1", "hi")
+    # three images are more than the window holds: the turn with them is left out
+    assert [type(m).__name__ for m in model.requests[-1].messages] == ["UserMessage"]
