@@ -17,15 +17,19 @@ from test_mcp import PATIENCE, Launcher
 
 import agentrt
 from agentrt import (
+    AssistantMessage,
     ImageContent,
     MemoryId,
+    ModelRequest,
     Result,
     ToolResultMessage,
     ToolReturn,
+    UserMessage,
     tool,
 )
 from agentrt.mcp import MCPServerError, MCPTools
-from agentrt.memory import InMemoryStore, window
+from agentrt.memory import InMemoryStore, access, window
+from agentrt.models import OpenAIChatModel
 from agentrt.models.ollama import OllamaChatModel
 from agentrt.testing import CallTool, ScriptedModel
 
@@ -222,3 +226,146 @@ async def test_a_tools_images_count_in_the_token_estimates_as_a_users_do() -> No
     await chat.ask("u1", "hi")
     # three images are more than the window holds: the turn with them is left out
     assert [type(m).__name__ for m in model.requests[-1].messages] == ["UserMessage"]
+
+
+def chat_completions_well_formed(messages: list[dict[str, Any]]) -> None:
+    """What Chat Completions requires: each tool message right after the assistant message with its
+    call or another tool message, each call answered before anything else."""
+    open_calls: list[str] = []
+    for message in messages:
+        if message["role"] == "tool":
+            assert message["tool_call_id"] in open_calls, messages
+            open_calls.remove(message["tool_call_id"])
+            continue
+        assert open_calls == [], messages
+        if message["role"] == "assistant":
+            open_calls = [call["id"] for call in message.get("tool_calls", [])]
+    assert open_calls == []
+
+
+async def test_images_across_rounds_turns_and_windows_keep_chat_completions_order() -> None:
+    store = InMemoryStore()
+    script: list[Any] = []
+    for turn in range(3):
+        two = [
+            CallTool("chart", {"series": "a"}, id=f"t{turn}a"),
+            CallTool("chart", {"series": "b"}, id=f"t{turn}b"),
+        ]
+        script += [two, [CallTool("chart", {"series": "c"}, id=f"t{turn}c")], f"answer {turn}"]
+    model = ScriptedModel(*script)
+    chat = agentrt.build(Chat, model=model, tools=[Charts(PIXEL)], memory=window(store=store))
+    for turn in range(3):
+        await chat.ask("u1", f"question {turn}")
+    history = list(await access(chat).read("u1"))
+
+    openai = OpenAIChatModel("m", base_url="http://x.test/v1", api_key="k")
+    try:
+        for start in range(len(history)):  # every cut a window could make, and those it never makes
+            kept = history[start:]
+            while kept and not isinstance(kept[0], UserMessage):
+                kept = kept[1:]
+            body = openai.request_body(ModelRequest(messages=(*kept, UserMessage.of("next"))))
+            chat_completions_well_formed(body["messages"])
+            images = [m for m in body["messages"] if m["role"] == "user" and "returned" in str(m["content"])]
+            rounds = [m for m in kept if isinstance(m, AssistantMessage) and m.tool_calls]
+            assert len(images) == len(rounds)  # one message after each round's results
+        last = openai.request_body(model.requests[-1])["messages"]
+    finally:
+        await openai.aclose()
+    assert [m["role"] for m in last[-7:]] == [
+        "assistant",
+        "tool",
+        "tool",
+        "user",
+        "assistant",
+        "tool",
+        "user",
+    ]
+    assert [c["type"] for c in last[-4]["content"]] == ["text", "image_url", "text", "image_url"]
+    assert last[-4]["content"][2]["text"] == "The tool call t2b (chart) returned 1 image:"
+
+
+class Gated:
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    @tool("Delete a chart.", needs_approval=True)
+    async def delete_chart(self, series: str) -> ToolReturn:
+        self.ran.append(series)
+        return ToolReturn(f"deleted {series}", images=[LINKED])
+
+
+async def test_images_of_a_round_that_waits_for_approval_reach_the_model_and_memory_on_resume() -> None:
+    store = InMemoryStore()
+    gated = Gated()
+    model = ScriptedModel(
+        [
+            CallTool("chart", {"series": "sales"}, id="c1"),
+            CallTool("delete_chart", {"series": "old"}, id="c2"),
+        ],
+        "done",
+    )
+    chat = agentrt.build(Chat, model=model, tools=[Charts(PIXEL), gated], memory=window(store=store))
+    with pytest.raises(agentrt.ApprovalRequired) as stopped:
+        await chat.ask("u1", "chart sales, delete old")
+    pending = stopped.value.approval
+    assert await agentrt.resume(chat, pending.run_id, {"c2": agentrt.Approve()}, memory_id="u1") == "done"
+
+    sent = [
+        (m.tool_call_id, m.text, m.images)
+        for m in model.requests[-1].messages
+        if isinstance(m, ToolResultMessage)
+    ]
+    assert sent == [("c1", "the chart of sales", (PIXEL,)), ("c2", "deleted old", (LINKED,))]
+    stored = [m for m in await access(chat).read("u1") if isinstance(m, ToolResultMessage)]
+    assert [m.images for m in stored] == [(PIXEL,), (LINKED,)]
+    assert gated.ran == ["old"]
+
+
+async def test_a_turn_with_a_tools_images_restored_at_any_boundary_sends_and_stores_the_same() -> None:
+    from agentrt._pipeline import Invocation
+    from agentrt._service import _RUNTIMES
+
+    script = [
+        [CallTool("chart", {"series": "s"}, id="c1")],
+        [CallTool("chart", {"series": "t"}, id="c2")],
+        "ok",
+    ]
+
+    class Stop(Exception):
+        pass
+
+    def run(store: InMemoryStore, script: list[Any]) -> tuple[Any, ScriptedModel, Any]:
+        model = ScriptedModel(*script)
+        chat = agentrt.build(Chat, model=model, tools=[Charts(PIXEL, LINKED)], memory=window(store=store))
+        return chat, model, (_RUNTIMES[type(chat)], chat.ask.__agentrt_spec__)
+
+    chat, model, (runtime, spec) = run(InMemoryStore(), script)
+    whole = Invocation(runtime, spec, {"conversation": "u1", "question": "chart"})
+    phases: list[Any] = []
+    whole.on_boundary(phases.append)
+    await whole.result()
+    expected = (model.requests[-1].messages, await access(chat).read("u1"))
+    assert sum(len(m.images) for m in expected[1] if isinstance(m, ToolResultMessage)) == 4
+
+    for stop_at in range(len(phases)):
+        store = InMemoryStore()
+        chat, model, (runtime, spec) = run(store, script)
+        stopped = Invocation(runtime, spec, {"conversation": "u1", "question": "chart"})
+        saved: list[Any] = []
+
+        def boundary(
+            phase: Any, stopped: Invocation = stopped, saved: list[Any] = saved, stop_at: int = stop_at
+        ) -> None:
+            if len(saved) == stop_at:
+                saved.append(orjson.loads(orjson.dumps(stopped.checkpoint())))  # through JSON text
+                raise Stop
+            saved.append(None)
+
+        stopped.on_boundary(boundary)
+        with pytest.raises(Stop):
+            await stopped.result()
+        again, again_model, (runtime, spec) = run(store, script[len(model.requests) :])
+        await Invocation.restore(runtime, spec, saved[-1]).result()
+        last = (again_model.requests or model.requests)[-1]
+        assert (last.messages, await access(again).read("u1")) == expected, f"stopped at {phases[stop_at]}"
