@@ -369,3 +369,24 @@ async def test_a_turn_with_a_tools_images_restored_at_any_boundary_sends_and_sto
         await Invocation.restore(runtime, spec, saved[-1]).result()
         last = (again_model.requests or model.requests)[-1]
         assert (last.messages, await access(again).read("u1")) == expected, f"stopped at {phases[stop_at]}"
+
+
+async def test_odd_tool_returns_images_only_empty_text_and_a_tool_return_inside_one() -> None:
+    class Odd:
+        @tool
+        async def only_images(self) -> ToolReturn:
+            """Only a picture."""
+            return ToolReturn("", images=[PIXEL])
+
+        @tool
+        async def wrapped(self) -> ToolReturn:
+            """A picture, through a wrapper that adds another."""
+            return ToolReturn(ToolReturn({"points": 3}, images=[PIXEL]), images=[LINKED])
+
+    model = ScriptedModel([CallTool("only_images", id="c1"), CallTool("wrapped", id="c2")], "seen")
+    result = await agentrt.build(Desk, model=model, tools=[Odd()]).ask("show me")
+    sent = [(m.text, m.images) for m in model.requests[-1].messages if isinstance(m, ToolResultMessage)]
+    # a ToolReturn in a ToolReturn: its value is the model's text, the images add up (they were
+    # sent to the model as JSON text, base64 data and all)
+    assert sent == [("", (PIXEL,)), ('{"points":3}', (LINKED, PIXEL))]
+    assert [e.value for e in result.tool_executions] == ["", {"points": 3}]
