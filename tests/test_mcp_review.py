@@ -390,3 +390,33 @@ async def test_odd_tool_returns_images_only_empty_text_and_a_tool_return_inside_
     # sent to the model as JSON text, base64 data and all)
     assert sent == [("", (PIXEL,)), ('{"points":3}', (LINKED, PIXEL))]
     assert [e.value for e in result.tool_executions] == ["", {"points": 3}]
+
+
+async def test_a_waiting_turn_denied_by_a_new_message_keeps_the_images_of_the_calls_that_ran() -> None:
+    store = InMemoryStore()
+    gated = Gated()
+    model = ScriptedModel(
+        [
+            CallTool("chart", {"series": "sales"}, id="c1"),
+            CallTool("delete_chart", {"series": "old"}, id="c2"),
+        ],
+        "next answer",
+    )
+    chat = agentrt.build(
+        Chat,
+        model=model,
+        tools=[Charts(PIXEL), gated],
+        memory=window(store=store),
+        approvals=agentrt.Approvals(while_pending="deny"),
+    )
+    with pytest.raises(agentrt.ApprovalRequired):
+        await chat.ask("u1", "chart sales, delete old")
+    assert await chat.ask("u1", "never mind") == "next answer"  # the waiting calls are denied
+
+    sent = {m.tool_call_id: m.images for m in model.requests[-1].messages if isinstance(m, ToolResultMessage)}
+    assert sent == {"c1": (PIXEL,), "c2": ()}
+    stored = {
+        m.tool_call_id: m.images for m in await access(chat).read("u1") if isinstance(m, ToolResultMessage)
+    }
+    assert stored == {"c1": (PIXEL,), "c2": ()}
+    assert gated.ran == []
