@@ -32,9 +32,12 @@ PIXEL = base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()
 class Server(MCPServer):
     listed = 0
     bad_schema = False
+    die_listing = False
 
     async def list_tools(self) -> Any:
         Server.listed += 1
+        if Server.die_listing:
+            os.kill(os.getpid(), signal.SIGKILL)
         tools = await super().list_tools()
         if Server.bad_schema:
             for tool in tools:
@@ -137,6 +140,27 @@ async def meet() -> str:
     return "met"
 
 
+parked = anyio.Event()
+
+
+@mcp.tool(annotations=READ_ONLY)
+async def park() -> str:
+    """Wait forever (until cancelled), once the server says it arrived (`parked`)."""
+    parked.set()
+    try:
+        await anyio.sleep_forever()
+    finally:
+        cancelled.set()
+    return "never"
+
+
+@mcp.tool(annotations=READ_ONLY)
+async def is_parked() -> str:
+    """Return once a call of `park` is running."""
+    await parked.wait()
+    return "parked"
+
+
 @mcp.tool(annotations=READ_ONLY)
 def crash() -> str:
     """Kill this server's process in the middle of the call."""
@@ -156,6 +180,15 @@ async def enable_extra(ctx: Context) -> str:
     await ctx.notify_tools_changed()  # a 2026-07-28 connection: its subscriptions/listen stream
     await ctx.request_context.session.send_tool_list_changed()  # an earlier one: the notification
     return "enabled"
+
+
+@mcp.tool(annotations=HARMLESS)
+async def die_at_next_listing(ctx: Context) -> str:
+    """Say the tool list changed, and die when it is read."""
+    Server.die_listing = True
+    await ctx.notify_tools_changed()
+    await ctx.request_context.session.send_tool_list_changed()
+    return "armed"
 
 
 def require(token: str, app: Any) -> Any:

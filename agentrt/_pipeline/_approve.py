@@ -437,6 +437,7 @@ def denied_turn(record: Record, reason: str) -> list[ChatMessage]:
                     tool_name=call.name,
                     text=str(execution["result"]),
                     is_error=execution["outcome"] != ToolOutcome.SUCCESS.value,
+                    images=execution.get("images") or (),  # (as JSON: validated into ImageContent)
                 )
             )
     return [user, *exchange, message, *results]

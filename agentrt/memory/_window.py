@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from .._messages import AssistantMessage, ChatMessage, TextContent, UserMessage
+from .._messages import AssistantMessage, ChatMessage, TextContent, ToolResultMessage, UserMessage
 
 __all__ = ["TokenCounter", "estimate_tokens", "window_start"]
 
@@ -41,6 +41,8 @@ def estimate_tokens(message: ChatMessage) -> int:
         chars += len(message.text or "") + len(message.thinking or "") + len(message.refusal or "")
         for call in message.tool_calls:
             chars += len(call.name) + len(call.arguments) + len(call.id)
+    elif isinstance(message, ToolResultMessage):
+        chars += len(message.text) + 4 * _PER_ATTACHMENT * len(message.images)  # images a tool returned
     else:
         chars += len(message.text)
     return _PER_MESSAGE + (chars + 3) // 4

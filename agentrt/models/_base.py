@@ -268,11 +268,18 @@ class HttpChatModel(HttpModel):
         return self._stream_decoder(mapper)
 
 
-def tool_images_apart(messages: Sequence[ChatMessage], image_input: bool) -> Sequence[ChatMessage]:
+def tool_images_apart(
+    messages: Sequence[ChatMessage],
+    image_input: bool,
+    takes: Callable[[ImageContent], bool] | None = None,
+) -> Sequence[ChatMessage]:
     """`messages` for an API whose tool results carry text only (Chat Completions, Ollama): each run
     of tool results that returned images is followed by one user message with those images, when
-    the model takes image input; otherwise the images are named in their results' text. `messages`
-    themselves when no tool result holds an image (the common case: one pass, nothing built)."""
+    the model takes image input; otherwise the images are named in their results' text. `takes`
+    says which images the API can carry at all (Ollama: inline ones, not by URL); the others are
+    named too (a stored result must not make every later request of its conversation fail).
+    `messages` themselves when no tool result holds an image (the common case: one pass, nothing
+    built)."""
     if not any(type(m) is ToolResultMessage and m.images for m in messages):
         return messages
     out: list[ChatMessage] = []
@@ -280,22 +287,26 @@ def tool_images_apart(messages: Sequence[ChatMessage], image_input: bool) -> Seq
     for message in messages:
         if type(message) is ToolResultMessage:
             if message.images:
-                if image_input:
-                    count = len(message.images)
+                shown: list[ImageContent] = []
+                unshown: list[ImageContent] = []
+                for image in message.images:
+                    (shown if image_input and (takes is None or takes(image)) else unshown).append(image)
+                if shown:
+                    count = len(shown)
                     pending.append(
                         TextContent(
                             text=f"The tool call {message.tool_call_id} ({message.tool_name}) returned "
                             f"{count} image{'s' if count > 1 else ''}:"
                         )
                     )
-                    pending.extend(message.images)
-                    message = message.model_copy(update={"images": ()})
-                else:
+                    pending.extend(shown)
+                text = message.text
+                if unshown:
                     named = " ".join(
-                        f"[image {image.media_type or 'by URL'}, not shown]" for image in message.images
+                        f"[image {image.media_type or 'by URL'}, not shown]" for image in unshown
                     )
-                    text = f"{message.text}\n{named}" if message.text else named
-                    message = message.model_copy(update={"images": (), "text": text})
+                    text = f"{text}\n{named}" if text else named
+                message = message.model_copy(update={"images": (), "text": text})
             out.append(message)
             continue
         if pending:

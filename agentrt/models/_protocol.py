@@ -179,7 +179,9 @@ def _message_chars(message: ChatMessage) -> int:
             only = contents[0]
             return len(only.text) if isinstance(only, TextContent) else 256
         return sum(len(c.text) if isinstance(c, TextContent) else 256 for c in contents)
-    if isinstance(message, SystemMessage | ToolResultMessage):
+    if isinstance(message, ToolResultMessage):
+        return len(message.text) + 256 * len(message.images)  # (images a tool returned)
+    if isinstance(message, SystemMessage):
         return len(message.text)
     size = len(message.text or "") + len(message.thinking or "")
     return size + sum(len(c.name) + len(c.arguments) for c in message.tool_calls)

@@ -118,7 +118,8 @@ class OllamaChatModel(HttpChatModel):
         body: dict[str, Any] = {
             "model": self._model,
             "messages": [
-                _message(m) for m in tool_images_apart(request.messages, self.capabilities.image_input)
+                _message(m)
+                for m in tool_images_apart(request.messages, self.capabilities.image_input, _inline)
             ],
             "stream": self._streaming,
         }
@@ -222,13 +223,25 @@ def _user_message(message: UserMessage) -> dict[str, Any]:
     return result
 
 
-def _image_data(image: ImageContent) -> str:
+def _inline(image: ImageContent) -> bool:
+    """Whether Ollama can take `image`: inline data, or a base64 `data:` URL (not one by URL)."""
+    return _base64(image) is not None
+
+
+def _base64(image: ImageContent) -> str | None:
     if image.data is not None:
         return image.data
     url = image.url or ""
     if url.startswith("data:") and ";base64," in url:
         return url.partition(";base64,")[2]
-    raise BadRequestError("Ollama takes images as inline data (base64), not by URL")
+    return None
+
+
+def _image_data(image: ImageContent) -> str:
+    data = _base64(image)
+    if data is None:
+        raise BadRequestError("Ollama takes images as inline data (base64), not by URL")
+    return data
 
 
 def _arguments(arguments: str) -> Any:

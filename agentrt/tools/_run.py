@@ -173,7 +173,9 @@ def arguments_hash(arguments: str) -> str:
 class ToolReturn:
     """What a tool returns to send the model images with its result: `value` is what it sees as text
     (as any return value: str as is, None as a success text, else JSON), `images` follow it
-    (`ImageContent`; see `ToolResultMessage.images` for how each adapter sends them).
+    (`ImageContent`; see `ToolResultMessage.images` for how each adapter sends them). A `value`
+    that is itself a `ToolReturn` (a wrapper adding images) gives its value, and its images after
+    these.
 
         @tool
         async def chart(series: str) -> ToolReturn:
@@ -566,8 +568,8 @@ class ToolLoop:
         images: tuple[ImageContent, ...] = ()
         if outcome is ToolOutcome.SUCCESS:
             try:
-                if isinstance(value, ToolReturn):
-                    images = _images(value)
+                while isinstance(value, ToolReturn):  # (one in another: a wrapper added images)
+                    images += _images(value)
                     value = value.value
                 text = result_text(value)
             except Exception as exc:  # e.g. a return value JSON cannot carry
