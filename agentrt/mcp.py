@@ -419,13 +419,22 @@ def _refused(schema: Any) -> str | None:
     return None
 
 
+_SENDABLE: Final = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+"""The image types every provider agentrt speaks to takes. Others (SVG, TIFF, no type at all) are
+named in the text: stored in a conversation, one would make each later request of it fail."""
+
+
+def _sendable(content: object) -> bool:
+    return isinstance(content, ImageContent) and content.mime_type.lower() in _SENDABLE
+
+
 def _returned(result: CallToolResult) -> Any:
     """What a successful call returns to the loop: its structured content when there is one, else
     its text; with the images it holds as a `ToolReturn` (they go to the model as images)."""
     images = tuple(
-        _Image(data=content.data, media_type=content.mime_type)
+        _Image(data=content.data, media_type=content.mime_type.lower())
         for content in result.content
-        if isinstance(content, ImageContent)
+        if isinstance(content, ImageContent) and _sendable(content)
     )
     if result.structured_content is not None:
         value: Any = result.structured_content
@@ -442,7 +451,7 @@ def _text(result: CallToolResult, *, images_apart: bool = False) -> str:
     for content in result.content:
         if isinstance(content, TextContent):
             parts.append(content.text)
-        elif isinstance(content, ImageContent) and images_apart:
+        elif images_apart and _sendable(content):
             continue
         elif isinstance(content, ImageContent | AudioContent):
             parts.append(f"[{content.type} {content.mime_type}, not shown]")

@@ -111,6 +111,16 @@ def picture() -> list[Any]:
     ]
 
 
+@mcp.tool(annotations=READ_ONLY, structured_output=False)
+def drawings() -> list[Any]:
+    """Images of several types: one every provider takes, an SVG, and one with no type."""
+    return [
+        ImageContent(type="image", data=PIXEL, mime_type="IMAGE/PNG"),
+        ImageContent(type="image", data=base64.b64encode(b"<svg/>").decode(), mime_type="image/svg+xml"),
+        ImageContent(type="image", data=PIXEL, mime_type=""),
+    ]
+
+
 @mcp.tool(annotations=READ_ONLY)
 async def slow() -> str:
     """Take a long time."""

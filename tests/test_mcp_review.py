@@ -135,6 +135,25 @@ async def test_a_server_that_dies_while_its_changed_list_is_read_fails_that_turn
     assert json.loads(results(model)[0][1])["result"] > 0
 
 
+async def test_only_image_types_every_provider_takes_are_sent_the_others_are_named() -> None:
+    stdio = Launcher("stdio")
+    try:
+        source = MCPTools(stdio.server())
+        model = ScriptedModel([CallTool("drawings", id="d1")], "Seen.")
+        desk = agentrt.build(Desk, model=model, tools=[source])
+        with anyio.fail_after(PATIENCE):
+            async with source:
+                await desk.ask("draw")
+    finally:
+        stdio.close()
+    (sent,) = [m for m in model.requests[-1].messages if isinstance(m, ToolResultMessage)]
+    # the PNG (its type as the providers spell it) goes as an image; an SVG and an untyped image,
+    # which providers refuse (and would refuse in every later request), are named
+    assert sent.images == (PIXEL,)
+    assert sent.text == "[image image/svg+xml, not shown]\n[image , not shown]"
+    assert not sent.is_error
+
+
 async def test_two_services_share_one_source_and_call_it_at_the_same_time(launcher: Launcher) -> None:
     source = MCPTools(launcher.server())
     left_model = ScriptedModel([CallTool("meet", id="c1")], "left met")

@@ -187,22 +187,24 @@ async def test_a_model_without_image_input_gets_the_images_named_in_the_text() -
     ]
 
 
+_ANTHROPIC_EVENTS = [
+    {"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant",
+     "content": [], "model": "c", "usage": {"input_tokens": 1, "output_tokens": 0}}},
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}},
+    {"type": "content_block_stop", "index": 0},
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}},
+    {"type": "message_stop"},
+]  # fmt: skip
+ANTHROPIC_DONE = b"".join(
+    b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in _ANTHROPIC_EVENTS
+)
+
+
 async def test_anthropic_sends_a_tools_images_inside_its_tool_result() -> None:
-    events = [
-        {"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant",
-         "content": [], "model": "c", "usage": {"input_tokens": 1, "output_tokens": 0}}},
-        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "ok"}},
-        {"type": "content_block_stop", "index": 0},
-        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}},
-        {"type": "message_stop"},
-    ]  # fmt: skip
-    stream = b"".join(
-        b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events
-    )
     body = await sent_body(
         lambda client: AnthropicChatModel("claude-test", api_key="k", client=client),
-        stream,
+        ANTHROPIC_DONE,
         "text/event-stream",
     )
     assert body["messages"][2] == {
@@ -218,6 +220,21 @@ async def test_anthropic_sends_a_tools_images_inside_its_tool_result() -> None:
             },
             {"type": "tool_result", "tool_use_id": "c2", "content": "nothing to see"},
         ],
+    }
+
+
+async def test_anthropic_names_a_tools_images_for_a_model_without_image_input() -> None:
+    body = await sent_body(
+        lambda client: AnthropicChatModel(
+            "claude-test", api_key="k", client=client, capabilities=Capabilities(image_input=False)
+        ),
+        ANTHROPIC_DONE,
+        "text/event-stream",
+    )
+    assert body["messages"][2]["content"][0] == {
+        "type": "tool_result",
+        "tool_use_id": "c1",
+        "content": "the chart\n[image image/png, not shown]",
     }
 
 

@@ -38,7 +38,7 @@ from .._messages import (
     ToolResultMessage,
     UserMessage,
 )
-from ._base import ConnectionOptions, HttpChatModel, Server
+from ._base import ConnectionOptions, HttpChatModel, Server, tool_images_apart
 from ._decoders import EventStreamDecoder, MalformedPayload, json_type
 from ._failures import error_from_payload, unreadable
 from ._protocol import Capabilities, ModelSettings, check_declared_settings
@@ -220,7 +220,10 @@ class AnthropicChatModel(HttpChatModel):
         }
         thinking = self._thinking
         thinking_on = thinking is not None or _thinking_enabled(self._extra_body.get("thinking"))
-        system, messages = _messages(request.messages, thinking=thinking_on)
+        sent: Sequence[ChatMessage] = request.messages
+        if not self.capabilities.image_input:  # a tool's images are named in its result's text
+            sent = tool_images_apart(sent, image_input=False)
+        system, messages = _messages(sent, thinking=thinking_on)
         if system:
             if self._cache_system:
                 body["system"] = [{"type": "text", "text": system, "cache_control": _EPHEMERAL}]
