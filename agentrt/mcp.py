@@ -638,6 +638,18 @@ class _State:
 # --- the source -----------------------------------------------------------------------------------
 
 
+def _raise_first(exc: BaseException) -> None:
+    """Out of a task group's errors, raise the first `MCPServerError` or `ConfigurationError`, as one
+    server's own error would be raised (returns when there is none)."""
+    if isinstance(exc, BaseExceptionGroup):
+        errors = exc.split((MCPServerError, ConfigurationError))[0]
+        if errors is not None:
+            first: BaseException = errors
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            raise first from None
+
+
 class MCPTools(ToolSource):
     """The tools of one or more MCP servers, for `build(..., tools=[...])` or as a `tool_provider`.
 
@@ -690,13 +702,7 @@ class MCPTools(ToolSource):
             self._definitions()
         except BaseException as exc:
             await self._close()
-            if isinstance(exc, BaseExceptionGroup):
-                errors = exc.split((MCPServerError, ConfigurationError))[0]
-                if errors is not None:
-                    first: BaseException = errors
-                    while isinstance(first, BaseExceptionGroup):
-                        first = first.exceptions[0]
-                    raise first from None
+            _raise_first(exc)
             raise
         return self
 
@@ -748,8 +754,16 @@ class MCPTools(ToolSource):
                 f"{self!r} is not connected: enter it with `async with` first",
                 server=self._states[0].server.label,
             )
-        for state in self._states:
-            link = state.link
-            if link is None or link.closed or state.stale:
-                await state.ready()
+        behind = [s for s in self._states if s.link is None or s.link.closed or s.stale]
+        if len(behind) == 1:
+            await behind[0].ready()
+        elif behind:
+            # At once: each dead server may take its `connect_timeout`, which must not add up.
+            try:
+                async with anyio.create_task_group() as connecting:
+                    for state in behind:
+                        connecting.start_soon(state.ready)
+            except BaseException as exc:
+                _raise_first(exc)
+                raise
         return self._definitions()

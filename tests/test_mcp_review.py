@@ -439,3 +439,37 @@ async def test_a_waiting_turn_denied_by_a_new_message_keeps_the_images_of_the_ca
     }
     assert stored == {"c1": (PIXEL,), "c2": ()}
     assert gated.ran == []
+
+
+async def test_servers_that_must_connect_again_do_so_at_once_not_one_after_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each dead server may take its `connect_timeout` to fail: an invocation must not wait for the
+    sum. Two servers to connect again: the second starts before the first has finished."""
+    from agentrt import mcp as agentrt_mcp
+
+    stdio = Launcher("stdio")
+    try:
+        source = MCPTools(stdio.server(name="a", prefix="a_"), stdio.server(name="b", prefix="b_"))
+        with anyio.fail_after(PATIENCE):
+            async with source:
+                entered: list[str] = []
+                both = anyio.Event()
+                original = agentrt_mcp._State.ready
+
+                async def ready(state: Any) -> Any:
+                    entered.append(state.server.label)
+                    if len(entered) == 2:
+                        both.set()
+                    with anyio.fail_after(10):  # one after another, the first waits here alone
+                        await both.wait()
+                    return await original(state)
+
+                monkeypatch.setattr(agentrt_mcp._State, "ready", ready)
+                for state in source._states:
+                    state.stale = True  # both said their lists changed
+                tools = await source()
+    finally:
+        stdio.close()
+    assert sorted(entered) == ["a", "b"]
+    assert {t.name for t in tools} >= {"a_add", "b_add"}
