@@ -11,6 +11,7 @@ import pytest
 
 import agentrt
 import agentrt.mcp
+import agentrt.memory
 import agentrt.models
 import agentrt.moderation
 import agentrt.output
@@ -30,6 +31,7 @@ def _isort_order(name: str) -> tuple[int, str]:
         (agentrt, "agentrt"),
         (agentrt.guardrails, "agentrt"),
         (agentrt.mcp, "agentrt.mcp"),
+        (agentrt.memory, "agentrt"),
         (agentrt.models, "agentrt"),
         (agentrt.moderation, "agentrt"),
         (agentrt.rag, "agentrt"),
@@ -102,6 +104,7 @@ def test_public_classes_resolve_their_annotations() -> None:
     modules = (
         agentrt,
         agentrt.mcp,
+        agentrt.memory,
         agentrt.models,
         agentrt.moderation,
         agentrt.output,
