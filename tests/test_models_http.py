@@ -542,3 +542,13 @@ def test_the_connection_options_type_check_as_keywords(tmp_path: Path) -> None:
     assert len(errors) == 2, stdout
     assert ':9: error: Unexpected keyword argument "tmeout"' in errors[0]
     assert ':10: error: Argument "timeout" to "AnthropicChatModel" has incompatible type "str"' in errors[1]
+
+
+def test_headers_scrubbed_of_an_echoed_key_keep_a_non_ascii_header() -> None:
+    from agentrt.models._failures import ErrorContext
+    from agentrt.models._http import _scrubbed
+
+    headers = httpx.Headers([(b"x-echo", b"key sk-secret-123"), (b"x-city", "Zürich".encode("latin-1"))])
+    clean = _scrubbed(headers, ErrorContext("endpoint", ("sk-secret-123",)))
+    assert "sk-secret-123" not in repr(clean.multi_items())
+    assert clean["x-city"] == "Zürich"

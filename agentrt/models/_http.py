@@ -475,7 +475,8 @@ def _scrubbed(headers: httpx.Headers, context: ErrorContext) -> httpx.Headers:
     """`headers`, or a scrubbed copy if the server echoed the key in one (once per response)."""
     items = headers.multi_items()
     clean = [(context.scrub(name), context.scrub(value)) for name, value in items]
-    return headers if clean == items else httpx.Headers(clean)
+    # in the encoding they came in (a non-ASCII header beside the echoed key failed to encode)
+    return headers if clean == items else httpx.Headers(clean, encoding=headers.encoding)
 
 
 async def _read_limited(response: httpx.Response) -> bytes:
