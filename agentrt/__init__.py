@@ -94,7 +94,7 @@ from ._messages import (
 from ._options import call_options, method_options
 from ._pipeline import Listener, SystemMessageProvider, ToolProvider, ToolRequest
 from ._resume import resume
-from ._service import build, create
+from ._service import build
 from ._spec import AiService, MemoryId, V, system_message, user_message
 from ._stream import RESET, PartialStream, TokenStream
 from .models import Capabilities, ChatModel, ModelRequest, ModelSettings
@@ -205,7 +205,6 @@ __all__ = [
     "VideoContent",
     "build",
     "call_options",
-    "create",
     "guardrails",
     "memory",
     "messages_from_json",

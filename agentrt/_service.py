@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .moderation._types import ModerationModel
     from .output._modes import OutputMode
 
-__all__ = ["build", "create", "runtime_of"]
+__all__ = ["build", "runtime_of"]
 
 # The runtime of each built service class (for `agentrt.memory.access`), without an attribute on it
 # that could clash with the user's own.
@@ -586,6 +586,3 @@ def build(
     return instance
 
 
-def create(cls: type[S], model: ChatModel, /) -> S:
-    """`build(cls, model=model)`: a service with no further configuration."""
-    return build(cls, model=model)
