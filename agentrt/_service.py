@@ -584,5 +584,3 @@ def build(
     _RUNTIMES[service_class] = runtime
     instance: S = object.__new__(service_class)
     return instance
-
-

@@ -30,7 +30,7 @@ from agentrt import (
     system_message,
     tool,
 )
-from agentrt.memory import ChatMemory, InMemoryStore, estimate_tokens
+from agentrt.memory import ChatMemory, InMemoryStore, estimate_message_tokens
 from agentrt.memory._memory import Memory
 from agentrt.memory._window import window_start
 from agentrt.models import AnthropicChatModel, ModelRequest, RetryPolicy
@@ -67,7 +67,7 @@ def check_window(
     if max_messages is not None:
         assert len(kept) <= max_messages
     if max_tokens is not None:
-        assert sum(estimate_tokens(m) for m in kept) <= max_tokens
+        assert sum(estimate_message_tokens(m) for m in kept) <= max_tokens
     # Never a result without its call, never a call without its results.
     calls: dict[str, bool] = {}
     for message in kept:
@@ -82,7 +82,7 @@ def check_window(
     for earlier in range(start):
         suffix = messages[earlier:]
         too_long = max_messages is not None and len(suffix) > max_messages
-        too_big = max_tokens is not None and sum(estimate_tokens(m) for m in suffix) > max_tokens
+        too_big = max_tokens is not None and sum(estimate_message_tokens(m) for m in suffix) > max_tokens
         assert too_long or too_big or not isinstance(suffix[0], UserMessage)
 
 
@@ -93,7 +93,7 @@ def test_the_window_of_any_history_keeps_whole_tool_exchanges(
 ) -> None:
     messages = [m for t in history for m in t]
     max_messages, max_tokens = limit
-    start = window_start(messages, max_messages, max_tokens, estimate_tokens)
+    start = window_start(messages, max_messages, max_tokens, estimate_message_tokens)
     check_window(messages, start, max_messages, max_tokens)
 
 
@@ -114,7 +114,7 @@ async def test_a_store_trimmed_turn_by_turn_keeps_the_window_of_the_whole_histor
         conversation.release_local()
         whole.extend(messages)
         stored = await memory.store.load(memory.key("c", "test"))
-        assert stored == whole[window_start(whole, max_messages, max_tokens, estimate_tokens) :]
+        assert stored == whole[window_start(whole, max_messages, max_tokens, estimate_message_tokens) :]
 
 
 # --- what a provider is sent ----------------------------------------------------------------------

@@ -15,7 +15,7 @@ from ._memory import DEFAULT_MEMORY_ID, ChatMemory, window
 from ._redis import RedisStore
 from ._sqlite import SQLiteStore
 from ._store import ChatMemoryStore, PendingStore, SharedChatMemoryStore
-from ._window import TokenCounter, estimate_tokens
+from ._window import TokenCounter, estimate_message_tokens
 
 __all__ = [
     "DEFAULT_MAX_CONVERSATIONS",
@@ -30,6 +30,6 @@ __all__ = [
     "SharedChatMemoryStore",
     "TokenCounter",
     "access",
-    "estimate_tokens",
+    "estimate_message_tokens",
     "window",
 ]

@@ -36,7 +36,7 @@ from .._errors import ConfigurationError, ConversationBusyError, ConversationRee
 from .._messages import SystemMessage, ToolResultMessage
 from ._inmemory import DEFAULT_MAX_CONVERSATIONS, InMemoryStore
 from ._store import ChatMemoryStore, SharedChatMemoryStore
-from ._window import TokenCounter, estimate_tokens, window_start
+from ._window import TokenCounter, estimate_message_tokens, window_start
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -63,7 +63,7 @@ class ChatMemory:
       own `ChatMemoryStore`).
     - `max_messages`, `max_tokens`: the window; `None` keeps everything. What falls out of the window
       is removed from the store when the next turn is committed.
-    - `counter`: counts a message's tokens for `max_tokens` (`estimate_tokens` by default).
+    - `counter`: counts a message's tokens for `max_tokens` (`estimate_message_tokens` by default).
     - `namespace`: the first part of every conversation's name in the store. By default the
       service's module and class name, which a rename, a move or a run as a script (`__main__`)
       changes: name it for a store that outlives the process (SQLite, Redis). Services that name the
@@ -77,7 +77,7 @@ class ChatMemory:
     )
     max_messages: int | None = None
     max_tokens: int | None = None
-    counter: TokenCounter = estimate_tokens
+    counter: TokenCounter = estimate_message_tokens
     namespace: str | None = None
     wait: float | None = None
 
@@ -127,7 +127,7 @@ def window(
     max_messages: int | None = None,
     max_tokens: int | None = None,
     store: ChatMemoryStore | None = None,
-    counter: TokenCounter = estimate_tokens,
+    counter: TokenCounter = estimate_message_tokens,
     namespace: str | None = None,
     wait: float | None = None,
 ) -> ChatMemory:

@@ -16,7 +16,7 @@ from typing import Final
 
 from .._messages import AssistantMessage, ChatMessage, TextContent, ToolResultMessage, UserMessage
 
-__all__ = ["TokenCounter", "estimate_tokens", "window_start"]
+__all__ = ["TokenCounter", "estimate_message_tokens", "window_start"]
 
 TokenCounter = Callable[[ChatMessage], int]
 """Counts the tokens of one message (for `max_tokens` windows)."""
@@ -25,7 +25,7 @@ _PER_MESSAGE: Final = 4  # role and framing tokens of one message, as chat forma
 _PER_ATTACHMENT: Final = 256  # an image, audio or document part, when nothing better is known
 
 
-def estimate_tokens(message: ChatMessage) -> int:
+def estimate_message_tokens(message: ChatMessage) -> int:
     """About four characters a token, plus the framing of a message; a flat cost per attachment.
 
     An estimate: pass a real tokenizer's count as `counter` when the window must be exact.
