@@ -121,9 +121,13 @@ def drawings() -> list[Any]:
     ]
 
 
+parked = anyio.Event()
+
+
 @mcp.tool(annotations=READ_ONLY)
 async def slow() -> str:
-    """Take a long time."""
+    """Wait forever (until cancelled), once the server says it arrived (`is_parked`)."""
+    parked.set()
     try:
         await anyio.sleep_forever()
     finally:
@@ -150,23 +154,9 @@ async def meet() -> str:
     return "met"
 
 
-parked = anyio.Event()
-
-
-@mcp.tool(annotations=READ_ONLY)
-async def park() -> str:
-    """Wait forever (until cancelled), once the server says it arrived (`parked`)."""
-    parked.set()
-    try:
-        await anyio.sleep_forever()
-    finally:
-        cancelled.set()
-    return "never"
-
-
 @mcp.tool(annotations=READ_ONLY)
 async def is_parked() -> str:
-    """Return once a call of `park` is running."""
+    """Return once a call of `slow` is running."""
     await parked.wait()
     return "parked"
 

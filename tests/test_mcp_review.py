@@ -70,13 +70,13 @@ async def test_closing_the_source_while_a_call_runs_fails_the_call_and_the_turn_
     launcher: Launcher,
 ) -> None:
     source = MCPTools(launcher.server())
-    model = ScriptedModel([CallTool("park", id="c1")], "it stopped")
+    model = ScriptedModel([CallTool("slow", id="c1")], "it stopped")
     parked = agentrt.build(Desk, model=model, tools=[source])
     check = agentrt.build(Desk, model=ScriptedModel([CallTool("is_parked", id="c2")], "yes"), tools=[source])
     finished: list[Result[str]] = []
 
     async def park() -> None:
-        finished.append(await parked.ask("park"))
+        finished.append(await parked.ask("slow"))
 
     with anyio.fail_after(PATIENCE):
         async with anyio.create_task_group() as group:
@@ -86,14 +86,14 @@ async def test_closing_the_source_while_a_call_runs_fails_the_call_and_the_turn_
             # (leaving closed the connection under the running call)
 
     assert [r.value for r in finished] == ["it stopped"]
-    assert results(model) == [("c1", "Error: tool 'park' failed (MCPServerError).", True)]
+    assert results(model) == [("c1", "Error: tool 'slow' failed (MCPServerError).", True)]
 
 
 async def test_a_turn_cancelled_during_a_call_cancels_it_on_the_server_and_the_connection_goes_on(
     launcher: Launcher,
 ) -> None:
     source = MCPTools(launcher.server())
-    parked = agentrt.build(Desk, model=ScriptedModel([CallTool("park", id="c1")], "never"), tools=[source])
+    parked = agentrt.build(Desk, model=ScriptedModel([CallTool("slow", id="c1")], "never"), tools=[source])
     check_model = ScriptedModel([CallTool("is_parked", id="c2")], "parked", [CallTool("pid", id="c3")], "p")
     check = agentrt.build(Desk, model=check_model, tools=[source])
     confirm_model = ScriptedModel([CallTool("was_cancelled", id="c4")], "it was")
@@ -102,7 +102,7 @@ async def test_a_turn_cancelled_during_a_call_cancels_it_on_the_server_and_the_c
         async with source:
             link = source._states[0].link
             async with anyio.create_task_group() as group:
-                group.start_soon(parked.ask, "park")
+                group.start_soon(parked.ask, "slow")
                 await check.ask("is it parked?")
                 group.cancel_scope.cancel()  # the caller gives up on the parked turn
             await confirm.ask("was it cancelled?")  # the server saw MCP's cancellation

@@ -94,6 +94,30 @@ async def test_the_execution_has_the_images_and_the_value_the_tool_meant() -> No
     assert execution.value == {"series": "sales", "points": 3}
 
 
+class Views:
+    async def awaited(self, conversation: Annotated[str, MemoryId], question: str) -> str: ...
+
+    async def result(self, conversation: Annotated[str, MemoryId], question: str) -> agentrt.Result[str]: ...
+
+    async def stream(self, conversation: Annotated[str, MemoryId], question: str) -> agentrt.TokenStream: ...
+
+
+@pytest.mark.parametrize("view", ["awaited", "result", "stream"])
+async def test_every_view_sends_and_stores_a_tools_images(view: str) -> None:
+    """One tool loop: the awaited, `Result` and streaming views all send the images and store them."""
+    model = ScriptedModel([CallTool("chart", {"series": "s"}, id="c1")], ["Up", "."])
+    views = agentrt.build(Views, model=model, tools=[Charts()], memory=window())
+    if view == "stream":
+        async with await views.stream("u1", "chart") as tokens:
+            assert "".join([t async for t in tokens]) == "Up."
+    else:
+        await getattr(views, view)("u1", "chart")
+    (sent,) = [m for m in model.requests[1].messages if isinstance(m, ToolResultMessage)]
+    assert sent.images == (PIXEL,)
+    stored = await access(views).read("u1")
+    assert [m.images for m in stored if isinstance(m, ToolResultMessage)] == [(PIXEL,)]
+
+
 @pytest.mark.parametrize("bad", [["not an image"], [agentrt.TextContent(text="x")], 7])
 async def test_images_that_are_not_image_content_fail_the_call(bad: Any) -> None:
     charts = Charts()
