@@ -118,6 +118,7 @@ from ._events import (
     ToolExecuted,
 )
 from ._options import call_options
+from ._pipeline._turn import DEFER_COMMIT
 from ._resume import resume
 from ._service import runtime_of
 from ._spec import OutputKind
@@ -510,6 +511,13 @@ asyncio log "socket.send() raised exception." (the loss may be seen just before 
 and a keep-alive ping may write in the same turn: three keeps below five)."""
 
 
+_SETTLE: Final = 4
+"""Event-loop turns given before a stream's final event is sent. A client's hang-up reaches the
+response in three (the socket's end of file is read, the connection is closed, the response's
+listener is told and cancels it); past them, a hang-up the server had read before the final event
+was sent has cancelled the response, and the turn is not stored. One more, for the turn the final
+event was made in."""
+
 clock = time.perf_counter
 
 
@@ -546,6 +554,11 @@ def _respond(
                     if kind is Completed:
                         if forget is not None:
                             forget()  # done: a stop now would come too late
+                        # The turn is stored when the final event's send returned (see
+                        # `DEFER_COMMIT`): a hang-up the server has read must land first.
+                        for _ in range(_SETTLE):
+                            await anyio.lowlevel.checkpoint()
+                        written = 0
                         result = event.result  # type: ignore[union-attr]
                         out = [*out, *encoder.completed(result, result_json(result))]
                     elif kind is ApprovalRequested:
@@ -1015,6 +1028,7 @@ def endpoint(
                 group.start_soon(_cancel_on_disconnect, request, group.cancel_scope)
                 if run is not None:
                     run.scope = group.cancel_scope
+                deferring = DEFER_COMMIT.set(True)  # stored once the final event was sent
                 try:
                     with call_options(budget_cap=cap) if cap is not None else contextlib.nullcontext():
                         if resuming is None:
@@ -1024,6 +1038,8 @@ def endpoint(
                             stream = await resume(service, resuming.run_id, resuming.decisions, **where)
                 except Exception as error:  # raised here, not from the task group (no exception group)
                     failure = error
+                finally:
+                    DEFER_COMMIT.reset(deferring)
                 group.cancel_scope.cancel()
         except BaseException:
             # Cancelled from outside as the task group closed: the stream was made, and is nobody's.

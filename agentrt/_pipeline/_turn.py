@@ -12,6 +12,7 @@ steps the turn can be saved as data and restored (`_checkpoint`).
 from __future__ import annotations
 
 import enum
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
@@ -78,6 +79,12 @@ _LIMIT_TEXT: Final[dict[str, str]] = {
 }
 
 
+DEFER_COMMIT: Final[ContextVar[bool]] = ContextVar("agentrt_defer_commit", default=False)
+"""Set by a server around the call that makes a stream (`agentrt.sse`): the invocations made in it
+yield `Completed` before their turn is stored, and store it only when the reader asks for the next
+event (a reader that closes the stream at `Completed` stores nothing). The server asks once the
+final event was handed to the client's connection: a client gone before that has no turn stored."""
+
 _AWAITED: Final = Release("plain", False, None)
 """The release state of every awaited call without output guardrails: it never changes
 (`Release.again` leaves a plain awaited call as it is)."""
@@ -100,6 +107,7 @@ class Turn:
         "conversation",
         "deadline",
         "decisions",
+        "deferred",
         "exchange",
         "final",
         "history",
@@ -172,6 +180,9 @@ class Turn:
         self.account = BudgetAccount(budget, now()) if budget is not None else None
         self.deadline = self.account.deadline if self.account is not None else None
         """When the invocation's time budget ends (`anyio.current_time()`), if it has one."""
+        self.deferred = DEFER_COMMIT.get()
+        """Whether the turn is stored after its reader came back from `Completed` (see
+        `DEFER_COMMIT`), not before it is yielded."""
         self.watched = False
         """Whether the consumer (`Invocation.result`) holds a cancel scope at `deadline` around the
         whole invocation, so that no step needs one of its own."""

@@ -489,19 +489,24 @@ class Invocation:
                         yield event
                 else:  # Phase.COMMIT
                     conversation = turn.conversation
+                    completed: Completed[Any] = Completed(
+                        self.id, turn.result(turn.value, turn.text, turn.attempt)
+                    )
+                    if turn.deferred:
+                        # The reader sends the answer's end, then asks on: only then is it stored
+                        # (closed here, the turn is not: see `DEFER_COMMIT`).
+                        yield completed
                     if conversation is not None:
                         # The turn is done: store it, and let the next turn on the conversation start
                         # now, not when this stream's reader gets to its end.
                         with anyio.CancelScope(shield=True):
                             await _finish.commit(turn)
                             await conversation.release()
-                    completed: Completed[Any] = Completed(
-                        self.id, turn.result(turn.value, turn.text, turn.attempt)
-                    )
                     if listeners:
                         notify(listeners, completed)
                     done = True
-                    yield completed
+                    if not turn.deferred:
+                        yield completed
                     return
         except BaseException as exc:
             # A reader that stops at Completed and closes the stream is not a cancellation.
