@@ -76,7 +76,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 from typing_extensions import TypedDict
 
-from . import _approval, _frontends
+from . import _approval, _frontends, _sse_runs
 from ._approval import Approve, Deny
 from ._budget import Budget
 from ._errors import (
@@ -123,6 +123,7 @@ from ._resume import resume
 from ._service import runtime_of
 from ._spec import OutputKind
 from ._stream import PartialStream
+from .runs import RunRecord, Runs
 
 if typing.TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -131,6 +132,7 @@ if typing.TYPE_CHECKING:
 
     from ._events import Event
     from ._spec import MethodSpec
+    from ._sse_runs import Disconnect
     from ._stream import TokenStream
     from .rag._types import Content
 
@@ -495,7 +497,7 @@ class _Native(_frontends.Encoder):
         return [("error", error)]
 
     def stopped(self, sent: _frontends.Sent) -> list[Any]:
-        return []
+        return [("stopped", {})]
 
 
 _WAITED: Final = 0.0005
@@ -732,6 +734,8 @@ def endpoint(
     max_body: int = 1_048_576,
     protocol: Protocol = "agentrt",
     message: str | None = None,
+    runs: Runs | None = None,
+    on_disconnect: Disconnect = "cancel",
 ) -> Endpoint:
     """A Starlette endpoint that runs `method` (a streaming method of a built service, bound:
     `service.chat`) for each request and streams its events over SSE.
@@ -835,6 +839,17 @@ def endpoint(
         )
     if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
         raise ConfigurationError(f"{spec.qualname}: max_body must be a positive number of bytes")
+    if runs is not None and not isinstance(runs, Runs):
+        raise ConfigurationError(f"{spec.qualname}: runs must be an agentrt.runs.Runs, got {runs!r}")
+    if on_disconnect not in ("cancel", "detach"):
+        raise ConfigurationError(
+            f"{spec.qualname}: on_disconnect must be 'cancel' or 'detach', got {on_disconnect!r}"
+        )
+    if on_disconnect == "detach" and runs is None:
+        raise ConfigurationError(
+            f"{spec.qualname}: on_disconnect='detach' needs runs=agentrt.runs.Runs(...): a run that "
+            "outlives its connection lives in the app's run manager"
+        )
     if protocol not in _frontends.PROTOCOLS:
         raise ConfigurationError(
             f"{spec.qualname}: protocol must be one of "
@@ -875,7 +890,8 @@ def endpoint(
             body = _AgUIInput
     takes_thread = memory_id is not None and _positional_arity(memory_id) >= 2
     service = method.__self__  # type: ignore[attr-defined]
-    runs: dict[tuple[Any, str], _Run] = {}
+    local: dict[tuple[Any, str], _Run] = {}
+    """The runs this endpoint streams itself (no `runs` manager), and those not yet handed to it."""
 
     async def owner_of(request: Request, thread: str | None) -> Any:
         """The request's memory id, from the resolver. Raises `_Refused` for a resolver that failed
@@ -917,7 +933,9 @@ def endpoint(
             # signed-in user's browser send one (and write into the user's conversation).
             return _refusal(415, "unsupported_media_type", "the request body must be application/json")
         if "last-event-id" in request.headers:
-            return _refusal(409, "not_resumable", "the stream cannot be resumed; send a new request")
+            if runs is None:
+                return _refusal(409, "not_resumable", "the stream cannot be resumed; send a new request")
+            return await resume_run(request)
         try:
             raw = await _read_body(request, max_body)
         except ClientDisconnect:  # the client left while sending its body
@@ -1008,17 +1026,20 @@ def endpoint(
             )
             if resuming is not None:
                 agui.resume(resuming.decisions)
+        if encoder is None and runs is not None:
+            run_id = _frontends.new_id("run")
+            encoder = _Native(thinking, tool_details, structured)
         if encoder is not None:
             assert run_id is not None
             key = (owner, run_id)
-            if key in runs:  # AG-UI's client names its runs: the same one twice at once is a mistake
+            if key in local:  # AG-UI's client names its runs: the same one twice at once is a mistake
                 return _refusal(409, "run_in_progress", "a run with this id is streaming")
             run = _Run()
-            runs[key] = run  # from now on `stop` finds it, also while the model has not answered
+            local[key] = run  # from now on `stop` finds it, also while the model has not answered
 
         def forget() -> None:
-            if run is not None and runs.get(key) is run:
-                del runs[key]
+            if run is not None and local.get(key) is run:
+                del local[key]
 
         stream = failure = None
         try:
@@ -1028,7 +1049,8 @@ def endpoint(
                 group.start_soon(_cancel_on_disconnect, request, group.cancel_scope)
                 if run is not None:
                     run.scope = group.cancel_scope
-                deferring = DEFER_COMMIT.set(True)  # stored once the final event was sent
+                # stored once the final event was sent (a detached run stores its turn as it ends)
+                deferring = DEFER_COMMIT.set(on_disconnect == "cancel")
                 try:
                     with call_options(budget_cap=cap) if cap is not None else contextlib.nullcontext():
                         if resuming is None:
@@ -1062,6 +1084,9 @@ def endpoint(
                 stream, thinking=thinking, tool_details=tool_details, ping=ping, send_timeout=send_timeout
             )
         assert run_id is not None
+        if runs is not None:
+            assert run is not None
+            return await start_run(stream, encoder, run, run_id, owner, thread, forget)
         return _respond(
             stream,
             encoder,
@@ -1071,6 +1096,110 @@ def endpoint(
             send_timeout=send_timeout,
             forget=forget,
         )
+
+    async def start_run(
+        stream: TokenStream | PartialStream[Any] | None,
+        encoder: _frontends.Encoder,
+        run: _Run,
+        run_id: str,
+        owner: Any,
+        thread: str | None,
+        forget: Callable[[], None],
+    ) -> Response:
+        """Hand the stream to the run manager, and answer with a reader of its log."""
+        assert runs is not None
+        log = runs.log
+        live = _sse_runs.Live(run.sent if encoder.done_marker or protocol == "ag-ui" else None)
+        if run.stopped:
+            live.stopped = True
+        try:
+            await log.open(RunRecord(run_id, _owner_key(spec, owner), thread))
+
+            async def body() -> None:
+                try:
+                    await _sse_runs.write(
+                        stream, encoder, log, run_id, live, on_disconnect, result_json, _error_json
+                    )
+                finally:
+                    forget()
+
+            runs.start(run_id, body, live.stop)
+        except BaseException:
+            forget()
+            if stream is not None:
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()
+            raise
+        forget()  # from now on `stop` reaches the run through the manager
+        return _sse_runs.response(
+            log,
+            run_id,
+            0,
+            encoder,
+            live,
+            on_disconnect,
+            ping=ping,
+            headers={"agentrt-run-id": run_id},
+            send_timeout=send_timeout,
+        )
+
+    async def resume_run(request: Request, thread: str | None = None) -> Response:
+        """A reader of a run's log: after `Last-Event-ID` (`{run}:{seq}`), or from its start for
+        `?run=` or the active run of the client's conversation `thread` (Vercel's resume GET)."""
+        assert runs is not None
+        log = runs.log
+        last = request.headers.get("last-event-id")
+        after = 0
+        run_id: str | None
+        if last is not None:
+            parsed = _sse_runs.parse_event_id(last)
+            if parsed is None:
+                return _refusal(400, "bad_event_id", "Last-Event-ID is not an id this endpoint sent")
+            run_id, after = parsed
+        else:
+            run_id = request.query_params.get("run")
+        try:
+            owner = await owner_of(request, thread)
+        except _Refused as refused:
+            return refused.response
+        key = _owner_key(spec, owner)
+        if run_id is None:
+            if thread is None:
+                return _refusal(400, "no_run", "name the run: a Last-Event-ID header or ?run=")
+            run_id = await log.active(key, thread)
+            if run_id is None:
+                return Response(status_code=204)  # no stream to resume (the Vercel client's "none")
+        record = await log.find(run_id)
+        if record is None or record.owner != key:  # another's run is not found, not forbidden
+            return _refusal(404, "run_not_found", "no such run of this user (or it has expired)")
+        return _sse_runs.response(
+            log,
+            run_id,
+            after,
+            _encoder_for_errors(),
+            None,
+            on_disconnect,
+            ping=ping,
+            headers={"agentrt-run-id": run_id},
+            send_timeout=send_timeout,
+        )
+
+    def _encoder_for_errors() -> _frontends.Encoder:
+        if protocol == "vercel-ui":
+            return _frontends.VercelUI(
+                "msg", thinking=False, tool_details=False, hold=False, structured=False
+            )
+        if protocol == "ag-ui":
+            return _frontends.AgUI("thread", "run", [], thinking=False, tool_details=False, structured=False)
+        return _Native(False, False, False)
+
+    async def resume_get(request: Request) -> Response:
+        """`GET`: resume a run (see `resume_run`); a `{id}` path parameter names the client's
+        conversation (the Vercel client's `GET {api}/{chatId}/stream`)."""
+        if runs is None:
+            return _refusal(409, "not_resumable", "the endpoint keeps no runs (runs=...)")
+        thread = request.path_params.get("id")
+        return await resume_run(request, thread if isinstance(thread, str) else None)
 
     async def stop(request: Request) -> Response:
         """Stop a run of this endpoint by its id (`{"runId": ...}`), for the user who started it."""
@@ -1082,13 +1211,19 @@ def endpoint(
             owner = await owner_of(request, asked.threadId)
         except _Refused as refused:
             return refused.response
-        run = runs.get((owner, asked.runId))
+        run = local.get((owner, asked.runId))
         if run is None:
+            if runs is not None:
+                record = await runs.log.find(asked.runId)
+                if record is not None and record.owner == _owner_key(spec, owner):
+                    await runs.stop(asked.runId)
+                    return JSONResponse({"stopped": asked.runId}, status_code=202)
             return _refusal(404, "run_not_found", "no such run of this user is streaming")
         run.stop()
         return JSONResponse({"stopped": asked.runId}, status_code=202)
 
     vars(handle)["stop"] = stop
+    vars(handle)["resume"] = resume_get
     return typing.cast("Endpoint", handle)
 
 
@@ -1099,6 +1234,9 @@ class Endpoint(typing.Protocol):
 
     @property
     def stop(self) -> Callable[[Request], Awaitable[Response]]: ...
+
+    @property
+    def resume(self) -> Callable[[Request], Awaitable[Response]]: ...
 
 
 class _Run:
@@ -1123,6 +1261,13 @@ class _Refused(Exception):
     def __init__(self, status: int, kind: str, message: str) -> None:
         super().__init__(message)
         self.response = _refusal(status, kind, message)
+
+
+def _owner_key(spec: MethodSpec, owner: Any) -> str | None:
+    """A run's owner as its log keeps it: the conversation's memory id as JSON (`None` without)."""
+    if spec.memory_param is None:
+        return None
+    return orjson.dumps(owner, default=str).decode()
 
 
 def _blank(memory_id: Any) -> bool:

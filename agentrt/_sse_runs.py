@@ -1,0 +1,248 @@
+"""The SSE side of runs that outlive their connection (`agentrt.runs`): the run that writes a
+stream's frames to its log, and the response that reads a log to a client.
+
+The writer runs in the `Runs` manager's task group; the reader is a request's response: the one that
+started the run, or one that resumes it (`Last-Event-ID`, on any worker sharing the log).
+
+With `on_disconnect="cancel"` the first reader is the run's client: its hang-up cancels the run, and
+the turn is stored only once the answer's final frame was sent to it (the writer waits for the reader
+to say so, see `Live.delivered`). With `"detach"` the run goes on without it, and stores its turn as
+an awaited call would.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import anyio
+import anyio.lowlevel
+from pydantic_core import to_jsonable_python
+from sse_starlette import EventSourceResponse
+
+from . import _frontends
+from ._events import ApprovalRequested, Completed, Reset, TextDelta, ToolCallRequested
+from ._stream import PartialStream, TokenStream
+from .runs import RunGone, RunLog
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Sequence
+
+logger = logging.getLogger("agentrt.sse")
+
+Disconnect = Literal["cancel", "detach"]
+
+SETTLE: Final = 4
+"""Event-loop turns given before a stream's final event is sent. A client's hang-up reaches the
+response in three (the socket's end of file is read, the connection is closed, the response's
+listener is told and cancels it); past them, a hang-up the server had read before the final event
+was sent has cancelled the response, and the turn is not stored. One more, for the turn the final
+event was made in."""
+
+_WAITED: Final = 0.0005
+_WRITES_PER_TURN: Final = 3
+
+
+class Live:
+    """A run this process writes: how to stop it, and (with `"cancel"`) the handshake with the
+    reader that started it: `final` is the seq of the answer's final frame, `delivered` says that
+    its send returned (the writer then stores the turn)."""
+
+    __slots__ = ("delivered", "final", "scope", "sent", "stopped", "told")
+
+    def __init__(self, sent: _frontends.Sent | None) -> None:
+        self.scope: anyio.CancelScope | None = None
+        self.stopped = False
+        self.sent = sent
+        self.final = -1
+        self.delivered = False
+        self.told: anyio.Event | None = None
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self.scope is not None:
+            self.scope.cancel()
+
+    def deliver(self) -> None:
+        self.delivered = True
+        if self.told is not None:
+            self.told.set()
+
+    def abandon(self) -> None:
+        """The run's client hung up (`"cancel"`): stop the run unless its answer reached it."""
+        if not self.delivered:
+            self.stop()
+
+
+async def write(
+    stream: TokenStream | PartialStream[Any] | None,
+    encoder: _frontends.Encoder,
+    log: RunLog,
+    run: str,
+    live: Live,
+    policy: Disconnect,
+    result_json: Callable[[Any], dict[str, Any]],
+    error_json: Callable[[BaseException], dict[str, Any]],
+) -> None:
+    """Run `stream` to its end, its frames appended to `run`'s log as they are made (`stream` is
+    `None` for a run stopped before the model answered)."""
+    snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
+    frame = encoder.frame
+    append = log.append
+    sent = live.sent
+    seq = 0
+    prefix = run + ":"
+
+    def put(chunks: Sequence[Any]) -> None:
+        nonlocal seq
+        for chunk in chunks:
+            event = frame(chunk)
+            seq += 1
+            event.id = prefix + str(seq)
+            append(run, seq, event.encode())
+            if sent is not None:
+                sent.confirm(chunk)
+
+    try:
+        with anyio.CancelScope() as scope:
+            live.scope = scope
+            if live.stopped:
+                scope.cancel()
+            put(encoder.opened())
+            if stream is not None:
+                try:
+                    async for event in stream.events():
+                        kind = type(event)
+                        if kind is Completed:
+                            result = event.result  # type: ignore[union-attr]
+                            chunks = encoder.completed(result, result_json(result))
+                            if policy == "cancel":
+                                live.final = seq + len(chunks)
+                                live.told = anyio.Event()
+                                put(chunks)
+                                await log.flush(run)
+                                if not live.delivered:
+                                    await live.told.wait()
+                                # delivered: reading on stores the turn (see `DEFER_COMMIT`)
+                                with anyio.CancelScope(shield=True):
+                                    async for _ in stream.events():
+                                        pass
+                                break
+                            put(chunks)
+                        elif kind is ApprovalRequested:
+                            put(encoder.approval(event))  # type: ignore[arg-type]
+                        else:
+                            put(encoder.event(event))
+                            if snapshots is not None:
+                                if kind is TextDelta:
+                                    if snapshots.feed(event.text):  # type: ignore[union-attr]
+                                        value = to_jsonable_python(snapshots.value, fallback=str)
+                                        put(encoder.partial(value))
+                                elif kind is Reset or kind is ToolCallRequested:
+                                    snapshots.reset()
+                except Exception as error:
+                    logger.exception("agentrt.sse: the stream failed")
+                    put(encoder.failed(error_json(error)))
+        live.scope = None
+        if scope.cancelled_caught:
+            if stream is not None:
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()
+            put(encoder.stopped(sent) if sent is not None else encoder.stopped(_frontends.Sent()))
+        if encoder.done_marker:
+            put([_frontends.DONE])
+    finally:
+        if stream is not None:
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+        with anyio.CancelScope(shield=True):
+            await log.end(run)
+
+
+def response(
+    log: RunLog,
+    run: str,
+    after: int,
+    encoder: _frontends.Encoder,
+    live: Live | None,
+    policy: Disconnect,
+    *,
+    ping: float | None,
+    headers: dict[str, str],
+    send_timeout: float | None,
+) -> EventSourceResponse:
+    """The response that reads `run`'s log after `after` to its end. `live` is given to the reader
+    that started the run: with `"cancel"`, its hang-up stops the run and it tells the writer when
+    the answer's final frame was sent."""
+
+    async def frames() -> AsyncIterator[bytes]:
+        written = 0
+        resumed = 0.0
+        clock = time.perf_counter
+        reading = log.read(run, after)
+        try:
+            async for seq, data in reading:
+                if clock() - resumed > _WAITED:
+                    written = 0
+                if live is not None and seq == live.final:
+                    for _ in range(SETTLE):  # a hang-up the server has read lands first
+                        await anyio.lowlevel.checkpoint()
+                    yield data
+                    live.deliver()  # its send returned: the writer stores the turn
+                    written = 0
+                    resumed = clock()
+                    continue
+                if written == _WRITES_PER_TURN:
+                    await anyio.lowlevel.checkpoint()
+                    written = 0
+                written += 1
+                yield data
+                resumed = clock()
+        except RunGone as gone:
+            failed: list[Any] = encoder.failed({"type": f"run_{gone.reason}", "message": str(gone)})
+            if encoder.done_marker:
+                failed = [*failed, _frontends.DONE]
+            for chunk in failed:
+                yield encoder.frame(chunk).encode()
+        finally:
+            if live is not None and policy == "cancel":
+                live.abandon()
+            aclose = getattr(reading, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
+        await anyio.lowlevel.checkpoint()  # the response's end is one more write: the loop's turn first
+
+    return _Response(
+        live if policy == "cancel" else None,
+        frames(),
+        ping=ping,
+        headers={**encoder.headers, **headers},
+        send_timeout=send_timeout,
+        sep=encoder.sep,
+    )
+
+
+class _Response(EventSourceResponse):
+    """A log's reader that stops its run (`"cancel"`) however the response ends, even cancelled
+    before its body was read (the frames' own `finally` runs only once they were)."""
+
+    def __init__(self, live: Live | None, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._agentrt_live = live
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self._agentrt_live is not None:
+                self._agentrt_live.abandon()
+
+
+def parse_event_id(value: str) -> tuple[str, int] | None:
+    """A `Last-Event-ID` of a logged run (`{run}:{seq}`), or `None` if it is not one."""
+    run, colon, seq = value.strip().rpartition(":")
+    if not colon or not run or not seq.isdigit() or len(seq) > 18 or len(run) > 200:
+        return None
+    return run, int(seq)

@@ -1,0 +1,298 @@
+"""Runs that outlive their connection: an event log per run, and the manager that owns the runs.
+
+An SSE endpoint given a `Runs` manager (`agentrt.sse.endpoint(..., runs=runs)`) runs each request's
+stream as a *run* in the manager's task group, not in the request's task. Every frame the run sends
+is first appended to the run's log under an id `{run_id}:{seq}` (seq 1, 2, ...); a connection reads
+the log from where it is, then its live tail. So a client that lost its connection reconnects with
+`Last-Event-ID` (on any worker that shares the log) and gets every frame after that id exactly once.
+
+Logs: `MemoryRunLog` (the default: one process; each run's frames bounded in bytes) and
+`agentrt.redis.RedisRunLog` (Redis Streams: any worker; the `redis` extra). A run's log is kept `ttl`
+seconds after the run ended, then it is gone (a resume answers 404).
+
+    runs = agentrt.runs.Runs()                       # or Runs(RedisRunLog(client))
+    app = Starlette(routes=[...], lifespan=runs.lifespan)
+
+The manager's task group holds every run: leaving it (the app's shutdown) cancels the runs still
+going, and nothing outlives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import typing
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio
+import anyio.abc
+
+if typing.TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Coroutine
+
+__all__ = ["MemoryRunLog", "RunGone", "RunLog", "RunRecord", "Runs"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """What a log knows of a run besides its frames: whose it is and what it continues.
+
+    `owner` is the run's conversation as a key (its memory id as JSON; `None` for a method without
+    memory: then the unguessable run id is the only key); `thread` the client protocol's
+    conversation id (Vercel's chat id, AG-UI's thread), if any."""
+
+    id: str
+    owner: str | None
+    thread: str | None = None
+
+
+class RunGone(Exception):
+    """A run's frames cannot be read on: `reason` is `"expired"` (the run ended and its log
+    expired, or it never was), `"lost"` (its writer stopped writing without ending it: the process
+    that ran it died) or `"truncated"` (a reader fell behind past what the log keeps)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@typing.runtime_checkable
+class RunLog(typing.Protocol):
+    """Where runs' frames are kept. One writer per run (the process that runs it), any number of
+    readers (in any process that shares the log).
+
+    `append` must not block: it is called once per frame, on the per-token path, and a log that
+    writes elsewhere buffers (and writes in batches, from `flush` or a task of its own)."""
+
+    async def open(self, record: RunRecord) -> None:
+        """A run begins (before its first frame)."""
+
+    def append(self, run: str, seq: int, frame: bytes) -> None:
+        """Add the run's frame `seq` (1, 2, ... with no gaps)."""
+
+    async def flush(self, run: str) -> None:
+        """Make every frame appended so far readable by other processes."""
+
+    async def end(self, run: str) -> None:
+        """The run ended after its last appended frame: readers stop after it; the log expires."""
+
+    async def find(self, run: str) -> RunRecord | None:
+        """The run's record, while its log is kept."""
+
+    async def active(self, owner: str | None, thread: str) -> str | None:
+        """The run of `owner` on `thread` that has not ended, if any (the latest)."""
+
+    def read(self, run: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
+        """The run's frames after `after` (`(seq, frame)`), then the ones still to come, until the
+        run's end. Raises `RunGone` when they cannot be read on."""
+
+    async def request_stop(self, run: str) -> None:
+        """Ask the process that runs `run` to stop it (see `stops`)."""
+
+    async def stops(self, stop: Callable[[str], None]) -> None:
+        """Call `stop(run)` for each run a process asks to stop (`request_stop`), until cancelled.
+        (A log shared by no other process has nothing to relay: it may return at once.)"""
+
+
+_MAX_BYTES: Final = 8 * 1024 * 1024
+_TTL: Final = 300.0
+
+
+class _Entry:
+    __slots__ = ("ended", "expires", "first", "frames", "record", "size", "waiting")
+
+    def __init__(self, record: RunRecord) -> None:
+        self.record = record
+        self.frames: list[bytes] = []
+        self.first = 1  # the seq of frames[0]
+        self.size = 0
+        self.ended = False
+        self.expires = 0.0
+        self.waiting: anyio.Event | None = None
+
+    def wake(self) -> None:
+        waiting = self.waiting
+        if waiting is not None:
+            self.waiting = None
+            waiting.set()
+
+
+class MemoryRunLog:
+    """The runs' logs in this process's memory (the default): a resume must reach the process that
+    ran the run. Each run keeps its last `max_bytes` of frames (8 MiB by default; a reader further
+    behind gets `RunGone("truncated")`) and is dropped `ttl` seconds after it ended."""
+
+    def __init__(self, *, ttl: float = _TTL, max_bytes: int = _MAX_BYTES) -> None:
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl >= 0:
+            raise ValueError(f"MemoryRunLog: ttl must be a number of seconds >= 0, got {ttl!r}")
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ValueError(f"MemoryRunLog: max_bytes must be a positive int, got {max_bytes!r}")
+        self.ttl = float(ttl)
+        self.max_bytes = max_bytes
+        self._runs: dict[str, _Entry] = {}
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        gone = [run for run, entry in self._runs.items() if entry.ended and entry.expires <= now]
+        for run in gone:
+            del self._runs[run]
+
+    async def open(self, record: RunRecord) -> None:
+        self._sweep()
+        if record.id in self._runs:
+            raise ValueError(f"run {record.id!r} is in the log already")
+        self._runs[record.id] = _Entry(record)
+
+    def append(self, run: str, seq: int, frame: bytes) -> None:
+        entry = self._runs[run]
+        frames = entry.frames
+        assert seq == entry.first + len(frames), "frames are appended in order, without gaps"
+        frames.append(frame)
+        entry.size += len(frame)
+        if entry.size > self.max_bytes:
+            self._trim(entry)
+        if entry.waiting is not None:
+            entry.wake()
+
+    def _trim(self, entry: _Entry) -> None:
+        frames = entry.frames
+        drop = 0
+        size = entry.size
+        while size > self.max_bytes // 2 and drop < len(frames) - 1:
+            size -= len(frames[drop])
+            drop += 1
+        del frames[:drop]
+        entry.first += drop
+        entry.size = size
+
+    async def flush(self, run: str) -> None:
+        return None
+
+    async def end(self, run: str) -> None:
+        entry = self._runs.get(run)
+        if entry is None:
+            return
+        entry.ended = True
+        entry.expires = time.monotonic() + self.ttl
+        entry.wake()
+
+    def _entry(self, run: str) -> _Entry | None:
+        entry = self._runs.get(run)
+        if entry is not None and entry.ended and entry.expires <= time.monotonic():
+            del self._runs[run]
+            return None
+        return entry
+
+    async def find(self, run: str) -> RunRecord | None:
+        entry = self._entry(run)
+        return entry.record if entry is not None else None
+
+    async def active(self, owner: str | None, thread: str) -> str | None:
+        for run, entry in reversed(self._runs.items()):
+            record = entry.record
+            if not entry.ended and record.thread == thread and record.owner == owner:
+                return run
+        return None
+
+    async def read(self, run: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
+        entry = self._entry(run)
+        if entry is None:
+            raise RunGone("expired", "the run has ended and its log expired (or it never was)")
+        while True:
+            frames = entry.frames
+            index = after + 1 - entry.first
+            if index < 0:
+                raise RunGone("truncated", "the reader fell behind past what the run's log keeps")
+            if index < len(frames):
+                frame = frames[index]
+                after += 1
+                yield after, frame
+                continue
+            if entry.ended:
+                return
+            waiting = entry.waiting
+            if waiting is None:
+                waiting = entry.waiting = anyio.Event()
+            await waiting.wait()
+
+    async def request_stop(self, run: str) -> None:
+        return None  # one process: the manager stops its own runs
+
+    async def stops(self, stop: Callable[[str], None]) -> None:
+        return None
+
+
+class Runs:
+    """The app's runs: the task group they run in, and their log (`MemoryRunLog` by default).
+
+    Start it with the app (`Starlette(lifespan=runs.lifespan)`, or `async with runs:` inside a
+    lifespan of your own); an endpoint given it (`endpoint(..., runs=runs)`) runs its streams here.
+    Leaving it cancels the runs still going (each ends its log with the protocol's end for a stopped
+    run)."""
+
+    def __init__(self, log: RunLog | None = None) -> None:
+        if log is not None and not isinstance(log, RunLog):
+            raise TypeError(f"Runs: log must be a RunLog (MemoryRunLog, RedisRunLog), got {log!r}")
+        self.log: RunLog = log if log is not None else MemoryRunLog()
+        self._group: anyio.abc.TaskGroup | None = None
+        self._live: dict[str, Callable[[], None]] = {}
+
+    async def __aenter__(self) -> Runs:
+        if self._group is not None:
+            raise RuntimeError("Runs: started already")
+        group = anyio.create_task_group()
+        await group.__aenter__()
+        self._group = group
+        group.start_soon(self.log.stops, self._stop_here)
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        group, self._group = self._group, None
+        assert group is not None
+        group.cancel_scope.cancel()
+        # The runs are cancelled and waited for; an exception of the block goes on as it is (not
+        # wrapped in a group with them).
+        await group.__aexit__(None, None, None)
+        return None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Any) -> AsyncIterator[None]:
+        """The manager as a Starlette lifespan: `Starlette(..., lifespan=runs.lifespan)`."""
+        async with self:
+            yield
+
+    def start(
+        self, run: str, body: Callable[[], Coroutine[Any, Any, None]], stop: Callable[[], None]
+    ) -> None:
+        """Run `body()` in the manager's task group as run `run`; `stop` stops it (see `stop`)."""
+        group = self._group
+        if group is None:
+            raise RuntimeError(
+                "agentrt.runs.Runs is not started: give the app its lifespan "
+                "(Starlette(..., lifespan=runs.lifespan)) or enter it (async with runs: ...)"
+            )
+        self._live[run] = stop
+
+        async def running() -> None:
+            try:
+                await body()
+            finally:
+                if self._live.get(run) is stop:
+                    del self._live[run]
+
+        group.start_soon(running)
+
+    def _stop_here(self, run: str) -> None:
+        stop = self._live.get(run)
+        if stop is not None:
+            stop()
+
+    async def stop(self, run: str) -> None:
+        """Stop run `run`: here if it runs in this process, else by asking the log's other
+        processes."""
+        stop = self._live.get(run)
+        if stop is not None:
+            stop()
+            return
+        await self.log.request_stop(run)

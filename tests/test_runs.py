@@ -1,0 +1,307 @@
+"""Runs that outlive their connection (`agentrt.runs`, `endpoint(runs=..., on_disconnect=...)`).
+
+The endpoint is driven by hand over ASGI (its own `receive` and `send`) so that a client's hang-up
+lands exactly where a test puts it; resumes go through httpx's ASGI transport. What is asserted: the
+frames each client got (ids, bytes, exactly once), what memory stored, what the model was asked.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import anyio
+import anyio.lowlevel
+import httpx
+import pytest
+from asgi_scope import post_scope
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Route
+from test_sse_endpoint import parse_sse
+
+import agentrt
+import agentrt.sse
+from agentrt import AssistantMessage, ConfigurationError, MemoryId, TokenStream, UserMessage, tool
+from agentrt.runs import MemoryRunLog, RunGone, RunRecord, Runs
+from agentrt.testing import CallTool, ScriptedModel
+
+
+class Chat:
+    async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+
+def user_of(request: Request) -> str:
+    return request.headers["x-user"]
+
+
+class Gate:
+    def __init__(self) -> None:
+        self.open = anyio.Event()
+
+    @tool("Waits until the test opens the gate.")
+    async def wait_for_gate(self) -> str:
+        await self.open.wait()
+        return "opened"
+
+
+def app_with(runs: Runs, handler: Any) -> Starlette:
+    return Starlette(
+        routes=[
+            Route("/chat", handler, methods=["POST"]),
+            Route("/chat/stop", handler.stop, methods=["POST"]),
+            Route("/chat/resume", handler.resume, methods=["GET"]),
+            Route("/chat/{id}/stream", handler.resume, methods=["GET"]),
+        ]
+    )
+
+
+class Client:
+    """One ASGI request driven by hand: `receive` gives the body, then waits until `hang_up()`."""
+
+    def __init__(self, body: bytes, user: bytes = b"ada") -> None:
+        self.scope = post_scope("/chat", [(b"x-user", user)])
+        self.body = body
+        self.sent: list[dict[str, Any]] = []
+        self.gone = anyio.Event()
+        self.frames = anyio.Event()
+        self._read = False
+
+    async def receive(self) -> dict[str, Any]:
+        if not self._read:
+            self._read = True
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.gone.is_set() and message["type"] == "http.response.body":
+            return  # a server drops writes to a connection it knows is gone
+        self.sent.append(message)
+        if message.get("body"):
+            self.frames.set()
+
+    def hang_up(self) -> None:
+        self.gone.set()
+
+    @property
+    def status(self) -> int:
+        return int(self.sent[0]["status"])
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in self.sent[0]["headers"]}
+
+    @property
+    def text(self) -> str:
+        return b"".join(m.get("body", b"") for m in self.sent[1:]).decode()
+
+    def events(self) -> list[dict[str, Any]]:
+        return parse_sse(self.text)
+
+
+async def run_client(app: Starlette, client: Client) -> None:
+    with anyio.fail_after(10):
+        await app(client.scope, client.receive, client.send)
+
+
+def asgi(app: Starlette) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+async def test_every_frame_has_a_run_scoped_id_and_the_turn_is_stored() -> None:
+    model = ScriptedModel(["Hello", " world"])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    runs = Runs()
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs)
+    async with runs:
+        client = Client(b'{"question": "Hi"}')
+        await run_client(app_with(runs, handler), client)
+    run = client.headers["agentrt-run-id"]
+    events = client.events()
+    assert [(e["event"], e["id"]) for e in events] == [
+        ("token", f"{run}:1"),
+        ("token", f"{run}:2"),
+        ("done", f"{run}:3"),
+    ]
+    assert events[-1]["data"]["text"] == "Hello world"
+    assert await agentrt.memory.access(svc).read("ada") == [
+        UserMessage.of("Hi"),
+        AssistantMessage(text="Hello world"),
+    ]
+
+
+async def test_a_resume_after_any_id_gets_the_rest_exactly_once() -> None:
+    svc = agentrt.build(Chat, model=ScriptedModel(["a", "b", "c", "d"]), memory=agentrt.memory.window())
+    runs = Runs()
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs)
+    app = app_with(runs, handler)
+    async with runs:
+        client = Client(b'{"question": "Hi"}')
+        await run_client(app, client)
+        run = client.headers["agentrt-run-id"]
+        whole = client.events()
+        async with asgi(app) as http:
+            for cut in range(len(whole) + 1):
+                response = await http.post(
+                    "/chat", json={}, headers={"x-user": "ada", "last-event-id": f"{run}:{cut}"}
+                )
+                assert response.status_code == 200
+                assert parse_sse(response.text) == whole[cut:]
+                again = await http.get(
+                    "/chat/resume", headers={"x-user": "ada", "last-event-id": f"{run}:{cut}"}
+                )
+                assert parse_sse(again.text) == whole[cut:]
+
+
+async def test_only_the_conversation_s_owner_may_resume_and_unknown_runs_are_404() -> None:
+    svc = agentrt.build(Chat, model=ScriptedModel(["a"]), memory=agentrt.memory.window())
+    runs = Runs()
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs)
+    app = app_with(runs, handler)
+    async with runs:
+        client = Client(b'{"question": "Hi"}')
+        await run_client(app, client)
+        run = client.headers["agentrt-run-id"]
+        async with asgi(app) as http:
+            other = await http.get("/chat/resume", headers={"x-user": "eve", "last-event-id": f"{run}:0"})
+            unknown = await http.get("/chat/resume", headers={"x-user": "ada", "last-event-id": "run_x:0"})
+            bad = await http.get("/chat/resume", headers={"x-user": "ada", "last-event-id": "7"})
+            unnamed = await http.get("/chat/resume", headers={"x-user": "ada"})
+    assert (other.status_code, other.json()["error"]["type"]) == (404, "run_not_found")
+    assert (unknown.status_code, unknown.json()["error"]["type"]) == (404, "run_not_found")
+    assert (bad.status_code, bad.json()["error"]["type"]) == (400, "bad_event_id")
+    assert (unnamed.status_code, unnamed.json()["error"]["type"]) == (400, "no_run")
+
+
+async def gated_run(policy: str) -> tuple[Any, Runs, Starlette, Client, ScriptedModel, Gate]:
+    gate = Gate()
+    model = ScriptedModel([CallTool("wait_for_gate", {}, id="c1")], ["The", " answer"])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gate])
+    runs = Runs()
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect=policy)  # type: ignore[arg-type]
+    return svc, runs, app_with(runs, handler), Client(b'{"question": "Hi"}'), model, gate
+
+
+async def test_detach_a_hang_up_leaves_the_run_going_and_a_resume_gets_the_rest() -> None:
+    svc, runs, app, client, model, gate = await gated_run("detach")
+    async with runs, anyio.create_task_group() as group:
+        group.start_soon(run_client, app, client)
+        await client.frames.wait()  # the tool call was sent; the tool waits
+        client.hang_up()
+        got = client.events()
+        run = client.headers["agentrt-run-id"]
+        gate.open.set()  # the run goes on with nobody connected
+        async with asgi(app) as http:
+            resumed = await http.get(
+                "/chat/resume", headers={"x-user": "ada", "last-event-id": got[-1]["id"]}
+            )
+    rest = parse_sse(resumed.text)
+    assert [e["event"] for e in got + rest] == ["tool_call", "tool_result", "token", "token", "done"]
+    assert [e["id"] for e in got + rest] == [f"{run}:{n}" for n in range(1, 6)]
+    stored = await agentrt.memory.access(svc).read("ada")
+    assert stored[-1] == AssistantMessage(text="The answer")
+    assert rest[-1]["data"]["text"] == "The answer"
+    assert len(model.requests) == 2
+
+
+async def test_cancel_a_hang_up_stops_the_run_and_nothing_is_stored() -> None:
+    svc, runs, app, client, model, _gate = await gated_run("cancel")
+    async with runs, anyio.create_task_group() as group:
+        group.start_soon(run_client, app, client)
+        await client.frames.wait()
+        client.hang_up()
+        run = None
+        while run is None:
+            await anyio.lowlevel.checkpoint()
+            run = client.headers.get("agentrt-run-id") if client.sent else None
+        async with asgi(app) as http:
+            resumed = await http.get("/chat/resume", headers={"x-user": "ada", "last-event-id": f"{run}:0"})
+    events = parse_sse(resumed.text)
+    assert [e["event"] for e in events] == ["tool_call", "stopped"]
+    assert await agentrt.memory.access(svc).read("ada") == []
+    assert len(model.requests) == 1  # the run stopped in its tool round: no second request
+
+
+async def test_a_stop_from_the_stop_route_ends_the_run_with_stopped() -> None:
+    svc, runs, app, client, _model, _gate = await gated_run("detach")
+    async with runs, anyio.create_task_group() as group:
+        group.start_soon(run_client, app, client)
+        await client.frames.wait()
+        run = client.headers["agentrt-run-id"]
+        async with asgi(app) as http:
+            other = await http.post("/chat/stop", json={"runId": run}, headers={"x-user": "eve"})
+            stopped = await http.post("/chat/stop", json={"runId": run}, headers={"x-user": "ada"})
+    assert other.status_code == 404
+    assert stopped.status_code == 202
+    assert [e["event"] for e in client.events()] == ["tool_call", "stopped"]
+    assert await agentrt.memory.access(svc).read("ada") == []
+
+
+def test_detach_needs_a_run_manager() -> None:
+    svc = agentrt.build(Chat, model=ScriptedModel(), memory=agentrt.memory.window())
+    with pytest.raises(ConfigurationError, match="detach"):
+        agentrt.sse.endpoint(svc.chat, memory_id=user_of, on_disconnect="detach")
+    with pytest.raises(ConfigurationError, match="on_disconnect"):
+        agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=Runs(), on_disconnect="later")  # type: ignore[arg-type]
+
+
+async def test_a_run_manager_that_was_not_started_says_so() -> None:
+    svc = agentrt.build(Chat, model=ScriptedModel(["a"]), memory=agentrt.memory.window())
+    runs = Runs()
+    app = app_with(runs, agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs))
+    client = Client(b'{"question": "Hi"}')
+    with pytest.raises(RuntimeError, match="lifespan"):
+        await run_client(app, client)
+    assert await agentrt.memory.access(svc).read("ada") == []
+
+
+# --- the in-memory log ---------------------------------------------------------------------------
+
+
+async def read_all(log: MemoryRunLog, run: str, after: int) -> list[tuple[int, bytes]]:
+    return [item async for item in log.read(run, after)]
+
+
+async def test_the_memory_log_keeps_a_bounded_tail_and_says_when_a_reader_fell_behind() -> None:
+    log = MemoryRunLog(max_bytes=100)
+    await log.open(RunRecord("r", None))
+    for seq in range(1, 21):
+        log.append("r", seq, b"x" * 10)
+    await log.end("r")
+    kept = await read_all(log, "r", 15)
+    assert [seq for seq, _ in kept] == [16, 17, 18, 19, 20]
+    with pytest.raises(RunGone) as gone:
+        await read_all(log, "r", 0)
+    assert gone.value.reason == "truncated"
+
+
+async def test_the_memory_log_forgets_an_ended_run_after_its_ttl() -> None:
+    log = MemoryRunLog(ttl=0)
+    await log.open(RunRecord("r", '"ada"', "t"))
+    log.append("r", 1, b"a")
+    assert await log.active('"ada"', "t") == "r"
+    await log.end("r")
+    assert await log.active('"ada"', "t") is None
+    assert await log.find("r") is None
+    with pytest.raises(RunGone) as gone:
+        await read_all(log, "r", 0)
+    assert gone.value.reason == "expired"
+
+
+async def test_a_reader_at_the_tail_gets_each_frame_as_it_is_appended() -> None:
+    log = MemoryRunLog()
+    await log.open(RunRecord("r", None))
+    got: list[tuple[int, bytes]] = []
+
+    async def reader() -> None:
+        got.extend(await read_all(log, "r", 0))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(reader)
+        await anyio.lowlevel.checkpoint()
+        log.append("r", 1, b"a")
+        log.append("r", 2, b"b")
+        await anyio.lowlevel.checkpoint()
+        log.append("r", 3, b"c")
+        await log.end("r")
+    assert got == [(1, b"a"), (2, b"b"), (3, b"c")]
