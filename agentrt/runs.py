@@ -88,11 +88,13 @@ class RunLog(typing.Protocol):
         run's end. Raises `RunGone` when they cannot be read on."""
 
     async def request_stop(self, run: str) -> None:
-        """Ask the process that runs `run` to stop it (see `stops`)."""
+        """Ask the process that runs `run` to stop it (see `serve`)."""
 
-    async def stops(self, stop: Callable[[str], None]) -> None:
-        """Call `stop(run)` for each run a process asks to stop (`request_stop`), until cancelled.
-        (A log shared by no other process has nothing to relay: it may return at once.)"""
+    async def serve(self, stop: Callable[[str], None]) -> None:
+        """The log's own work while the manager runs (started in its task group, cancelled when it
+        ends): call `stop(run)` for each run another process asks to stop (`request_stop`), and
+        whatever else the log needs (batched writes, a heartbeat for the runs it writes). A log
+        that needs none may return at once."""
 
 
 _MAX_BYTES: Final = 8 * 1024 * 1024
@@ -219,7 +221,7 @@ class MemoryRunLog:
     async def request_stop(self, run: str) -> None:
         return None  # one process: the manager stops its own runs
 
-    async def stops(self, stop: Callable[[str], None]) -> None:
+    async def serve(self, stop: Callable[[str], None]) -> None:
         return None
 
 
@@ -244,7 +246,7 @@ class Runs:
         group = anyio.create_task_group()
         await group.__aenter__()
         self._group = group
-        group.start_soon(self.log.stops, self._stop_here)
+        group.start_soon(self.log.serve, self._stop_here)
         return self
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
