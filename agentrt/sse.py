@@ -20,14 +20,18 @@ the invocation's events go out as SSE events through sse-starlette's `EventSourc
 
 `approval_required` ends a turn that stopped before tool calls that wait for a human's decision.
 
-Every event has an `id` (1, 2, ...). `EVENTS` maps each event's name to the shape of its data (a
+Every event has an `id` (1, 2, ...; `{run_id}:{seq}` for an endpoint with a run manager, see
+`agentrt.runs`). `EVENTS` maps each event's name to the shape of its data (a
 `TypedDict`), and `event_schema()` gives their JSON schemas.
 
 Errors before the model accepted the request (a bad body, an input guardrail, a rate limit, an
 exceeded context, a busy conversation) are HTTP error responses with a JSON body
 `{"error": {"type", "message"}}` (and `Retry-After` for 429), not a 200 stream. A client that
 disconnects cancels the invocation: sse-starlette cancels the task that reads it, which closes the
-model stream and stores nothing.
+model stream; the turn is stored if and only if the answer's final event was handed to the server
+before the server learned that the client was gone (see `DEFER_COMMIT`). With a run manager
+(`runs=`), a run may instead go on without its client (`on_disconnect="detach"`), and a client
+resumes it with `Last-Event-ID`.
 
 A turn that stopped for approval is resumed over the same endpoint: a request whose body is only
 `{"approval": {"run_id": ..., "decisions": {"<call id>": {"approve": true} | {"approve": true,
@@ -755,6 +759,15 @@ def endpoint(
     - `send_timeout`: seconds a client may leave an event unread before the stream is given up (a
       client that stops reading would otherwise hold the invocation and its conversation).
     - `max_body`: the largest request body read, in bytes (413 past it).
+    - `runs`: an `agentrt.runs.Runs`, the app's run manager: each request's stream runs there as a
+      run whose events are appended to its log (ids `{run_id}:{seq}`, the `agentrt-run-id` header
+      names the run) before they are sent; a client resumes it with `Last-Event-ID` (this endpoint,
+      or `endpoint.resume`, a GET route: `?run=` reads from the start, a `{id}` path parameter names
+      the client's conversation and resumes its run that has not ended, 204 if none); only the
+      conversation's owner may (404 otherwise, and for an expired run).
+    - `on_disconnect`: `"cancel"` (the default) cancels the run when its client hangs up, and stores
+      the turn only if the answer's final event was sent; `"detach"` (needs `runs`) lets the run go
+      on to its end, stores the turn, and keeps its log for a client that comes back.
     - `protocol`: what the endpoint speaks: `"agentrt"` (the events above), `"vercel-ui"` (the
       Vercel AI SDK's UI message stream, for `useChat`) or `"ag-ui"` (AG-UI 1.0). A client
       protocol's request is the client's own (`useChat`'s `{id, messages}`, AG-UI's

@@ -75,6 +75,7 @@ def readme_models() -> dict[str, ScriptedModel]:
     tooled = ScriptedModel(["Over ", "SSE."], "Over AG-UI.")  # served over SSE, then to AG-UI
     retrieving = ScriptedModel("Half the adult fare.")
     moderated = ScriptedModel(["You could ", "hide it..."])
+    resuming = ScriptedModel(["Once ", "upon ", "a ", "time."])
     traced = ScriptedModel("Traced.")
     approving = ScriptedModel(
         [CallTool("refund", {"order_id": "SO-7", "amount": 250}, id="call_1")], "Refunded 250.00 on SO-7."
@@ -95,6 +96,7 @@ def readme_models() -> dict[str, ScriptedModel]:
         "redacting": redacting,
         "retrieving": retrieving,
         "moderated": moderated,
+        "resuming": resuming,
         "traced": traced,
     }
 
@@ -179,6 +181,12 @@ async def test_every_readme_block_runs_as_written(
     assert "refused: ('illicit',)" in output
     assert moderated.streams[0].closed
     assert "Traced.\n" in output
+    # Resumable runs: the resume got the events after the second id, exactly, and the turn is stored
+    assert "after event 2 came 3 True\n" in output
+    assert await agentrt.memory.access(namespace["narrator"]).read("ada") == [
+        agentrt.UserMessage.of("A story?"),
+        agentrt.AssistantMessage(text="Once upon a time."),
+    ]
     assert guarded.requests[1].messages[-2:] == (
         agentrt.AssistantMessage(text="It is on its way."),
         agentrt.UserMessage.of("Answer politely."),
