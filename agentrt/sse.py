@@ -122,7 +122,7 @@ from ._events import (
     ToolExecuted,
 )
 from ._options import call_options
-from ._pipeline._turn import DEFER_COMMIT
+from ._pipeline._turn import DEFER_COMMIT as _DEFER_COMMIT
 from ._resume import resume
 from ._service import runtime_of
 from ._spec import OutputKind
@@ -1063,7 +1063,7 @@ def endpoint(
                 if run is not None:
                     run.scope = group.cancel_scope
                 # stored once the final event was sent (a detached run stores its turn as it ends)
-                deferring = DEFER_COMMIT.set(on_disconnect == "cancel")
+                deferring = _DEFER_COMMIT.set(on_disconnect == "cancel")
                 try:
                     with call_options(budget_cap=cap) if cap is not None else contextlib.nullcontext():
                         if resuming is None:
@@ -1074,7 +1074,7 @@ def endpoint(
                 except Exception as error:  # raised here, not from the task group (no exception group)
                     failure = error
                 finally:
-                    DEFER_COMMIT.reset(deferring)
+                    _DEFER_COMMIT.reset(deferring)
                 group.cancel_scope.cancel()
         except BaseException:
             # Cancelled from outside as the task group closed: the stream was made, and is nobody's.

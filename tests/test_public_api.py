@@ -17,6 +17,7 @@ import agentrt.moderation
 import agentrt.output
 import agentrt.rag
 import agentrt.sse
+import agentrt.runs
 import agentrt.testing
 import agentrt.tools
 
@@ -39,6 +40,7 @@ def _isort_order(name: str) -> tuple[int, str]:
         (agentrt.testing, "agentrt.testing"),
         (agentrt.tools, "agentrt"),
         (agentrt.sse, "agentrt.sse"),
+        (agentrt.runs, "agentrt.runs"),
     ],
 )
 async def test_all_is_sorted_and_lists_every_public_name(module: types.ModuleType, owner: str) -> None:
@@ -54,6 +56,7 @@ async def test_all_is_sorted_and_lists_every_public_name(module: types.ModuleTyp
                 "agentrt.local",
                 "agentrt.mcp",
                 "agentrt.otel",
+                "agentrt.runs",
                 "agentrt.sse",
                 "agentrt.rag.openai",
                 "agentrt.rag.ollama",
@@ -109,6 +112,7 @@ def test_public_classes_resolve_their_annotations() -> None:
         agentrt.moderation,
         agentrt.output,
         agentrt.rag,
+        agentrt.runs,
         agentrt.testing,
         agentrt.tools,
     )
