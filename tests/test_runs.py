@@ -7,6 +7,8 @@ frames each client got (ids, bytes, exactly once), what memory stored, what the 
 
 from __future__ import annotations
 
+import contextlib
+import re
 from typing import Annotated, Any
 
 import anyio
@@ -215,7 +217,10 @@ async def test_cancel_a_hang_up_stops_the_run_and_nothing_is_stored() -> None:
             await anyio.lowlevel.checkpoint()
             run = client.headers.get("agentrt-run-id") if client.sent else None
         async with asgi(app) as http:
-            resumed = await http.get("/chat/resume", headers={"x-user": "ada", "last-event-id": f"{run}:0"})
+            with anyio.fail_after(10):  # a run the hang-up did not stop would never end
+                resumed = await http.get(
+                    "/chat/resume", headers={"x-user": "ada", "last-event-id": f"{run}:0"}
+                )
     events = parse_sse(resumed.text)
     assert [e["event"] for e in events] == ["tool_call", "stopped"]
     assert await agentrt.memory.access(svc).read("ada") == []
@@ -305,3 +310,58 @@ async def test_a_reader_at_the_tail_gets_each_frame_as_it_is_appended() -> None:
         log.append("r", 3, b"c")
         await log.end("r")
     assert got == [(1, b"a"), (2, b"b"), (3, b"c")]
+
+
+# --- every protocol: a run through the manager sends what the endpoint sends without one -----------
+
+
+@pytest.mark.parametrize(
+    ("protocol", "method"),
+    [
+        ("agentrt", "chat"),
+        ("agentrt", "eager"),
+        ("vercel-ui", "chat"),
+        ("ag-ui", "chat"),
+        ("ag-ui", "eager"),
+    ],
+)
+@pytest.mark.parametrize("policy", ["cancel", "detach"])
+async def test_a_run_sends_what_the_endpoint_sends_without_a_manager(
+    protocol: str, method: str, policy: str
+) -> None:
+    from test_frontends import AGUI_BODY, VERCEL_BODY, Desk, Orders, by_thread, conversation
+
+    body = {"agentrt": {"question": "Where?"}, "vercel-ui": VERCEL_BODY, "ag-ui": AGUI_BODY}[protocol]
+    texts = []
+    stored = []
+    for runs in (None, Runs()):
+        svc = agentrt.build(Desk, model=conversation(), tools=[Orders()], memory=agentrt.memory.window())
+        options: dict[str, Any] = {"runs": runs, "on_disconnect": policy} if runs is not None else {}
+        handler = agentrt.sse.endpoint(
+            getattr(svc, method),
+            memory_id=by_thread,
+            protocol=protocol,
+            tool_details=True,
+            **options,  # type: ignore[arg-type]
+        )
+        app = Starlette(routes=[Route("/chat", handler, methods=["POST"])])
+        async with contextlib.AsyncExitStack() as stack:
+            if runs is not None:
+                await stack.enter_async_context(runs)
+            http = await stack.enter_async_context(asgi(app))
+            response = await http.post("/chat", json=body, headers={"x-user": "ada"})
+        assert response.status_code == 200
+        run = response.headers.get("agentrt-run-id", "")
+        text = response.text.replace("\r\n", "\n")
+        ids = [line[4:] for line in text.split("\n") if line.startswith("id: ")]
+        if runs is not None:
+            assert ids == [f"{run}:{n}" for n in range(1, len(ids) + 1)]
+            assert len(ids) == text.count("data: ")  # every frame has its id
+        text = "\n".join(line for line in text.split("\n") if not line.startswith("id: "))
+        text = re.sub(r'"invocation_id":"[0-9a-f]+"', '"invocation_id":"..."', text)
+        texts.append(text.replace(run, "RUN") if protocol == "vercel-ui" else text)
+        thread = {"agentrt": "None", "vercel-ui": "chat-1", "ag-ui": "t1"}[protocol]
+        stored.append(await agentrt.memory.access(svc).read(f"ada:{thread}"))
+    direct, logged = texts
+    assert logged == direct
+    assert stored[0] == stored[1] and stored[0][-1].text == "Both shipped, please."
