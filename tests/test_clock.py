@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
+from test_readme import python_blocks
 
 import agentrt
 from agentrt.testing import Delay, ScriptedModel, virtual_clock
@@ -89,10 +89,7 @@ def test_virtual_clock_names_the_backends_it_knows() -> None:
 
 
 def test_the_readme_testing_block_runs_under_pytest_on_both_backends(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    (block,) = [
-        b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL) if "virtual_clock" in b
-    ]
+    (block,) = [b for b in python_blocks() if "virtual_clock" in b]
     (tmp_path / "test_timeouts.py").write_text(block)
     env = {
         **os.environ,

@@ -1,32 +1,49 @@
-"""Every Python block of README.md runs as written, in order, in one namespace.
+"""Every Python block of the documentation (docs/, in the site's page order) runs as written, in
+order, in one namespace; the README's quickstart runs as written, as a program.
 
-The README leaves one name to the reader: `model` ("`model` is any agentrt.ChatModel"). Before each
+The pages leave one name to the reader: `model` ("`model` is any agentrt.ChatModel"). Before each
 block that uses `model` without assigning it, the test supplies the next scripted model, and checks
-what the blocks sent. The
-block that starts the local model server (`agentrt.local`) runs in the end-to-end tier
-(tests/e2e/test_readme_local.py), where that server is installed.
+what the blocks sent. The block that starts the local model server (`agentrt.local`) runs in the
+end-to-end tier (tests/e2e/test_readme_local.py), where that server is installed; so does the
+README's quickstart, against that server.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from pydantic import BaseModel
+from served import serve
 
 import agentrt
 from agentrt.models import ToolCallDelta
 from agentrt.testing import CallTool, ScriptedModel
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+
+def pages() -> list[Path]:
+    """The documentation's pages in the order of the site's navigation (mkdocs.yml)."""
+    nav = (ROOT / "mkdocs.yml").read_text().split("\nnav:\n", 1)[1]
+    return [ROOT / "docs" / page for page in re.findall(r"^\s*- (?:[^:\n]+: )?(\S+\.md)$", nav, re.MULTILINE)]
 
 
 def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    """The Python blocks of the documentation, page by page in the navigation's order."""
+    return [
+        block
+        for page in pages()
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.DOTALL)
+    ]
 
 
 async def run_block(source: str, namespace: dict[str, Any]) -> None:
@@ -205,3 +222,27 @@ async def test_every_readme_block_runs_as_written(
         value = namespace.get(name)
         if hasattr(value, "aclose"):
             await value.aclose()
+
+
+def test_the_readme_quickstart_runs_as_written(tmp_path: Path) -> None:
+    # A program: its own event loop, its model from the environment (here the echo server's).
+    (block,) = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    script = tmp_path / "quickstart.py"
+    script.write_text(block)
+    for base in serve(ROOT / "tests" / "servers" / "openai_app.py"):
+        env = {
+            **os.environ,
+            "OPENAI_BASE_URL": base,
+            "OPENAI_API_KEY": "test-key",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        env.pop("OPENAI_MODEL", None)
+        ran = subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == [
+        "You said: Where is order SO-2026-0001?",
+        "Ticket(origin='echo origin', destination='echo destination')",
+        "You said: And the other one?",
+    ]

@@ -1,6 +1,7 @@
 """A tiny OpenAI-compatible Chat Completions server for the integration tests (it echoes; no model).
 
-`POST /v1/chat/completions` answers "You said: <last user message>", streamed as SSE (one word per
+`POST /v1/chat/completions` answers "You said: <last user message>" (for a JSON schema in
+`response_format`: an object with each of its properties, "echo <name>"), streamed as SSE (one word per
 event, then the finish chunk, a usage chunk when asked, `[DONE]`) or as one JSON completion. The
 prompt `rate limit me` is refused with a 429 (`retry-after: 0`) every other time; the prompt `hang`
 streams its first words and then waits until the client goes away. A request with the header
@@ -58,6 +59,9 @@ async def completions(request: Request) -> Response:
             )
     words = f"You said: {prompt}".split(" ")
     pieces = [word if i == 0 else f" {word}" for i, word in enumerate(words)]
+    schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
+    if schema:  # structured output: an object with each of the schema's properties, as text
+        pieces = [orjson.dumps({name: f"echo {name}" for name in schema.get("properties", {})}).decode()]
     usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(pieces), "total_tokens": 0}
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     if not body.get("stream"):
