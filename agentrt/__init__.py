@@ -95,17 +95,16 @@ from ._options import call_options, method_options
 from ._pipeline import Listener, SystemMessageProvider, ToolProvider, ToolRequest
 from ._resume import resume
 from ._service import build
-from ._spec import AiService, MemoryId, V, system_message, user_message
+from ._spec import MemoryId, TemplateName, system_message, user_message
 from ._stream import RESET, PartialStream, TokenStream
 from .models import Capabilities, ChatModel, ModelRequest, ModelSettings
-from .tools import LoopLimit, P, ToolContext, ToolReturn, ToolSettings, tool
+from .tools import Description, LoopLimit, ToolContext, ToolReturn, ToolSettings, tool
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
     "RESET",
     "AgentError",
-    "AiService",
     "ApprovalDecisionError",
     "ApprovalError",
     "ApprovalNotFoundError",
@@ -134,6 +133,7 @@ __all__ = [
     "ConversationReentryError",
     "Decision",
     "Deny",
+    "Description",
     "Event",
     "FailedEvent",
     "FinishReason",
@@ -157,7 +157,6 @@ __all__ = [
     "OutputGuardrailError",
     "OutputParsingError",
     "OverloadedError",
-    "P",
     "PartialStream",
     "PdfContent",
     "PendingCall",
@@ -176,6 +175,7 @@ __all__ = [
     "Started",
     "SystemMessage",
     "SystemMessageProvider",
+    "TemplateName",
     "TextContent",
     "TextDelta",
     "ThinkingBlock",
@@ -201,7 +201,6 @@ __all__ = [
     "Usage",
     "UserContent",
     "UserMessage",
-    "V",
     "VideoContent",
     "build",
     "call_options",

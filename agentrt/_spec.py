@@ -40,11 +40,10 @@ if typing.TYPE_CHECKING:
     from .models._protocol import Capabilities
 
 __all__ = [
-    "AiService",
     "MemoryId",
     "MethodSpec",
     "ServiceSpec",
-    "V",
+    "TemplateName",
     "service_spec",
     "system_message",
     "user_message",
@@ -68,8 +67,8 @@ MemoryId: Final = _MemoryIdMarker()
 
 
 @dataclass(frozen=True, slots=True)
-class V:
-    """Names a parameter for templates: `Annotated[str, V("topic")]` is `{{topic}}`."""
+class TemplateName:
+    """Names a parameter for templates: `Annotated[str, TemplateName("topic")]` is `{{topic}}`."""
 
     name: str
 
@@ -475,7 +474,7 @@ def _method_spec(cls: type[Any], function: Callable[..., Any]) -> MethodSpec:
             )
         base, metadata = _unwrap(hints.get(name, Any))
         is_memory = any(m is MemoryId for m in metadata)
-        aliases = [m.name for m in metadata if isinstance(m, V)]
+        aliases = [m.name for m in metadata if isinstance(m, TemplateName)]
         content = _content_type(base)
         option = _option_kind(base)
         if option is not None:
@@ -508,11 +507,11 @@ def _method_spec(cls: type[Any], function: Callable[..., Any]) -> MethodSpec:
             contents.append(ContentParam(name, content[0], content[1]))
         else:
             if len(aliases) > 1:
-                raise ConfigurationError(f"{qualname}: parameter {name!r} has two V(...) names")
+                raise ConfigurationError(f"{qualname}: parameter {name!r} has two TemplateName(...) names")
             variable = aliases[0] if aliases else name
             if aliases and not aliases[0].isidentifier():
                 raise ConfigurationError(
-                    f"{qualname}: parameter {name!r}: V({variable!r}) is not a valid variable name"
+                    f"{qualname}: parameter {name!r}: TemplateName({variable!r}) is not a valid variable name"
                 )
             if any(variable == v for _, v in variables):
                 raise ConfigurationError(
@@ -568,12 +567,6 @@ def _method_spec(cls: type[Any], function: Callable[..., Any]) -> MethodSpec:
     )
 
 
-class AiService:
-    """Optional base class for services: documents intent; agentrt builds any class with stubs."""
-
-    __slots__ = ()
-
-
 _SPECS: weakref.WeakKeyDictionary[type[Any], ServiceSpec] = weakref.WeakKeyDictionary()
 
 
@@ -586,7 +579,7 @@ def service_spec(cls: type[Any]) -> ServiceSpec:
         raise ConfigurationError(f"build() takes a class, got {cls!r}")
     candidates: dict[str, Any] = {}
     for klass in reversed(cls.__mro__):
-        if klass is object or klass is AiService:
+        if klass is object:
             continue
         candidates.update(vars(klass))
     methods: dict[str, MethodSpec] = {}

@@ -42,7 +42,7 @@ from bench_pipeline import guarded_by  # benchmarks/ is on the path of a script 
 import agentrt
 from agentrt import LifecycleEvent, TokenStream
 from agentrt.models import ModelSettings, OpenAIChatModel, RetryPolicy
-from agentrt.tools import P, tool
+from agentrt.tools import Description, tool
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -170,14 +170,14 @@ class Service:
 
 
 @tool("Get the current weather in a given location")
-def get_current_weather(location: Annotated[str, P("The city and state, e.g. Boston, MA")]) -> str:
+def get_current_weather(location: Annotated[str, Description("The city and state, e.g. Boston, MA")]) -> str:
     """A sync tool, as users write them: agentrt runs it in a worker thread."""
     return f"Sunny, 18 °C in {location}"
 
 
 @tool("Get the current weather in a given location", name="get_current_weather")
 async def get_current_weather_async(
-    location: Annotated[str, P("The city and state, e.g. Boston, MA")],
+    location: Annotated[str, Description("The city and state, e.g. Boston, MA")],
 ) -> str:
     """The same tool, async: it runs on the event loop."""
     return f"Sunny, 18 °C in {location}"

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import BaseModel, Field, StringConstraints
 
-import agentrt
-from agentrt import MemoryId, P, Result, TokenStream, system_message, tool, user_message
+from agentrt import Description, MemoryId, Result, TokenStream, system_message, tool, user_message
 from agentrt.moderation import Moderation, moderate
 
 if TYPE_CHECKING:
@@ -35,14 +34,16 @@ class OrderTools:
     async def order_status(
         self,
         # A length bound keeps a small model's constrained output from running on.
-        order_id: Annotated[str, P("order number, e.g. SO-2026-0001"), StringConstraints(max_length=24)],
+        order_id: Annotated[
+            str, Description("order number, e.g. SO-2026-0001"), StringConstraints(max_length=24)
+        ],
     ) -> str:
         self.looked_up.append(order_id)
         return f"Order {order_id} left the warehouse yesterday; delivery expected Friday."
 
 
 @system_message("You are a concise support assistant for {{shop}}.")
-class Support(agentrt.AiService):
+class Support:
     async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> Result[str]: ...
 
     @user_message("Extract the train ticket from: {{it}}")
@@ -83,5 +84,5 @@ class WordListModeration:
 
 @moderate
 @system_message("You are a concise support assistant for {{shop}}.")
-class ModeratedSupport(agentrt.AiService):
+class ModeratedSupport:
     async def stream(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...

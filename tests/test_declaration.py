@@ -18,8 +18,8 @@ from agentrt import (
     ImageContent,
     MemoryId,
     Result,
+    TemplateName,
     TokenStream,
-    V,
     system_message,
     user_message,
 )
@@ -161,7 +161,7 @@ def test_content_parameter_needs_the_model_capability() -> None:
 
 def test_v_on_a_content_or_memory_parameter() -> None:
     class Service:
-        async def chat(self, conversation: Annotated[str, MemoryId, V("c")], q: str) -> str: ...
+        async def chat(self, conversation: Annotated[str, MemoryId, TemplateName("c")], q: str) -> str: ...
 
     with pytest.raises(ConfigurationError, match=r"Service\.chat: parameter 'conversation'"):
         build(Service)

@@ -121,7 +121,7 @@ async def test_a_store_trimmed_turn_by_turn_keeps_the_window_of_the_whole_histor
 
 
 @system_message("You are terse.")
-class Chat(agentrt.AiService):
+class Chat:
     async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> str: ...
 
 

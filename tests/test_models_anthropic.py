@@ -36,12 +36,12 @@ from agentrt import (
     BadRequestError,
     ConfigurationError,
     ContextLengthExceededError,
+    Description,
     ImageContent,
     ModelError,
     ModelNotFoundError,
     ModelResponseError,
     OverloadedError,
-    P,
     PdfContent,
     PermissionDeniedError,
     RateLimitError,
@@ -921,7 +921,7 @@ class Lookup:
         self.asked: list[str] = []
 
     @tool("Look a thing up.")
-    async def lookup(self, q: Annotated[str, P("what to look up")]) -> str:
+    async def lookup(self, q: Annotated[str, Description("what to look up")]) -> str:
         self.asked.append(q)
         return f"{q}: found"
 

@@ -16,8 +16,8 @@ import agentrt.models
 import agentrt.moderation
 import agentrt.output
 import agentrt.rag
-import agentrt.sse
 import agentrt.runs
+import agentrt.sse
 import agentrt.testing
 import agentrt.tools
 

@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 import agentrt
-from agentrt import ConfigurationError, MemoryId, P, ToolContext, tool
+from agentrt import ConfigurationError, Description, MemoryId, ToolContext, tool
 from agentrt.testing import ScriptedModel
 from agentrt.tools._declare import collect_tools, define_tool
 from agentrt.tools._run import result_text
@@ -30,7 +30,7 @@ class Kitchen:
     @tool("Plan a delivery.", name="plan_delivery")
     async def plan(
         self,
-        item: Annotated[str, P("what to deliver")],
+        item: Annotated[str, Description("what to deliver")],
         quantity: int,
         weight: float,
         fragile: bool,

@@ -14,7 +14,7 @@ import httpx
 from cassettes import Parts, load, reference_sse
 
 import agentrt
-from agentrt import P, Result, TokenStream, system_message, tool
+from agentrt import Description, Result, TokenStream, system_message, tool
 from agentrt.models import OpenAIChatModel, RetryPolicy
 
 TOOLS_STREAM = load("12")
@@ -51,7 +51,7 @@ class WeatherTools:
 
     @tool("Get the current weather in a given location")
     async def get_current_weather(
-        self, location: Annotated[str, P("The city and state, e.g. Boston, MA")]
+        self, location: Annotated[str, Description("The city and state, e.g. Boston, MA")]
     ) -> str:
         self.asked.append(location)
         return f"{location}: 12 °C, light rain"

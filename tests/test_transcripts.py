@@ -11,9 +11,9 @@ from agentrt import (
     ImageContent,
     MemoryId,
     SystemMessage,
+    TemplateName,
     TextContent,
     UserMessage,
-    V,
     system_message,
     user_message,
 )
@@ -22,7 +22,7 @@ from agentrt.testing import ScriptedModel
 
 
 @system_message("You are a support assistant for {{shop}}.")
-class Support(agentrt.AiService):
+class Support:
     async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> str: ...
 
     @system_message("You translate into {{language}}.")
@@ -34,7 +34,9 @@ class Support(agentrt.AiService):
 
     @user_message("Tell me about {{topic}} for {{audience}}.")
     async def explain(
-        self, subject: Annotated[str, V("topic")], audience: Annotated[str, V("audience")]
+        self,
+        subject: Annotated[str, TemplateName("topic")],
+        audience: Annotated[str, TemplateName("audience")],
     ) -> str: ...
 
     @user_message("What is in this picture, {{name}}?")
@@ -113,7 +115,7 @@ async def test_values_are_sent_literally_and_never_rendered_again() -> None:
 
 
 class Plain:
-    """Any class of stubs can be built; AiService is optional."""
+    """Any class of stubs can be built: no base class."""
 
     async def ask(self, conversation: Annotated[int, MemoryId], question: str) -> str: ...
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 from .._errors import ConfigurationError
-from ..tools._declare import P, ToolContext, tool
+from ..tools._declare import Description, ToolContext, tool
 from ._augment import _maybe, _Source
 from ._types import Content, Query
 
@@ -41,7 +41,8 @@ def retriever_tool(
     keys = tuple(metadata)
 
     async def search(
-        query: Annotated[str, P("what to search for: a question or key words")], context: ToolContext
+        query: Annotated[str, Description("what to search for: a question or key words")],
+        context: ToolContext,
     ) -> str:
         found = await _maybe(source.call(Query(query, (), context.memory_id, context.method)))
         contents = [c for c in found if isinstance(c, Content)][:max_results]

@@ -52,8 +52,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ApprovalPredicate",
+    "Description",
     "NeedsApproval",
-    "P",
     "SchemaArguments",
     "ToolContext",
     "ToolDefinition",
@@ -69,8 +69,8 @@ _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
 @dataclass(frozen=True, slots=True)
-class P:
-    """Describes a tool parameter for the model: `Annotated[str, P("order number, e.g. SO-1")]`."""
+class Description:
+    """Describes a tool parameter for the model: `Annotated[str, Description("order number, e.g. SO-1")]`."""
 
     description: str
 
@@ -324,8 +324,8 @@ def define_tool(function: Callable[..., Any], *, owner: str | None = None) -> To
         if base is ToolContext:
             injected[pname] = _Injected.CONTEXT
             continue
-        described = [m.description for m in metadata if isinstance(m, P)]
-        kept = [m for m in metadata if not isinstance(m, P)]
+        described = [m.description for m in metadata if isinstance(m, Description)]
+        kept = [m for m in metadata if not isinstance(m, Description)]
         annotation: Any = Annotated[(base, *kept)] if kept else base
         try:
             TypeAdapter[Any](annotation).json_schema()

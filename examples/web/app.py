@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 import agentrt
 import agentrt.sse
-from agentrt import ChatModel, MemoryId, P, TokenStream, ToolContext, system_message, tool
+from agentrt import ChatModel, Description, MemoryId, TokenStream, ToolContext, system_message, tool
 
 from ..support import OrderTools
 
@@ -57,8 +57,10 @@ class Refunds:
     @tool("Refund an amount on an order. Refunds over 100 need a human's approval.", needs_approval=over_100)
     async def refund(
         self,
-        order_id: Annotated[str, P("order number, e.g. SO-2026-0001"), StringConstraints(max_length=24)],
-        amount: Annotated[float, P("the amount to refund"), Field(gt=0)],
+        order_id: Annotated[
+            str, Description("order number, e.g. SO-2026-0001"), StringConstraints(max_length=24)
+        ],
+        amount: Annotated[float, Description("the amount to refund"), Field(gt=0)],
     ) -> str:
         self.refunded.append((order_id, amount))
         return f"Refunded {amount:.2f} on {order_id}."

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, StringConstraints
 
 import agentrt
 from agentrt import (
-    P,
+    Description,
     PartialStream,
     Result,
     ServerError,
@@ -63,7 +63,7 @@ class Lookup:
 
     @tool("Look up the shipping status of an order.")
     async def order_status(
-        self, order_id: Annotated[str, P("the order number"), StringConstraints(max_length=24)]
+        self, order_id: Annotated[str, Description("the order number"), StringConstraints(max_length=24)]
     ) -> str:
         self.calls.append(order_id)
         return f"Order {order_id}: shipped."
