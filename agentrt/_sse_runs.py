@@ -105,51 +105,58 @@ async def write(
                 sent.confirm(chunk)
 
     try:
-        with anyio.CancelScope() as scope:
-            live.scope = scope
-            if live.stopped:
-                scope.cancel()
-            put(encoder.opened())
-            if stream is not None:
-                try:
-                    async for event in stream.events():
-                        kind = type(event)
-                        if kind is Completed:
-                            result = event.result  # type: ignore[union-attr]
-                            chunks = encoder.completed(result, result_json(result))
-                            if policy == "cancel":
-                                live.final = seq + len(chunks)
-                                live.told = anyio.Event()
+        try:
+            with anyio.CancelScope() as scope:
+                live.scope = scope
+                if live.stopped:
+                    scope.cancel()
+                put(encoder.opened())
+                if stream is not None:
+                    try:
+                        async for event in stream.events():
+                            kind = type(event)
+                            if kind is Completed:
+                                result = event.result  # type: ignore[union-attr]
+                                chunks = encoder.completed(result, result_json(result))
+                                if policy == "cancel":
+                                    live.final = seq + len(chunks)
+                                    live.told = anyio.Event()
+                                    put(chunks)
+                                    await log.flush(run)
+                                    if not live.delivered:
+                                        await live.told.wait()
+                                    # delivered: reading on stores the turn (see `DEFER_COMMIT`)
+                                    with anyio.CancelScope(shield=True):
+                                        async for _ in stream.events():
+                                            pass
+                                    break
                                 put(chunks)
-                                await log.flush(run)
-                                if not live.delivered:
-                                    await live.told.wait()
-                                # delivered: reading on stores the turn (see `DEFER_COMMIT`)
-                                with anyio.CancelScope(shield=True):
-                                    async for _ in stream.events():
-                                        pass
-                                break
-                            put(chunks)
-                        elif kind is ApprovalRequested:
-                            put(encoder.approval(event))  # type: ignore[arg-type]
-                        else:
-                            put(encoder.event(event))
-                            if snapshots is not None:
-                                if kind is TextDelta:
-                                    if snapshots.feed(event.text):  # type: ignore[union-attr]
-                                        value = to_jsonable_python(snapshots.value, fallback=str)
-                                        put(encoder.partial(value))
-                                elif kind is Reset or kind is ToolCallRequested:
-                                    snapshots.reset()
-                except Exception as error:
-                    logger.exception("agentrt.sse: the stream failed")
-                    put(encoder.failed(error_json(error)))
+                            elif kind is ApprovalRequested:
+                                put(encoder.approval(event))  # type: ignore[arg-type]
+                            else:
+                                put(encoder.event(event))
+                                if snapshots is not None:
+                                    if kind is TextDelta:
+                                        if snapshots.feed(event.text):  # type: ignore[union-attr]
+                                            value = to_jsonable_python(snapshots.value, fallback=str)
+                                            put(encoder.partial(value))
+                                    elif kind is Reset or kind is ToolCallRequested:
+                                        snapshots.reset()
+                    except Exception as error:
+                        logger.exception("agentrt.sse: the stream failed")
+                        put(encoder.failed(error_json(error)))
+        except anyio.get_cancelled_exc_class():
+            # The manager is closing (the app shuts down): the run ends as a stopped one.
+            put(encoder.stopped(sent if sent is not None else _frontends.Sent()))
+            if encoder.done_marker:
+                put([_frontends.DONE])
+            raise
         live.scope = None
         if scope.cancelled_caught:
             if stream is not None:
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()
-            put(encoder.stopped(sent) if sent is not None else encoder.stopped(_frontends.Sent()))
+            put(encoder.stopped(sent if sent is not None else _frontends.Sent()))
         if encoder.done_marker:
             put([_frontends.DONE])
     finally:

@@ -133,6 +133,8 @@ class MemoryRunLog:
         self.ttl = float(ttl)
         self.max_bytes = max_bytes
         self._runs: dict[str, _Entry] = {}
+        self._active: dict[tuple[str | None, str], str] = {}
+        """(owner, thread) -> its latest run that has not ended."""
 
     def _sweep(self) -> None:
         now = time.monotonic()
@@ -145,6 +147,8 @@ class MemoryRunLog:
         if record.id in self._runs:
             raise ValueError(f"run {record.id!r} is in the log already")
         self._runs[record.id] = _Entry(record)
+        if record.thread is not None:
+            self._active[record.owner, record.thread] = record.id
 
     def append(self, run: str, seq: int, frame: bytes) -> None:
         entry = self._runs[run]
@@ -177,6 +181,9 @@ class MemoryRunLog:
             return
         entry.ended = True
         entry.expires = time.monotonic() + self.ttl
+        record = entry.record
+        if record.thread is not None and self._active.get((record.owner, record.thread)) == run:
+            del self._active[record.owner, record.thread]
         entry.wake()
 
     def _entry(self, run: str) -> _Entry | None:
@@ -191,11 +198,7 @@ class MemoryRunLog:
         return entry.record if entry is not None else None
 
     async def active(self, owner: str | None, thread: str) -> str | None:
-        for run, entry in reversed(self._runs.items()):
-            record = entry.record
-            if not entry.ended and record.thread == thread and record.owner == owner:
-                return run
-        return None
+        return self._active.get((owner, thread))
 
     async def read(self, run: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
         entry = self._entry(run)

@@ -1171,18 +1171,24 @@ def endpoint(
             run_id, after = parsed
         else:
             run_id = request.query_params.get("run")
+        if run_id is None and thread is None:
+            return _refusal(400, "no_run", "name the run: a Last-Event-ID header or ?run=")
+        record = await log.find(run_id) if run_id is not None else None
+        if run_id is not None and record is None:
+            return _refusal(404, "run_not_found", "no such run of this user (or it has expired)")
         try:
-            owner = await owner_of(request, thread)
+            # A named run's conversation is its own: the resolver combines it with the request's
+            # user (a two-argument resolver), so another user's request names another conversation.
+            owner = await owner_of(request, record.thread if record is not None else thread)
         except _Refused as refused:
             return refused.response
         key = _owner_key(spec, owner)
         if run_id is None:
-            if thread is None:
-                return _refusal(400, "no_run", "name the run: a Last-Event-ID header or ?run=")
+            assert thread is not None
             run_id = await log.active(key, thread)
             if run_id is None:
                 return Response(status_code=204)  # no stream to resume (the Vercel client's "none")
-        record = await log.find(run_id)
+            record = await log.find(run_id)
         if record is None or record.owner != key:  # another's run is not found, not forbidden
             return _refusal(404, "run_not_found", "no such run of this user (or it has expired)")
         return _sse_runs.response(

@@ -365,3 +365,39 @@ async def test_a_run_sends_what_the_endpoint_sends_without_a_manager(
     direct, logged = texts
     assert logged == direct
     assert stored[0] == stored[1] and stored[0][-1].text == "Both shipped, please."
+
+
+async def test_leaving_the_manager_ends_its_runs_as_stopped_ones() -> None:
+    svc, runs, app, client, model, gate = await gated_run("detach")
+    async with anyio.create_task_group() as group:
+        async with runs:
+            group.start_soon(run_client, app, client)
+            await client.frames.wait()
+            run = client.headers["agentrt-run-id"]
+        # the app shut down: the run was cancelled, and its log says how it ended
+    frames = [frame async for _, frame in runs.log.read(run, 0)]
+    events = parse_sse(b"".join(frames).decode())
+    assert [e["event"] for e in events] == ["tool_call", "stopped"]
+    assert [e["event"] for e in client.events()] == ["tool_call", "stopped"]
+    assert await agentrt.memory.access(svc).read("ada") == []
+    assert not gate.open.is_set()
+
+
+async def test_a_client_protocol_run_is_resumed_by_its_id_for_its_user_only() -> None:
+    from test_frontends import VERCEL_BODY, by_thread
+
+    svc = agentrt.build(Chat, model=ScriptedModel(["a", "b"]), memory=agentrt.memory.window())
+    runs = Runs()
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=by_thread, protocol="vercel-ui", runs=runs)
+    app = app_with(runs, handler)
+    async with runs, asgi(app) as http:
+        first = await http.post("/chat", json=VERCEL_BODY, headers={"x-user": "ada"})
+        run = first.headers["agentrt-run-id"]
+        last = f"{run}:2"
+        mine = await http.get("/chat/resume", headers={"x-user": "ada", "last-event-id": last})
+        theirs = await http.get("/chat/resume", headers={"x-user": "eve", "last-event-id": last})
+        by_chat = await http.get("/chat/chat-1/stream", headers={"x-user": "ada"})
+    frames = [f for f in first.text.split("\n\n") if f]
+    assert mine.status_code == 200 and [f for f in mine.text.split("\n\n") if f] == frames[2:]
+    assert theirs.status_code == 404
+    assert by_chat.status_code == 204  # the run has ended: nothing to resume
