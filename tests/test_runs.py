@@ -368,7 +368,7 @@ async def test_a_run_sends_what_the_endpoint_sends_without_a_manager(
 
 
 async def test_leaving_the_manager_ends_its_runs_as_stopped_ones() -> None:
-    svc, runs, app, client, model, gate = await gated_run("detach")
+    svc, runs, app, client, _model, gate = await gated_run("detach")
     async with anyio.create_task_group() as group:
         async with runs:
             group.start_soon(run_client, app, client)
