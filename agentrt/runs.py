@@ -7,7 +7,7 @@ the log from where it is, then its live tail. So a client that lost its connecti
 `Last-Event-ID` (on any worker that shares the log) and gets every frame after that id exactly once.
 
 Logs: `MemoryRunLog` (the default: one process; each run's frames bounded in bytes) and
-`agentrt.redis.RedisRunLog` (Redis Streams: any worker; the `redis` extra). A run's log is kept `ttl`
+`agentrt.runs.RedisRunLog` (Redis Streams: any worker; the `redis` extra). A run's log is kept `ttl`
 seconds after the run ended, then it is gone (a resume answers 404).
 
     runs = agentrt.runs.Runs()                       # or Runs(RedisRunLog(client))
@@ -31,7 +31,18 @@ import anyio.abc
 if typing.TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Coroutine
 
-__all__ = ["MemoryRunLog", "RunGone", "RunLog", "RunRecord", "Runs"]
+    from ._runs_redis import RedisRunLog
+
+__all__ = ["MemoryRunLog", "RedisRunLog", "RunGone", "RunLog", "RunRecord", "Runs"]
+
+
+def __getattr__(name: str) -> Any:
+    # `RedisRunLog` is defined on this module's names (`RunGone`, `RunRecord`): imported when asked.
+    if name == "RedisRunLog":
+        from ._runs_redis import RedisRunLog
+
+        return RedisRunLog
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True, slots=True)
