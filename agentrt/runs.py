@@ -10,7 +10,7 @@ Logs: `MemoryRunLog` (the default: one process; each run's frames bounded in byt
 `agentrt.runs.RedisRunLog` (Redis Streams: any worker; the `redis` extra). A run's log is kept `ttl`
 seconds after the run ended, then it is gone (a resume answers 404).
 
-    runs = agentrt.runs.Runs()                       # or Runs(RedisRunLog(client))
+    runs = agentrt.runs.Runs()                       # or Runs(RedisRunLog("redis://..."))
     app = Starlette(routes=[...], lifespan=runs.lifespan)
 
 The manager's task group holds every run: leaving it (the app's shutdown) cancels the runs still
