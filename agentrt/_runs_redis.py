@@ -57,6 +57,8 @@ logger = logging.getLogger("agentrt.runs")
 
 _DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
 _BATCH: Final = 1000  # entries a reader takes per XREAD
+_WRITE_FRAMES: Final = 2000  # frames written by one script, at most
+_WRITE_BYTES: Final = 1 << 20  # and about as many bytes
 _RETRY_SECONDS: Final = 1.0  # after a failed write or subscription, before the next attempt
 
 _NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
@@ -356,55 +358,79 @@ class RedisRunLog:
         await self._send([writing])
 
     async def _send(self, runs: list[_Writing]) -> bool:
-        """Write the runs' buffered frames (and the end of those `ending`) in one script. On failure
-        the frames go back to their buffers and the runs to the queue (`serve` tries again), and the
-        answer is `False`."""
+        """Write the runs' buffered frames (and the end of those `ending`): one script per batch of
+        at most `_WRITE_FRAMES` frames or about `_WRITE_BYTES` (a script holds Redis while it runs).
+        On failure the frames go back to their buffers and the runs to the queue (`serve` tries
+        again), and the answer is `False`."""
         if self._sending is None:
             self._sending = anyio.Lock()
         async with self._sending:
-            taken: list[tuple[_Writing, int, list[bytes], bool]] = []
-            keys: list[str] = []
-            args: list[str | int | bytes] = [self.max_frames, self._live_ms, self._ttl_ms]
-            for writing in runs:
-                if writing.id not in self._writing or not (writing.frames or writing.ending):
-                    continue
-                frames, writing.frames = writing.frames, []
-                first = writing.first
-                writing.first += len(frames)
-                ending = writing.ending
-                taken.append((writing, first, frames, ending))
-                keys += [writing.record, writing.log, writing.index]
-                args += [first, len(frames), "1" if ending else "0", writing.id, *frames]
-            if not taken:
-                return True
-            try:
-                # Shielded: the thread writes to its end anyway, and what it wrote is accounted for.
-                with anyio.CancelScope(shield=True):
-                    written = await anyio.to_thread.run_sync(lambda: self._write(keys=keys, args=args))
-            except Exception as error:
-                for writing, first, frames, _ in taken:
-                    writing.frames[:0] = frames
-                    writing.first = first
-                    if not writing.queued:
-                        writing.queued = True
-                        self._queue.append(writing)
-                if self._wake is not None:
-                    self._wake.set()
-                logger.warning(
-                    "agentrt.runs: writing %d run(s) to Redis failed (%s: %s); trying again",
-                    len(taken),
-                    type(error).__name__,
-                    error,
-                )
-                return False
-            for (writing, _, _, ending), done in zip(taken, written, strict=True):
-                if not done:
+            while True:
+                taken, keys, args = self._batch(runs)
+                if not taken:
+                    return True
+                try:
+                    # Shielded: the thread writes to its end anyway, and what it wrote is accounted for.
+                    with anyio.CancelScope(shield=True):
+                        write = functools.partial(self._write, keys=keys, args=args)
+                        written = await anyio.to_thread.run_sync(write)
+                except Exception as error:
+                    for writing, first, frames, _ in taken:
+                        writing.frames[:0] = frames
+                        writing.first = first
+                        if not writing.queued:
+                            writing.queued = True
+                            self._queue.append(writing)
+                    if self._wake is not None:
+                        self._wake.set()
                     logger.warning(
-                        "agentrt.runs: run %r has expired in Redis: its frames are dropped", writing.id
+                        "agentrt.runs: writing %d run(s) to Redis failed (%s: %s); trying again",
+                        len(taken),
+                        type(error).__name__,
+                        error,
                     )
-                if ending or not done:
-                    self._writing.pop(writing.id, None)
-            return True
+                    return False
+                for (writing, _, _, ending), done in zip(taken, written, strict=True):
+                    if not done:
+                        logger.warning(
+                            "agentrt.runs: run %r has expired in Redis: its frames are dropped", writing.id
+                        )
+                    if ending or not done:
+                        self._writing.pop(writing.id, None)
+
+    def _batch(
+        self, runs: list[_Writing]
+    ) -> tuple[list[tuple[_Writing, int, list[bytes], bool]], list[str], list[str | int | bytes]]:
+        """Take the next batch of the runs' frames from their buffers: the runs taken from (with the
+        seq of their first frame taken, the frames, and whether the batch ends the run), and the
+        write script's keys and arguments."""
+        taken: list[tuple[_Writing, int, list[bytes], bool]] = []
+        keys: list[str] = []
+        args: list[str | int | bytes] = [self.max_frames, self._live_ms, self._ttl_ms]
+        room, size = _WRITE_FRAMES, 0
+        for writing in runs:
+            if room <= 0 or size >= _WRITE_BYTES:
+                break
+            frames = writing.frames
+            if writing.id not in self._writing or not (frames or writing.ending):
+                continue
+            count = 0
+            while count < len(frames) and count < room and size < _WRITE_BYTES:
+                size += len(frames[count])
+                count += 1
+            if count == len(frames):
+                writing.frames = []
+            else:
+                writing.frames = frames[count:]
+                frames = frames[:count]
+            room -= count
+            first = writing.first
+            writing.first += count
+            ending = writing.ending and not writing.frames
+            taken.append((writing, first, frames, ending))
+            keys += [writing.record, writing.log, writing.index]
+            args += [first, count, "1" if ending else "0", writing.id, *frames]
+        return taken, keys, args
 
     async def _flushing(self) -> None:
         while True:
