@@ -237,6 +237,9 @@ class RedisRunLog:
     - `max_readers`: readers of this process that wait for frames at once (each in a thread, on a
       connection of its own); more queue.
 
+    `active(owner, thread)` is the latest run of the conversation that has not ended and whose writer
+    is alive (a lost run is not resumed: the Vercel client's resume of the chat answers 204).
+
     `serve` (the `Runs` manager runs it) does the batched writes, the heartbeat, and relays stop
     requests between processes (Redis pub/sub): without it, frames are written only by `flush` and
     `end`, and a run longer than `lost_after` seems lost to its readers.
