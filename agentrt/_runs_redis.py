@@ -75,7 +75,7 @@ redis.call('HSET', KEYS[1], 'writer', ARGV[1], 'seq', 0, 'beat', now)
 if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'owner', ARGV[5]) end
 if ARGV[6] == '1' then
   redis.call('HSET', KEYS[1], 'thread', ARGV[7])
-  redis.call('ZADD', KEYS[2], now, ARGV[3])
+  redis.call('ZADD', KEYS[2], tonumber(t[1]) * 1000000 + tonumber(t[2]), ARGV[3])
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -502,7 +502,7 @@ class RedisRunLog:
         log = self._log(run)
         client = self._client
         ended = state == 1  # its frames are all there: read without waiting
-        block: int | None = None if ended else self._block_ms
+        block: int | None = self._block_ms if state == 3 else None  # lost: no more will come
 
         def xread() -> Any:
             return client.xread({log: f"0-{after}"}, count=_BATCH, block=block)
@@ -523,6 +523,8 @@ class RedisRunLog:
                 if state == 1:  # its end was written after the read: read once more, without waiting
                     ended = True
                     block = None
+                else:
+                    block = self._block_ms
                 continue
             for entry_id, fields in entries:
                 seq = int(entry_id.rpartition(b"-")[2])
