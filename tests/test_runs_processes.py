@@ -240,3 +240,27 @@ async def test_a_worker_killed_mid_run_leaves_the_run_lost_for_a_reader_on_anoth
     assert [e["event"] for e in rest] == ["error"]
     assert rest[0]["data"]["type"] == "run_lost"
     print(f"SIGKILL to run_lost: {waited:.2f} s (lost_after {LOST_AFTER} s)")
+
+
+async def test_a_stop_sent_to_the_other_worker_stops_the_run_where_it_runs(workers: list[str]) -> None:
+    """The stop route of the worker that does not run the run relays the stop through Redis (pub/sub)
+    to the one that does: the run ends with `stopped`, for its client there."""
+    async with httpx.AsyncClient(timeout=BOUND) as client:
+        with anyio.fail_after(BOUND):
+            async with client.stream(
+                "POST", f"{workers[0]}/chat", headers={"x-user": "u-stopped"}, json={"question": "hang"}
+            ) as response:
+                events = events_of(response)
+                head = [await anext(events) for _ in range(3)]  # the model's words: then it hangs
+                run = head[0]["id"].rpartition(":")[0]
+                other = await client.post(
+                    f"{workers[1]}/chat/stop", json={"runId": run}, headers={"x-user": "u-other"}
+                )
+                stopped = await client.post(
+                    f"{workers[1]}/chat/stop", json={"runId": run}, headers={"x-user": "u-stopped"}
+                )
+                rest = [event async for event in events]
+    assert other.status_code == 404  # another user's run is not found
+    assert stopped.status_code == 202
+    assert text_shown(head) == "Wait for it"
+    assert [e["event"] for e in rest] == ["stopped"]
