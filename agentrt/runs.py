@@ -7,10 +7,10 @@ the log from where it is, then its live tail. So a client that lost its connecti
 `Last-Event-ID` (on any worker that shares the log) and gets every frame after that id exactly once.
 
 Logs: `MemoryRunLog` (the default: one process; each run's frames bounded in bytes) and
-`agentrt.redis.RedisRunLog` (Redis Streams: any worker; the `redis` extra). A run's log is kept `ttl`
+`agentrt.runs.RedisRunLog` (Redis Streams: any worker; the `redis` extra). A run's log is kept `ttl`
 seconds after the run ended, then it is gone (a resume answers 404).
 
-    runs = agentrt.runs.Runs()                       # or Runs(RedisRunLog(client))
+    runs = agentrt.runs.Runs()                       # or Runs(RedisRunLog("redis://..."))
     app = Starlette(routes=[...], lifespan=runs.lifespan)
 
 The manager's task group holds every run: leaving it (the app's shutdown) cancels the runs still
@@ -31,7 +31,18 @@ import anyio.abc
 if typing.TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Coroutine
 
-__all__ = ["MemoryRunLog", "RunGone", "RunLog", "RunRecord", "Runs"]
+    from ._runs_redis import RedisRunLog
+
+__all__ = ["MemoryRunLog", "RedisRunLog", "RunGone", "RunLog", "RunRecord", "Runs"]
+
+
+def __getattr__(name: str) -> Any:
+    # `RedisRunLog` is defined on this module's names (`RunGone`, `RunRecord`): imported when asked.
+    if name == "RedisRunLog":
+        from ._runs_redis import RedisRunLog
+
+        return RedisRunLog
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +144,8 @@ class MemoryRunLog:
         self.ttl = float(ttl)
         self.max_bytes = max_bytes
         self._runs: dict[str, _Entry] = {}
-        self._active: dict[tuple[str | None, str], str] = {}
-        """(owner, thread) -> its latest run that has not ended."""
+        self._active: dict[tuple[str | None, str], list[str]] = {}
+        """(owner, thread) -> its runs that have not ended, in the order they began."""
 
     def _sweep(self) -> None:
         now = time.monotonic()
@@ -148,7 +159,7 @@ class MemoryRunLog:
             raise ValueError(f"run {record.id!r} is in the log already")
         self._runs[record.id] = _Entry(record)
         if record.thread is not None:
-            self._active[record.owner, record.thread] = record.id
+            self._active.setdefault((record.owner, record.thread), []).append(record.id)
 
     def append(self, run: str, seq: int, frame: bytes) -> None:
         entry = self._runs[run]
@@ -182,8 +193,12 @@ class MemoryRunLog:
         entry.ended = True
         entry.expires = time.monotonic() + self.ttl
         record = entry.record
-        if record.thread is not None and self._active.get((record.owner, record.thread)) == run:
-            del self._active[record.owner, record.thread]
+        if record.thread is not None:
+            going = self._active.get((record.owner, record.thread))
+            if going is not None and run in going:
+                going.remove(run)
+                if not going:
+                    del self._active[record.owner, record.thread]
         entry.wake()
 
     def _entry(self, run: str) -> _Entry | None:
@@ -198,7 +213,8 @@ class MemoryRunLog:
         return entry.record if entry is not None else None
 
     async def active(self, owner: str | None, thread: str) -> str | None:
-        return self._active.get((owner, thread))
+        going = self._active.get((owner, thread))
+        return going[-1] if going else None
 
     async def read(self, run: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
         entry = self._entry(run)
