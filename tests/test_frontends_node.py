@@ -196,6 +196,99 @@ def test_an_answer_refused_after_its_first_sentences_never_reaches_use_chat_s_re
     assert stored(app, "anonymous:chat-refused") == []
 
 
+# --- runs that outlive their connection: useChat's resume (GET {api}/{chat id}/stream) ------------------
+
+
+def resume_clients(app: str, runs: list[tuple[str, str, float, str]]) -> list[Any]:
+    """Run vercel_resume.mjs once per `(chat, question, cut, mode)`, all at once: each one's report."""
+    started = [
+        subprocess.Popen(
+            ["node", str(NODE / "vercel_resume.mjs"), f"{app}/runs/vercel", chat, question, str(cut), mode,
+             f"{app}/open?ticket={chat}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for chat, question, cut, mode in runs
+    ]
+    reports = []
+    for process in started:
+        out, errors = process.communicate(timeout=120)
+        assert process.returncode == 0, errors
+        reports.append(json.loads(out))
+    return reports
+
+
+HELD_CHUNKS = 12
+"""The events a "Hold" run sends before its answer waits (start, source, reasoning, text, the look-up)."""
+
+
+@pytest.mark.parametrize("mode", ["drop", "reload"])
+def test_use_chat_resumes_a_detached_run_cut_at_any_event_and_assembles_what_memory_stored(
+    clients: Path, app: str, mode: str
+) -> None:
+    # The first response is cut after `cut` events (".5": half of the next one), as a dropped
+    # connection fails in a browser; the run goes on (detach) and waits until the resume reads it.
+    # `drop`: the same Chat resumes (resumeStream); `reload`: a new Chat, as useChat({resume: true})
+    # on a reloaded page. Either way the SDK asks GET /runs/vercel/{chat}/stream and rebuilds the
+    # message from the replay's first `start`.
+    cuts = [0, 0.5, 1, 3.5, 6, 8.5, HELD_CHUNKS - 1, HELD_CHUNKS - 0.5]
+    runs = [(f"chat-{mode}-{index}", f"Hold chat-{mode}-{index}", cut, mode) for index, cut in enumerate(cuts)]
+    for (chat, _, cut, _), report in zip(runs, resume_clients(app, runs), strict=True):
+        where = f"cut after {cut} events"
+        assert report["cutStatus"] == "error" and report["errors"] == ["network error"], where
+        assert report["chunks"] == int(cut), where
+        assert [(method, url.rsplit("/runs/", 1)[1], status) for method, url, status in report["requests"]] == [
+            ("POST", "vercel", 200),
+            ("GET", f"vercel/{chat}/stream", 200),
+        ], where
+        final = report["final"]
+        assert [m["role"] for m in final] == ["user", "assistant"], where
+        message = final[1]
+        assert message["id"].startswith("msg_"), where
+        cut_message = report["cut"][1:] if mode == "drop" else []
+        if cut_message:  # the message the drop left is the one the resume completed
+            assert cut_message[0]["id"] == message["id"], where
+        parts = [(p["type"], p.get("text", p.get("output"))) for p in message["parts"]]
+        # Every part once, whole, in order (a replay from the start, never appended to the cut).
+        assert parts == [
+            ("source-document", None),
+            ("reasoning", "Plan. "),
+            ("text", "Checking. "),
+            ("tool-order", "A: shipped"),
+            ("reasoning", "Known. "),
+            ("text", "It shipped on time."),
+        ], where
+        assert all(p.get("state") in (None, "done", "output-available") for p in message["parts"]), where
+        history = stored(app, f"anonymous:{chat}")
+        assert [(m["role"], m["text"]) for m in history] == [
+            ("user", f"Hold {chat}"),
+            ("assistant", "Checking. "),
+            ("tool", "A: shipped"),
+            ("assistant", "It shipped on time."),
+        ], where
+
+
+def test_use_chat_s_resume_of_a_chat_without_an_active_run_gets_204_and_the_chat_stays_ready(
+    clients: Path, app: str, tmp_path: Path
+) -> None:
+    # A chat whose run ended (its turn is in memory), and one that never ran.
+    body = {
+        "id": "chat-ended",
+        "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "Where are A and B?"}]}],
+        "trigger": "submit-message",
+    }
+    [answered] = run_client("vercel_client.mjs", f"{app}/runs/vercel", body, tmp_path)
+    ended, never = resume_clients(app, [("chat-ended", "-", 0, "none"), ("chat-never", "-", 0, "none")])
+    for chat, report in (("chat-ended", ended), ("chat-never", never)):
+        assert [(m, u.rsplit("/runs/", 1)[1], s) for m, u, s in report["requests"]] == [
+            ("GET", f"vercel/{chat}/stream", 204)
+        ]
+        assert (report["status"], report["error"], report["errors"], report["final"]) == ("ready", None, [], [])
+    assert stored(app, "anonymous:chat-ended")[-1] == {"role": "assistant", "text": "Both shipped."}
+    assert [p["text"] for p in answered["parts"] if p["type"] == "text"] == ["Both shipped."]
+
+
 # --- approval: the clients' own flows (tests/servers/approval_app.py) ----------------------------------
 
 
