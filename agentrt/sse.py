@@ -194,6 +194,7 @@ ERROR_TYPES: Final[tuple[str, ...]] = (
     "not_resumable",
     "run_not_found",
     "run_in_progress",
+    "run_exists",
 )
 """Every `type` an error (an `error` event, or the body of an HTTP error) can have."""
 
@@ -1001,11 +1002,14 @@ def endpoint(
         encoder: _frontends.Encoder | None = None
         if protocol == "vercel-ui":
             if resuming is not None and resuming.message_id is not None:
-                run_id = resuming.message_id  # the resumed stream continues the client's message
+                message_id = resuming.message_id  # the resumed stream continues the client's message
+                # In a run manager it is a run of its own: the message's first run keeps its log.
+                run_id = _frontends.new_id("run") if runs is not None else message_id
             else:
-                run_id = _frontends.new_id("msg")  # the answer's message id, unguessable: it names the run
+                # The answer's message id, unguessable: it names the run.
+                run_id = message_id = _frontends.new_id("msg")
             vercel = encoder = _frontends.VercelUI(
-                run_id,
+                message_id,
                 thinking=thinking,
                 tool_details=tool_details,
                 hold=release == "chunked",
@@ -1026,6 +1030,9 @@ def endpoint(
             )
             if resuming is not None:
                 agui.resume(resuming.decisions)
+            if runs is not None and await runs.log.find(run_id) is not None:
+                # The client names its runs, and a run's log (its ids) is kept after it ended.
+                return _refusal(409, "run_exists", "a run with this id was started already; name a new one")
         if encoder is None and runs is not None:
             run_id = _frontends.new_id("run")
             encoder = _Native(thinking, tool_details, structured)
@@ -1158,18 +1165,24 @@ def endpoint(
             run_id, after = parsed
         else:
             run_id = request.query_params.get("run")
+        if run_id is None and thread is None:
+            return _refusal(400, "no_run", "name the run: a Last-Event-ID header or ?run=")
+        record = await log.find(run_id) if run_id is not None else None
+        if thread is None and record is not None:
+            # A run named by its id: a resolver that takes the client's conversation id is given
+            # the run's (the request carries none: a GET, AG-UI's or Vercel's Last-Event-ID).
+            thread = record.thread
         try:
             owner = await owner_of(request, thread)
         except _Refused as refused:
             return refused.response
         key = _owner_key(spec, owner)
         if run_id is None:
-            if thread is None:
-                return _refusal(400, "no_run", "name the run: a Last-Event-ID header or ?run=")
+            assert thread is not None
             run_id = await log.active(key, thread)
             if run_id is None:
                 return Response(status_code=204)  # no stream to resume (the Vercel client's "none")
-        record = await log.find(run_id)
+            record = await log.find(run_id)
         if record is None or record.owner != key:  # another's run is not found, not forbidden
             return _refusal(404, "run_not_found", "no such run of this user (or it has expired)")
         return _sse_runs.response(

@@ -203,8 +203,16 @@ def resume_clients(app: str, runs: list[tuple[str, str, float, str]]) -> list[An
     """Run vercel_resume.mjs once per `(chat, question, cut, mode)`, all at once: each one's report."""
     started = [
         subprocess.Popen(
-            ["node", str(NODE / "vercel_resume.mjs"), f"{app}/runs/vercel", chat, question, str(cut), mode,
-             f"{app}/open?ticket={chat}"],
+            [
+                "node",
+                str(NODE / "vercel_resume.mjs"),
+                f"{app}/runs/vercel",
+                chat,
+                question,
+                str(cut),
+                mode,
+                f"{app}/open?ticket={chat}",
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -233,12 +241,16 @@ def test_use_chat_resumes_a_detached_run_cut_at_any_event_and_assembles_what_mem
     # on a reloaded page. Either way the SDK asks GET /runs/vercel/{chat}/stream and rebuilds the
     # message from the replay's first `start`.
     cuts = [0, 0.5, 1, 3.5, 6, 8.5, HELD_CHUNKS - 1, HELD_CHUNKS - 0.5]
-    runs = [(f"chat-{mode}-{index}", f"Hold chat-{mode}-{index}", cut, mode) for index, cut in enumerate(cuts)]
+    runs = [
+        (f"chat-{mode}-{index}", f"Hold chat-{mode}-{index}", cut, mode) for index, cut in enumerate(cuts)
+    ]
     for (chat, _, cut, _), report in zip(runs, resume_clients(app, runs), strict=True):
         where = f"cut after {cut} events"
         assert report["cutStatus"] == "error" and report["errors"] == ["network error"], where
         assert report["chunks"] == int(cut), where
-        assert [(method, url.rsplit("/runs/", 1)[1], status) for method, url, status in report["requests"]] == [
+        assert [
+            (method, url.rsplit("/runs/", 1)[1], status) for method, url, status in report["requests"]
+        ] == [
             ("POST", "vercel", 200),
             ("GET", f"vercel/{chat}/stream", 200),
         ], where
@@ -284,7 +296,12 @@ def test_use_chat_s_resume_of_a_chat_without_an_active_run_gets_204_and_the_chat
         assert [(m, u.rsplit("/runs/", 1)[1], s) for m, u, s in report["requests"]] == [
             ("GET", f"vercel/{chat}/stream", 204)
         ]
-        assert (report["status"], report["error"], report["errors"], report["final"]) == ("ready", None, [], [])
+        assert (report["status"], report["error"], report["errors"], report["final"]) == (
+            "ready",
+            None,
+            [],
+            [],
+        )
     assert stored(app, "anonymous:chat-ended")[-1] == {"role": "assistant", "text": "Both shipped."}
     assert [p["text"] for p in answered["parts"] if p["type"] == "text"] == ["Both shipped."]
 

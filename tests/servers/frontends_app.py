@@ -71,7 +71,9 @@ async def answer(request: ModelRequest) -> Any:
     last = request.messages[-1]
     if last.text.startswith("How do I reach you?"):
         return [ThinkingDelta("Share it. "), "Call me at 555-0100. ", "Or write."]
-    asked = next(m.text for m in reversed(request.messages) if m.role == "user" and "Say please." not in m.text)
+    asked = next(
+        m.text for m in reversed(request.messages) if m.role == "user" and "Say please." not in m.text
+    )
     held = re.search(r"Hold (\S+)", asked)  # the question (the retrieved sources follow it)
     if held and last.role == "tool":  # the answer after the look-up waits for the test
         await GATES.setdefault(held[1], anyio.Event()).wait()
