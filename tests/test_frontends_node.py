@@ -306,6 +306,62 @@ def test_use_chat_s_resume_of_a_chat_without_an_active_run_gets_204_and_the_chat
     assert [p["text"] for p in answered["parts"] if p["type"] == "text"] == ["Both shipped."]
 
 
+def cut_and_resume(app: str, body: dict[str, Any], cut: int) -> tuple[bytes, bytes]:
+    """POST `body` to /runs/agui and read `cut` events, then drop the connection (the run goes on:
+    detach); resume it with the last event's id (`Last-Event-ID`) and open its gate once the resume
+    answered (the run is still going). What was read, and what the resume sent."""
+    read, events, last = b"", 0, f"{body['runId']}:0"
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", f"{app}/runs/agui", json=body) as response:
+            pending = b""
+            for data in response.iter_raw():
+                pending += data
+                while events < cut and b"\n\n" in pending:
+                    block, pending = pending.split(b"\n\n", 1)
+                    read += block + b"\n\n"
+                    if b"data:" in block:
+                        events += 1
+                        last = next(
+                            row[4:].strip().decode() for row in block.split(b"\n") if row.startswith(b"id:")
+                        )
+                if events == cut:
+                    break  # the connection is closed as the stream is left
+        with http.stream("GET", f"{app}/runs/agui/resume", headers={"last-event-id": last}) as resumed:
+            assert resumed.status_code == 200
+            http.post(f"{app}/open", params={"ticket": body["threadId"]})
+            rest = resumed.read()
+    return read, rest
+
+
+def test_ag_ui_s_client_accepts_a_run_cut_and_resumed_by_its_id(
+    clients: Path, app: str, tmp_path: Path
+) -> None:
+    cuts = [1, 4, 7, HELD_CHUNKS]  # a run of 12 events before it waits, 21 in all
+    bodies, requests = [], []
+    for cut in cuts:
+        thread = f"t-agui-cut-{cut}"
+        body = {**AGUI_BODY, "threadId": thread, "runId": f"r-agui-cut-{cut}"}
+        body["messages"] = [{"id": "u1", "role": "user", "content": f"Hold {thread}"}]
+        read, rest = cut_and_resume(app, body, cut)
+        assembled = read + rest
+        ids = [row[4:].strip().decode() for row in assembled.split(b"\n") if row.startswith(b"id:")]
+        assert ids == [f"r-agui-cut-{cut}:{n}" for n in range(1, len(ids) + 1)]  # each once, in order
+        assert len(ids) == 21
+        bodies.append(assembled)
+        requests.append(body)
+    # The client's own pipeline (schemas, verifier, reducer) reads each assembled stream as one run.
+    accepted = replay("agui_client.mjs", requests, bodies, tmp_path)
+    for cut, body, (status, errors) in zip(cuts, requests, accepted, strict=True):
+        assert status == 0, f"cut after {cut} events: {errors}"
+        history = stored(app, f"anonymous:{body['threadId']}")
+        assert [(m["role"], m["text"]) for m in history] == [
+            ("user", f"Hold {body['threadId']}"),
+            ("assistant", "Checking. "),
+            ("tool", "A: shipped"),
+            ("assistant", "It shipped on time."),
+        ]
+
+
 # --- approval: the clients' own flows (tests/servers/approval_app.py) ----------------------------------
 
 
@@ -433,10 +489,11 @@ class Desk:
 
 
 def replay(
-    script: str, request: dict[str, Any], bodies: list[bytes], tmp_path: Path
+    script: str, request: dict[str, Any] | list[dict[str, Any]], bodies: list[bytes], tmp_path: Path
 ) -> list[tuple[int, str]]:
     """Run a client against each of `bodies`, served as they are by a throwaway HTTP server (the
-    clients run at once): each run's exit status and error output."""
+    clients run at once; `request` is what each sends, or one per body): each run's exit status and
+    error output."""
 
     class Canned(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -454,12 +511,13 @@ def replay(
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Canned)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        path = tmp_path / "request.json"
-        path.write_text(json.dumps(request))
+        requests = request if isinstance(request, list) else [request] * len(bodies)
+        for index, sent in enumerate(requests):
+            (tmp_path / f"request-{index}.json").write_text(json.dumps(sent))
         base = f"http://127.0.0.1:{server.server_address[1]}"
         runs = [
             subprocess.Popen(
-                ["node", str(NODE / script), f"{base}/{index}", f"@{path}"],
+                ["node", str(NODE / script), f"{base}/{index}", f"@{tmp_path / f'request-{index}.json'}"],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,
