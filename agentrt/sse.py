@@ -198,6 +198,12 @@ ERROR_TYPES: Final[tuple[str, ...]] = (
     "not_resumable",
     "run_not_found",
     "run_in_progress",
+    "run_exists",
+    "bad_event_id",
+    "no_run",
+    "run_expired",
+    "run_lost",
+    "run_truncated",
 )
 """Every `type` an error (an `error` event, or the body of an HTTP error) can have."""
 
@@ -805,9 +811,9 @@ def endpoint(
     new message while a turn waits (409). An approval request carries the calls' arguments
     whatever `tool_details` says: a human decides on them.
 
-    A request that carries `Last-Event-ID` (a client reconnecting after a lost stream) is refused
-    with 409 `not_resumable`: the lost invocation was cancelled, and a second one would repeat the
-    turn in its conversation.
+    Without `runs`, a request that carries `Last-Event-ID` (a client reconnecting after a lost
+    stream) is refused with 409 `not_resumable`: the lost invocation was cancelled, and a second one
+    would repeat the turn in its conversation. With `runs`, it resumes the run that id names.
 
     Raises `ConfigurationError` for a method that is not a built service's streaming method, or a
     method with a memory id and no `memory_id` resolver.
@@ -1014,11 +1020,14 @@ def endpoint(
         encoder: _frontends.Encoder | None = None
         if protocol == "vercel-ui":
             if resuming is not None and resuming.message_id is not None:
-                run_id = resuming.message_id  # the resumed stream continues the client's message
+                message_id = resuming.message_id  # the resumed stream continues the client's message
+                # In a run manager it is a run of its own: the message's first run keeps its log.
+                run_id = _frontends.new_id("run") if runs is not None else message_id
             else:
-                run_id = _frontends.new_id("msg")  # the answer's message id, unguessable: it names the run
+                # The answer's message id, unguessable: it names the run.
+                run_id = message_id = _frontends.new_id("msg")
             vercel = encoder = _frontends.VercelUI(
-                run_id,
+                message_id,
                 thinking=thinking,
                 tool_details=tool_details,
                 hold=release == "chunked",
@@ -1039,6 +1048,9 @@ def endpoint(
             )
             if resuming is not None:
                 agui.resume(resuming.decisions)
+            if runs is not None and await runs.log.find(run_id) is not None:
+                # The client names its runs, and a run's log (its ids) is kept after it ended.
+                return _refusal(409, "run_exists", "a run with this id was started already; name a new one")
         if encoder is None and runs is not None:
             run_id = _frontends.new_id("run")
             encoder = _Native(thinking, tool_details, structured)

@@ -196,6 +196,172 @@ def test_an_answer_refused_after_its_first_sentences_never_reaches_use_chat_s_re
     assert stored(app, "anonymous:chat-refused") == []
 
 
+# --- runs that outlive their connection: useChat's resume (GET {api}/{chat id}/stream) ------------------
+
+
+def resume_clients(app: str, runs: list[tuple[str, str, float, str]]) -> list[Any]:
+    """Run vercel_resume.mjs once per `(chat, question, cut, mode)`, all at once: each one's report."""
+    started = [
+        subprocess.Popen(
+            [
+                "node",
+                str(NODE / "vercel_resume.mjs"),
+                f"{app}/runs/vercel",
+                chat,
+                question,
+                str(cut),
+                mode,
+                f"{app}/open?ticket={chat}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for chat, question, cut, mode in runs
+    ]
+    reports = []
+    for process in started:
+        out, errors = process.communicate(timeout=120)
+        assert process.returncode == 0, errors
+        reports.append(json.loads(out))
+    return reports
+
+
+HELD_CHUNKS = 12
+"""The events a "Hold" run sends before its answer waits (start, source, reasoning, text, the look-up)."""
+
+
+@pytest.mark.parametrize("mode", ["drop", "reload"])
+def test_use_chat_resumes_a_detached_run_cut_at_any_event_and_assembles_what_memory_stored(
+    clients: Path, app: str, mode: str
+) -> None:
+    # The first response is cut after `cut` events (".5": half of the next one), as a dropped
+    # connection fails in a browser; the run goes on (detach) and waits until the resume reads it.
+    # `drop`: the same Chat resumes (resumeStream); `reload`: a new Chat, as useChat({resume: true})
+    # on a reloaded page. Either way the SDK asks GET /runs/vercel/{chat}/stream and rebuilds the
+    # message from the replay's first `start`.
+    cuts = [0, 0.5, 1, 3.5, 6, 8.5, HELD_CHUNKS - 1, HELD_CHUNKS - 0.5]
+    runs = [
+        (f"chat-{mode}-{index}", f"Hold chat-{mode}-{index}", cut, mode) for index, cut in enumerate(cuts)
+    ]
+    for (chat, _, cut, _), report in zip(runs, resume_clients(app, runs), strict=True):
+        where = f"cut after {cut} events"
+        assert report["cutStatus"] == "error" and report["errors"] == ["network error"], where
+        assert report["chunks"] == int(cut), where
+        assert [
+            (method, url.rsplit("/runs/", 1)[1], status) for method, url, status in report["requests"]
+        ] == [
+            ("POST", "vercel", 200),
+            ("GET", f"vercel/{chat}/stream", 200),
+        ], where
+        final = report["final"]
+        assert [m["role"] for m in final] == ["user", "assistant"], where
+        message = final[1]
+        assert message["id"].startswith("msg_"), where
+        cut_message = report["cut"][1:] if mode == "drop" else []
+        if cut_message:  # the message the drop left is the one the resume completed
+            assert cut_message[0]["id"] == message["id"], where
+        parts = [(p["type"], p.get("text", p.get("output"))) for p in message["parts"]]
+        # Every part once, whole, in order (a replay from the start, never appended to the cut).
+        assert parts == [
+            ("source-document", None),
+            ("reasoning", "Plan. "),
+            ("text", "Checking. "),
+            ("tool-order", "A: shipped"),
+            ("reasoning", "Known. "),
+            ("text", "It shipped on time."),
+        ], where
+        assert all(p.get("state") in (None, "done", "output-available") for p in message["parts"]), where
+        history = stored(app, f"anonymous:{chat}")
+        assert [(m["role"], m["text"]) for m in history] == [
+            ("user", f"Hold {chat}"),
+            ("assistant", "Checking. "),
+            ("tool", "A: shipped"),
+            ("assistant", "It shipped on time."),
+        ], where
+
+
+def test_use_chat_s_resume_of_a_chat_without_an_active_run_gets_204_and_the_chat_stays_ready(
+    clients: Path, app: str, tmp_path: Path
+) -> None:
+    # A chat whose run ended (its turn is in memory), and one that never ran.
+    body = {
+        "id": "chat-ended",
+        "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "Where are A and B?"}]}],
+        "trigger": "submit-message",
+    }
+    [answered] = run_client("vercel_client.mjs", f"{app}/runs/vercel", body, tmp_path)
+    ended, never = resume_clients(app, [("chat-ended", "-", 0, "none"), ("chat-never", "-", 0, "none")])
+    for chat, report in (("chat-ended", ended), ("chat-never", never)):
+        assert [(m, u.rsplit("/runs/", 1)[1], s) for m, u, s in report["requests"]] == [
+            ("GET", f"vercel/{chat}/stream", 204)
+        ]
+        assert (report["status"], report["error"], report["errors"], report["final"]) == (
+            "ready",
+            None,
+            [],
+            [],
+        )
+    assert stored(app, "anonymous:chat-ended")[-1] == {"role": "assistant", "text": "Both shipped."}
+    assert [p["text"] for p in answered["parts"] if p["type"] == "text"] == ["Both shipped."]
+
+
+def cut_and_resume(app: str, body: dict[str, Any], cut: int) -> tuple[bytes, bytes]:
+    """POST `body` to /runs/agui and read `cut` events, then drop the connection (the run goes on:
+    detach); resume it with the last event's id (`Last-Event-ID`) and open its gate once the resume
+    answered (the run is still going). What was read, and what the resume sent."""
+    read, events, last = b"", 0, f"{body['runId']}:0"
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", f"{app}/runs/agui", json=body) as response:
+            pending = b""
+            for data in response.iter_raw():
+                pending += data
+                while events < cut and b"\n\n" in pending:
+                    block, pending = pending.split(b"\n\n", 1)
+                    read += block + b"\n\n"
+                    if b"data:" in block:
+                        events += 1
+                        last = next(
+                            row[4:].strip().decode() for row in block.split(b"\n") if row.startswith(b"id:")
+                        )
+                if events == cut:
+                    break  # the connection is closed as the stream is left
+        with http.stream("GET", f"{app}/runs/agui/resume", headers={"last-event-id": last}) as resumed:
+            assert resumed.status_code == 200
+            http.post(f"{app}/open", params={"ticket": body["threadId"]})
+            rest = resumed.read()
+    return read, rest
+
+
+def test_ag_ui_s_client_accepts_a_run_cut_and_resumed_by_its_id(
+    clients: Path, app: str, tmp_path: Path
+) -> None:
+    cuts = [1, 4, 7, HELD_CHUNKS]  # a run of 12 events before it waits, 21 in all
+    bodies, requests = [], []
+    for cut in cuts:
+        thread = f"t-agui-cut-{cut}"
+        body = {**AGUI_BODY, "threadId": thread, "runId": f"r-agui-cut-{cut}"}
+        body["messages"] = [{"id": "u1", "role": "user", "content": f"Hold {thread}"}]
+        read, rest = cut_and_resume(app, body, cut)
+        assembled = read + rest
+        ids = [row[4:].strip().decode() for row in assembled.split(b"\n") if row.startswith(b"id:")]
+        assert ids == [f"r-agui-cut-{cut}:{n}" for n in range(1, len(ids) + 1)]  # each once, in order
+        assert len(ids) == 21
+        bodies.append(assembled)
+        requests.append(body)
+    # The client's own pipeline (schemas, verifier, reducer) reads each assembled stream as one run.
+    accepted = replay("agui_client.mjs", requests, bodies, tmp_path)
+    for cut, body, (status, errors) in zip(cuts, requests, accepted, strict=True):
+        assert status == 0, f"cut after {cut} events: {errors}"
+        history = stored(app, f"anonymous:{body['threadId']}")
+        assert [(m["role"], m["text"]) for m in history] == [
+            ("user", f"Hold {body['threadId']}"),
+            ("assistant", "Checking. "),
+            ("tool", "A: shipped"),
+            ("assistant", "It shipped on time."),
+        ]
+
+
 # --- approval: the clients' own flows (tests/servers/approval_app.py) ----------------------------------
 
 
@@ -323,10 +489,11 @@ class Desk:
 
 
 def replay(
-    script: str, request: dict[str, Any], bodies: list[bytes], tmp_path: Path
+    script: str, request: dict[str, Any] | list[dict[str, Any]], bodies: list[bytes], tmp_path: Path
 ) -> list[tuple[int, str]]:
     """Run a client against each of `bodies`, served as they are by a throwaway HTTP server (the
-    clients run at once): each run's exit status and error output."""
+    clients run at once; `request` is what each sends, or one per body): each run's exit status and
+    error output."""
 
     class Canned(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -344,12 +511,13 @@ def replay(
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Canned)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        path = tmp_path / "request.json"
-        path.write_text(json.dumps(request))
+        requests = request if isinstance(request, list) else [request] * len(bodies)
+        for index, sent in enumerate(requests):
+            (tmp_path / f"request-{index}.json").write_text(json.dumps(sent))
         base = f"http://127.0.0.1:{server.server_address[1]}"
         runs = [
             subprocess.Popen(
-                ["node", str(NODE / script), f"{base}/{index}", f"@{path}"],
+                ["node", str(NODE / script), f"{base}/{index}", f"@{tmp_path / f'request-{index}.json'}"],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,

@@ -2,11 +2,18 @@
 
 One HTML page (examples/web/index.html: no build step, no CDN) posts a question to `/chat`, an
 `agentrt.sse.endpoint` of a streaming method, and shows the tokens as they arrive, the tool calls as
-they happen and errors readably; its Stop button aborts the request, which cancels the invocation on
-the server (the model's stream is closed, nothing is stored). The page's conversation is chosen by a
-random id it sends in a header: a demo's stand-in for the authenticated user a real app would use.
-A switch on the page speaks the Vercel AI SDK's UI message stream instead (`POST /api/chat`, the
-protocol `useChat` reads), parsed by the page itself.
+they happen and errors readably. The page's conversation is chosen by a random id it sends in a
+header (kept for the tab in `sessionStorage`): a demo's stand-in for the authenticated user a real
+app would use. A switch on the page speaks the Vercel AI SDK's UI message stream instead
+(`POST /api/chat`, the protocol `useChat` reads), parsed by the page itself.
+
+Each answer is a run of the app's run manager (`agentrt.runs.Runs`, started in the app's lifespan)
+that outlives its connection (`on_disconnect="detach"`): reload the page mid-answer and it asks for
+the run again and shows the whole answer, from its start (agentrt's protocol: `GET /chat/resume`
+with `Last-Event-ID: <run id>:0`; Vercel's: `GET /api/chat/<chat id>/stream`, what
+`useChat({resume: true})` asks). The turn is stored once, when the run ends. Stop is a verb of its
+own (`POST /chat/stop`, `/api/chat/stop`): the run is cancelled, the model's stream closed, nothing
+is stored.
 
 A refund over 100 waits for a human: the turn stops (stored with the conversation's memory) and the
 page shows the call with Allow and Deny; the click resumes the turn on the same endpoint (agentrt's
@@ -30,6 +37,7 @@ from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
 import agentrt
+import agentrt.runs
 import agentrt.sse
 from agentrt import ChatModel, Description, MemoryId, TokenStream, ToolContext, system_message, tool
 
@@ -82,8 +90,9 @@ def session_and_chat(request: Request, chat: str | None) -> str:
 
 
 def create_app(model: ChatModel, *, listeners: tuple[agentrt.Listener, ...] = ()) -> Starlette:
-    """The app: the page at `/`, the SSE endpoint at `POST /chat`, and the same method for
-    Vercel's `useChat` at `POST /api/chat`."""
+    """The app: the page at `/`, the SSE endpoint at `POST /chat` (its resume and stop routes
+    beside it), and the same method for Vercel's `useChat` at `POST /api/chat`. Serve it with its
+    lifespan (uvicorn's default): the run manager lives there."""
     refunds = Refunds()
     service = agentrt.build(
         WebChat,
@@ -102,15 +111,24 @@ def create_app(model: ChatModel, *, listeners: tuple[agentrt.Listener, ...] = ()
     async def index(request: Request) -> HTMLResponse:
         return HTMLResponse(page)
 
-    chat = agentrt.sse.endpoint(service.chat, memory_id=session_of, ping=10)
+    # The answers run in the app's run manager: a reader that goes away (a reload) leaves its run
+    # going, and comes back for it.
+    runs = agentrt.runs.Runs()
+    detached: dict[str, Any] = {"ping": 10, "runs": runs, "on_disconnect": "detach"}
+    chat = agentrt.sse.endpoint(service.chat, memory_id=session_of, **detached)
     # The same method for a Vercel AI SDK frontend (`useChat`): its UI message stream.
-    vercel = agentrt.sse.endpoint(service.chat, memory_id=session_and_chat, ping=10, protocol="vercel-ui")
+    vercel = agentrt.sse.endpoint(service.chat, memory_id=session_and_chat, protocol="vercel-ui", **detached)
     app = Starlette(
         routes=[
             Route("/", index),
             Route("/chat", chat, methods=["POST"]),
+            Route("/chat/resume", chat.resume, methods=["GET"]),
+            Route("/chat/stop", chat.stop, methods=["POST"]),
             Route("/api/chat", vercel, methods=["POST"]),
-        ]
+            Route("/api/chat/stop", vercel.stop, methods=["POST"]),
+            Route("/api/chat/{id}/stream", vercel.resume, methods=["GET"]),
+        ],
+        lifespan=runs.lifespan,
     )
     app.state.service = service  # for tests and admin routes (agentrt.memory.access(service))
     app.state.refunds = refunds

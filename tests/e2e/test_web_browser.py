@@ -1,9 +1,14 @@
 """The web example in a real browser: Debian's headless Chromium, driven by Selenium through
 Debian's chromedriver (no browser download), loads the page from uvicorn on loopback
 (tests/servers/web_app.py: the example app on a model double that streams slowly), asks a question,
-sees tokens arrive as several DOM updates, presses Stop, and the server says its invocation was
-cancelled and the model's stream closed; once over agentrt's own events, once over the Vercel AI
-SDK's UI message stream (the page's protocol switch). A screenshot goes to the test's output directory.
+sees tokens arrive as several DOM updates, presses Stop (the stop route: the run outlives its
+connection), and the server says its invocation was cancelled and the model's stream closed; once
+over agentrt's own events, once over the Vercel AI SDK's UI message stream (the page's protocol
+switch). A screenshot goes to the test's output directory.
+
+A reload mid-answer: the page reads the run again from its start (agentrt's resume with
+`Last-Event-ID`, Vercel's `GET /api/chat/{id}/stream`) and shows the whole answer once; the server
+ran one invocation, and memory holds the turn as shown.
 
 And a refund that needs a human's approval: the page shows the waiting call (tool and arguments) with
 Allow and Deny; Allow resumes the turn and the refund runs once, Deny (with a reason) resumes it and
@@ -156,3 +161,42 @@ def test_a_refund_waits_for_allow_or_deny_in_the_page_and_runs_only_when_allowed
         assert "refund: denied" in log
         assert refunds == []
     assert "Error" not in log
+
+
+WHOLE = "".join(f"word{index} " for index in range(200))  # the model double's answer
+
+
+@pytest.mark.parametrize("protocol", ["agentrt", "vercel-ui"])
+def test_a_reload_mid_answer_reads_the_run_again_and_shows_the_whole_answer_once(
+    site: str, browser: object, tmp_path: Path, protocol: str
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    driver: Any = browser  # a Selenium WebDriver
+    driver.get(f"{site}/")
+    Select(driver.find_element(By.ID, "protocol")).select_by_value(protocol)
+    driver.find_element(By.ID, "question").send_keys("Tell me about my order")
+    driver.find_element(By.ID, "send").click()
+    wait = WebDriverWait(driver, 40)
+    wait.until(lambda d: len(d.execute_script("return window.updates")) >= 3)
+    before = driver.find_element(By.CLASS_NAME, "answer").text
+    assert before.startswith("word0 word1 word2") and before != WHOLE
+
+    driver.refresh()  # the connection goes with the page; the run goes on (detach)
+    wait.until(lambda d: d.execute_script("return window.finished") is not None)
+    driver.save_screenshot(str(tmp_path / f"web-reload-{protocol}.png"))
+    assert driver.execute_script("return window.finished") == "done"
+    answers = [element.text for element in driver.find_elements(By.CLASS_NAME, "answer")]
+    assert answers == [WHOLE]  # the whole answer, once
+    log = driver.find_element(By.ID, "log").text
+    assert log.count("You: Tell me about my order") == 1 and "Error" not in log
+    assert driver.execute_script("return sessionStorage.getItem('agentrt-turn')") is None  # read to its end
+    # The server's side: one invocation and one model request (the run was read again, not
+    # started again), and memory holds the turn once, as shown.
+    state = httpx.get(f"{site}/test/stored", timeout=10).json()
+    assert state == {
+        "messages": [["user", "Tell me about my order"], ["assistant", WHOLE]],
+        "requests": 1,
+        "invocations": 1,
+    }

@@ -2,14 +2,23 @@
 (a retrieved source, reasoning, two tool calls in one round, a guardrail reprompt, a final answer)
 behind a `vercel-ui` and an `ag-ui` endpoint, and under `.../refusing` an answer whose first
 sentences pass a `chunked` guardrail that then refuses it whole; memory per `x-user` and
-conversation id. Served by uvicorn on the socket given as the first argument."""
+conversation id. Served by uvicorn on the socket given as the first argument.
+
+Under `/runs/...` a method without guardrails (its events stream as they are made) runs in a run
+manager (`agentrt.runs.Runs`, detached from its connection): `POST /runs/vercel` and its resume
+`GET /runs/vercel/{id}/stream` (what `useChat`'s transport asks for), `POST /runs/agui` and
+`GET /runs/agui/resume` (`Last-Event-ID`). A question "Hold <ticket>" is answered with reasoning,
+text and a look-up; the answer after it waits until `POST /open?ticket=<ticket>` (a run still going
+when a client resumes it)."""
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 from typing import Annotated, Any
 
+import anyio
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -17,6 +26,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import agentrt
+import agentrt.runs
 import agentrt.sse
 from agentrt import MemoryId, ModelRequest, ThinkingDelta, TokenStream, tool
 from agentrt.guardrails import fatal, output_guardrails, partial_text, reprompt, success
@@ -28,6 +38,10 @@ class Orders:
     @tool("Look up an order.")
     def order(self, order_id: str) -> str:
         return f"{order_id}: shipped"
+
+
+GATES: dict[str, anyio.Event] = {}
+"""A "Hold <ticket>" question's answer waits for its gate (`POST /open?ticket=`)."""
 
 
 @partial_text
@@ -50,15 +64,26 @@ class Desk:
     @output_guardrails(no_phone_numbers, release="chunked")
     async def refusing(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
 
+    async def held(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
 
-def answer(request: ModelRequest) -> Any:
+
+async def answer(request: ModelRequest) -> Any:
     last = request.messages[-1]
     if last.text.startswith("How do I reach you?"):
         return [ThinkingDelta("Share it. "), "Call me at 555-0100. ", "Or write."]
+    asked = next(
+        m.text for m in reversed(request.messages) if m.role == "user" and "Say please." not in m.text
+    )
+    held = re.search(r"Hold (\S+)", asked)  # the question (the retrieved sources follow it)
+    if held and last.role == "tool":  # the answer after the look-up waits for the test
+        await GATES.setdefault(held[1], anyio.Event()).wait()
+        return [ThinkingDelta("Known. "), "It ", "shipped ", "on time."]
     if last.role == "tool":
         return [ThinkingDelta("Both are known. "), "Both ", "shipped."]
     if "Say please." in last.text:
         return ["Both shipped, ", "please."]
+    if held:
+        return [ThinkingDelta("Plan. "), "Checking. ", CallTool("order", {"order_id": "A"}, id="call_1")]
     return [
         CallTool("order", {"order_id": "A"}, id="call_1"),
         CallTool("order", {"order_id": "B"}, id="call_2"),
@@ -94,6 +119,15 @@ def app() -> Starlette:
         for protocol in ("vercel-ui", "ag-ui")
     }
 
+    runs = agentrt.runs.Runs()
+    detached: dict[str, Any] = {**options, "runs": runs, "on_disconnect": "detach"}
+    vercel_runs = agentrt.sse.endpoint(service.held, protocol="vercel-ui", **detached)  # type: ignore[arg-type]
+    agui_runs = agentrt.sse.endpoint(service.held, protocol="ag-ui", **detached)  # type: ignore[arg-type]
+
+    async def open_gate(request: Request) -> JSONResponse:
+        GATES.setdefault(request.query_params["ticket"], anyio.Event()).set()
+        return JSONResponse({"opened": request.query_params["ticket"]})
+
     async def stored(request: Request) -> JSONResponse:
         messages = await agentrt.memory.access(service).read(request.query_params["id"])
         return JSONResponse([{"role": m.role, "text": m.text} for m in messages])
@@ -105,11 +139,18 @@ def app() -> Starlette:
             Route("/vercel/refusing", refusing["vercel-ui"], methods=["POST"]),
             Route("/agui/refusing", refusing["ag-ui"], methods=["POST"]),
             Route("/stored", stored),
-        ]
+            Route("/runs/vercel", vercel_runs, methods=["POST"]),
+            Route("/runs/vercel/{id}/stream", vercel_runs.resume, methods=["GET"]),
+            Route("/runs/vercel/stop", vercel_runs.stop, methods=["POST"]),
+            Route("/runs/agui", agui_runs, methods=["POST"]),
+            Route("/runs/agui/resume", agui_runs.resume, methods=["GET"]),
+            Route("/open", open_gate, methods=["POST"]),
+        ],
+        lifespan=runs.lifespan,
     )
 
 
 if __name__ == "__main__":
     listener = socket.socket(fileno=int(sys.argv[1]))
-    config = uvicorn.Config(app(), log_level="warning", lifespan="off")
+    config = uvicorn.Config(app(), log_level="warning", lifespan="on")
     uvicorn.Server(config).run(sockets=[listener])

@@ -6,7 +6,9 @@ one sentence saying what came of it (the result as the tool gave it, or the deni
 
 `GET /test/cancelled` answers once an invocation was cancelled (a long poll on the service's
 `CancelledEvent`), saying whether the model double saw its stream closed. `GET /test/refunds` is
-the refund tool's side-effect counter: each refund that ran, `[order_id, amount]`.
+the refund tool's side-effect counter: each refund that ran, `[order_id, amount]`. `GET /test/stored`
+is the last invocation's conversation as memory holds it, with the count of model requests and
+invocations so far.
 
 Run as `python web_app.py <fd>` to serve on an already listening socket inherited as `<fd>`.
 """
@@ -73,6 +75,18 @@ async def conversation(request: Request) -> JSONResponse:
     return JSONResponse({"memory_id": conversations[-1]})
 
 
+async def stored(request: Request) -> JSONResponse:
+    """The last invocation's conversation as memory holds it, and how many model requests were made."""
+    messages = await agentrt.memory.access(app.state.service).read(conversations[-1])
+    return JSONResponse(
+        {
+            "messages": [[m.role, m.text] for m in messages],
+            "requests": len(model.requests),
+            "invocations": len(conversations),
+        }
+    )
+
+
 async def refunds(request: Request) -> JSONResponse:
     return JSONResponse(app.state.refunds.refunded)
 
@@ -81,8 +95,9 @@ app = create_app(model, listeners=(listen,))
 app.router.routes.append(Route("/test/cancelled", was_cancelled))
 app.router.routes.append(Route("/test/conversation", conversation))
 app.router.routes.append(Route("/test/refunds", refunds))
+app.router.routes.append(Route("/test/stored", stored))
 
 if __name__ == "__main__":
     listener = socket.socket(fileno=int(sys.argv[1]))
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
     uvicorn.Server(config).run(sockets=[listener])
