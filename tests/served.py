@@ -9,13 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def serve(script: Path, *args: str) -> Iterator[str]:
+def serve(script: Path, *args: str, backlog: int = 64) -> Iterator[str]:
     """Run `script <fd> [args]` (it serves an ASGI app with uvicorn on the inherited socket) and yield the
     base URL. The socket listens before the process starts, so there is nothing to wait for:
     connections queue until uvicorn accepts them. The process is stopped when the generator ends."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
+    listener.listen(backlog)
     port = listener.getsockname()[1]
     process = subprocess.Popen(
         [sys.executable, str(script), str(listener.fileno()), *args],

@@ -1,0 +1,176 @@
+"""The cancel rule over real HTTP (issue 27): with `on_disconnect="cancel"` a client's turn is stored
+if and only if the answer's final frame (native `done`, Vercel `finish`, AG-UI `RUN_FINISHED`) was
+written to its connection before the server learned that the client was gone.
+
+The server is uvicorn in a child process (tests/servers/cancel_app.py), with every protocol with
+and without a run manager. The truth is taken from uvicorn's side, not agentrt's: the server's HTTP
+protocol records whether the final frame's bytes reached `transport.write` while the transport was
+open. The client hangs up while the server's event loop is blocked at a point the test chooses (the
+server holds there until the test closed the client's socket); each point from before the last
+token to inside the memory write.
+
+(No asyncio/trio split for the held points: the test drives uvicorn, asyncio's, in a child process,
+with blocking sockets, one step at a time. The test with 200 clients is async and runs on both.)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from served import serve
+
+SERVERS = Path(__file__).parent / "servers"
+PROTOCOLS = ("agentrt", "vercel-ui", "ag-ui")
+PATHS = ("plain", "runs")
+
+
+class Server:
+    def __init__(self, base: str, control: socket.socket) -> None:
+        self.base = base
+        self.url = httpx.URL(base)
+        self.control = control
+        self.http = httpx.Client(base_url=base, timeout=30)
+
+    def request(self, path: str, protocol: str, cid: str, point: str, extra: str = "") -> bytes:
+        question = f"{cid} {point} {extra}".strip()
+        body = json.dumps(_body(protocol, question)).encode()
+        return (
+            f"POST /{path}/{protocol} HTTP/1.1\r\nhost: {self.url.host}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            f"x-cid: {cid}\r\nx-point: {point}\r\n\r\n"
+        ).encode() + body
+
+    def result(self, cid: str) -> dict[str, Any]:
+        response = self.http.get(f"/result/{cid}")
+        assert response.status_code == 200, response.text
+        answer: dict[str, Any] = response.json()
+        return answer
+
+
+def _body(protocol: str, question: str) -> dict[str, Any]:
+    if protocol == "agentrt":
+        return {"question": question}
+    if protocol == "vercel-ui":
+        return {
+            "id": "c1",
+            "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": question}]}],
+        }
+    return {
+        "threadId": "t1",
+        "runId": f"r-{uuid.uuid4().hex}",
+        "messages": [{"id": "u1", "role": "user", "content": question}],
+    }
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    with socket.socket() as control:
+        control.bind(("127.0.0.1", 0))
+        control.listen(16)
+        control.settimeout(20)
+        for base in serve(SERVERS / "cancel_app.py", str(control.getsockname()[1]), backlog=256):
+            with httpx.Client(base_url=base.removesuffix("/v1"), timeout=30) as http:
+                server = Server(base.removesuffix("/v1"), control)
+                server.http = http
+                yield server
+
+
+def hang_up(client: socket.socket) -> None:
+    """Close the client's socket with a FIN (what was sent to it is read first: a socket closed with
+    unread data resets the connection instead)."""
+    client.setblocking(False)
+    try:
+        while client.recv(65536):
+            pass
+    except BlockingIOError:
+        pass
+    client.close()
+
+
+def held(server: Server, path: str, protocol: str, point: str, extra: str = "") -> dict[str, Any]:
+    """One request whose client hangs up while the server holds at `point`; the server's account."""
+    cid = f"c{uuid.uuid4().hex[:12]}"
+    client = socket.create_connection((server.url.host, server.url.port or 80), timeout=20)
+    try:
+        client.sendall(server.request(path, protocol, cid, point, extra))
+        waiting, _ = server.control.accept()  # the server's loop is blocked at `point` now
+        with waiting:
+            said = waiting.recv(200).decode().split()
+            assert said == [cid, point], said
+            hang_up(client)
+            waiting.sendall(b"g")
+    finally:
+        client.close()
+    result = server.result(cid)
+    result["cid"] = cid
+    return result
+
+
+def stored_iff_written(result: dict[str, Any]) -> bool:
+    """The rule: stored (the user's message and the answer) exactly when the final frame was
+    written; and the turn is stored whole or not at all."""
+    cid = result["cid"]
+    if result["stored"] not in ([], [["user", f"{cid} {result['point']}"], ["assistant", ANSWER(cid)]]):
+        return False
+    return bool(result["stored"]) == bool(result["written"])
+
+
+def ANSWER(cid: str, tokens: int = 4) -> str:  # noqa: N802
+    return "".join(f"t{index} " for index in range(tokens - 1)) + f"{cid}-end"
+
+
+POINTS = {
+    "token": False,  # before the last token
+    "tokened": False,  # after the last token, before the output guardrail
+    "guardrail": False,  # in the output guardrail
+    "send": True,  # just before the final frame is handed to uvicorn: uvicorn writes it
+    "sent": True,  # just after
+    "store": True,  # inside the memory write (the commit)
+}
+"""Each point the loop is held at, and whether the final frame is written when the client's hang-up
+lands there (the truth the server records is asserted too)."""
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_hang_up_while_the_loop_is_blocked_at_each_point_from_the_last_token_to_the_commit(
+    server: Server, protocol: str, path: str
+) -> None:
+    for point, written in POINTS.items():
+        result = held(server, path, protocol, point)
+        result["point"] = point
+        assert bool(result["written"]) is written, (point, result)
+        assert stored_iff_written(result), (point, result)
+        if written:
+            assert result["ended"] == "Completed", result
+        else:
+            assert result["ended"] == "CancelledEvent", result
+
+
+SWEEP = range(0, 24)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_hang_up_read_in_each_loop_iteration_around_the_final_send(
+    server: Server, protocol: str, path: str
+) -> None:
+    # The loop is held K + 1 iterations after the guardrail passed, for every K from before the
+    # final frame is made to after it was sent: the hang-up is read in the iteration after.
+    outcomes = []
+    for k in SWEEP:
+        point = f"loop:{k}"
+        result = held(server, path, protocol, point)
+        result["point"] = point
+        outcomes.append((k, bool(result["written"]), bool(result["stored"])))
+        assert stored_iff_written(result), (point, result, outcomes)
+    assert {written for _, written, _ in outcomes} == {False, True}, outcomes
