@@ -33,12 +33,10 @@ logger = logging.getLogger("agentrt.sse")
 
 Disconnect = Literal["cancel", "detach"]
 
-SETTLE: Final = 4
-"""Event-loop turns given before a stream's final event is sent. A client's hang-up reaches the
-response in three (the socket's end of file is read, the connection is closed, the response's
-listener is told and cancels it); past them, a hang-up the server had read before the final event
-was sent has cancelled the response, and the turn is not stored. One more, for the turn the final
-event was made in."""
+SETTLE: Final = 2
+"""Event-loop turns between the send of the answer's final frame and telling the writer that it
+was sent (it then stores the turn): a hang-up the server read before the send cancels the response
+within them (see `agentrt.sse._SETTLE`)."""
 
 _WAITED: Final = 0.0005
 _WRITES_PER_TURN: Final = 3
@@ -193,10 +191,10 @@ def response(
                 if clock() - resumed > _WAITED:
                     written = 0
                 if live is not None and seq == live.final:
-                    for _ in range(SETTLE):  # a hang-up the server has read lands first
-                        await anyio.lowlevel.checkpoint()
                     yield data
-                    live.deliver()  # its send returned: the writer stores the turn
+                    for _ in range(SETTLE):  # a hang-up read before the send lands first
+                        await anyio.lowlevel.checkpoint()
+                    live.deliver()  # it was written: the writer stores the turn
                     written = 0
                     resumed = clock()
                     continue

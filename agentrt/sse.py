@@ -523,12 +523,16 @@ asyncio log "socket.send() raised exception." (the loss may be seen just before 
 and a keep-alive ping may write in the same turn: three keeps below five)."""
 
 
-_SETTLE: Final = 4
-"""Event-loop turns given before a stream's final event is sent. A client's hang-up reaches the
-response in three (the socket's end of file is read, the connection is closed, the response's
-listener is told and cancels it); past them, a hang-up the server had read before the final event
-was sent has cancelled the response, and the turn is not stored. One more, for the turn the final
-event was made in."""
+_SETTLE: Final = 2
+"""Event-loop turns between the send of a stream's final frame and the commit it lets go (see
+`DEFER_COMMIT`). A server's send returns also when nothing was written: once uvicorn's loop read
+the client's end of file, the transport drops writes (and once the connection is lost, uvicorn drops
+sends), and the response hears of it two turns later (the connection is closed, then the response's
+disconnect listener is told and cancels it). So a hang-up read before the final send cancels the
+response within these turns, and nothing is stored; one read after it lands after the commit
+began: a turn is stored exactly when its final frame was written (tests/test_sse_cancel_rule.py
+pins it on uvicorn's h11 protocol, iteration by iteration: 1 turn stores dropped answers, 3 drop
+written ones)."""
 
 clock = time.perf_counter
 
@@ -566,11 +570,6 @@ def _respond(
                     if kind is Completed:
                         if forget is not None:
                             forget()  # done: a stop now would come too late
-                        # The turn is stored when the final event's send returned (see
-                        # `DEFER_COMMIT`): a hang-up the server has read must land first.
-                        for _ in range(_SETTLE):
-                            await anyio.lowlevel.checkpoint()
-                        written = 0
                         result = event.result  # type: ignore[union-attr]
                         out = [*out, *encoder.completed(result, result_json(result))]
                     elif kind is ApprovalRequested:
@@ -598,6 +597,12 @@ def _respond(
                             sent.pending = pending
                         yield data
                     resumed = clock()
+                    if kind is Completed:
+                        # Its sends returned; asked on, the stream stores the turn (see
+                        # `DEFER_COMMIT`): a hang-up read before them lands first.
+                        for _ in range(_SETTLE):
+                            await anyio.lowlevel.checkpoint()
+                        written = 0
         except Exception as error:
             if forget is not None:
                 forget()

@@ -16,8 +16,8 @@ it. Points:
 
 - `token`: in the model, before the last token; `tokened`: after it, before the model's end
 - `guardrail`: in the output guardrail
-- `loop:K`: K + 1 event-loop iterations after the guardrail returned (a `call_soon` chain), a sweep
-  across the final send
+- `loop:K`: K + 1 event-loop iterations after the model was about to send its last token, which it
+  sends `LEAD` iterations later (a `call_soon` chain): a sweep across the final send
 - `send`: in the ASGI `send`, just before the final frame is handed to uvicorn; `sent`: just after
 - `store`: in the memory store's write of the turn (the commit)
 - `none`: nowhere (the 200-client test: `tokens` tokens `pace` ms apart)
@@ -27,11 +27,13 @@ seconds (`every` 0: stop).
 
 The truth is uvicorn's, not agentrt's: the server's HTTP protocol is uvicorn's h11 protocol with its
 transport tapped (`Recording`). A connection's final frame was *written* when its bytes reached
-`transport.write` while the transport was not closing (asyncio's transport drops writes once it
-saw the end of file); it *reached* the transport at all when uvicorn did not drop it (uvicorn drops
-sends once `connection_lost` ran). `GET /result/{cid}` answers once the connection is closed, the
+`transport.write` while the transport was open and the socket took them; else it was *dropped*
+(asyncio's transport drops writes once it read the end of file, and closes on a write the socket
+refuses, e.g. EPIPE after the client's reset), or never reached the transport (uvicorn drops sends
+once `connection_lost` ran). `GET /result/{cid}` answers once the connection is closed, the
 response ended and the invocation ended (its listener had `Completed`, `CancelledEvent` or
-`FailedEvent`): the truth and what memory holds for the client.
+`FailedEvent`): the truth and what memory holds for the client, and for a held request a trace of
+what happened in which loop iteration (counted from the last token).
 
 Run as `python cancel_app.py <fd> <control port>` to serve on an already listening socket.
 """
@@ -50,6 +52,7 @@ from contextvars import ContextVar
 from typing import Annotated, Any
 
 import anyio
+import anyio.lowlevel
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -68,8 +71,24 @@ from agentrt.runs import Runs
 FINAL = (b"event: done", b'"type":"finish"', b'"type":"RUN_FINISHED"')
 """The answer's final frame, per protocol (Vercel's `finish`, not `finish-step`)."""
 
+LEAD = 6
+"""Loop iterations between the start of a `loop:K` sweep and the last token."""
+
 CID: ContextVar[str | None] = ContextVar("cid", default=None)
 order = itertools.count(1)
+ticks = [0, 0]  # loop iterations counted since the last guardrail, iterations left to count
+trace: list[tuple[int, str]] = []
+
+
+def ticker() -> None:
+    ticks[0] += 1
+    ticks[1] -= 1
+    if ticks[1] > 0:
+        asyncio.get_running_loop().call_soon(ticker)
+
+
+def note(what: str) -> None:
+    trace.append((ticks[0], what))
 
 
 class Connection:
@@ -92,12 +111,18 @@ class Tap:
         self._connection = connection
 
     def write(self, data: bytes) -> None:
-        if any(mark in data for mark in FINAL):
-            if self._inner.is_closing():
-                self._connection.dropped = next(order)
-            else:
-                self._connection.written = next(order)
+        if not any(mark in data for mark in FINAL):
+            self._inner.write(data)
+            return
+        closing = self._inner.is_closing()
         self._inner.write(data)
+        # A write the socket refused (the client reset the connection: EPIPE) closes the transport.
+        if closing or self._inner.is_closing():
+            self._connection.dropped = next(order)
+            note("final dropped")
+        else:
+            self._connection.written = next(order)
+            note("final written")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -115,10 +140,12 @@ class Recording(H11Protocol):
 
     def eof_received(self) -> None:
         self._recorded.eof = next(order)
+        note("eof")
         return super().eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._recorded.lost = next(order)
+        note(f"lost {exc!r}")
         super().connection_lost(exc)
         self._recorded.closed.set()
 
@@ -147,6 +174,20 @@ def hold(cid: str, point: str) -> None:
     assert readable, "the client's close did not reach the server's socket"
 
 
+def hold_later(cid: str, point: str, turns: int) -> None:
+    """Hold `turns` + 1 loop iterations from now (a `call_soon` chain)."""
+    loop = asyncio.get_running_loop()
+
+    def tick(left: int) -> None:
+        if left:
+            loop.call_soon(tick, left - 1)
+        else:
+            note("hold")
+            hold(cid, point)
+
+    loop.call_soon(tick, turns)
+
+
 def plan(text: str) -> tuple[str, str, int, float]:
     cid, point, *rest = text.split()
     tokens = int(rest[0]) if rest else 4
@@ -166,8 +207,18 @@ class Model:
         cid, point, tokens, pace = plan(request.messages[-1].text or "")
         for index in range(tokens):
             last = index == tokens - 1
-            if last and point == "token":
-                hold(cid, point)
+            if last and point != "none":
+                trace.clear()
+                if not ticks[1]:
+                    asyncio.get_running_loop().call_soon(ticker)
+                ticks[:] = [0, 60]
+                note("last token")
+                if point == "token":
+                    hold(cid, point)
+                elif point.startswith("loop:"):
+                    hold_later(cid, point, int(point[5:]))
+                    for _ in range(LEAD):  # the last token comes LEAD iterations later
+                        await anyio.lowlevel.checkpoint()
             if pace:
                 await anyio.sleep(pace)
             yield TextDelta(f"{cid}-end" if last else f"t{index} ")
@@ -178,18 +229,9 @@ class Model:
 
 async def checked(request: OutputGuardrailRequest) -> Any:
     cid, point, _, _ = plan(request.user_message.text or "")
+    note("guardrail")
     if point == "guardrail":
         hold(cid, point)
-    elif point.startswith("loop:"):
-        loop = asyncio.get_running_loop()
-
-        def tick(left: int) -> None:
-            if left:
-                loop.call_soon(tick, left - 1)
-            else:
-                hold(cid, point)
-
-        loop.call_soon(tick, int(point[5:]))
     return success()
 
 
@@ -200,6 +242,7 @@ class Store(InMemoryStore):
         self, key: str, messages: Sequence[Any], *, drop: int = 0, owner: str | None = None
     ) -> None:
         cid = CID.get()
+        note("commit")
         if cid is not None and clients[cid].point == "store":
             hold(cid, "store")
         await super().commit(key, messages, drop=drop, owner=owner)
@@ -210,6 +253,7 @@ def ended(event: Any) -> None:
     if cid is not None and type(event) in (Completed, CancelledEvent, FailedEvent):
         client = clients[cid]
         client.ended = type(event).__name__
+        note(client.ended)
         client.invocation.set()
 
 
@@ -255,6 +299,7 @@ def app(control: int) -> Any:
                 "lost": connection.lost,
                 "ended": client.ended,
                 "stored": [[message.role, message.text] for message in stored],
+                "trace": trace,
             }
         )
 
@@ -272,7 +317,7 @@ def app(control: int) -> Any:
                 changed.clear()
                 continue
             await anyio.sleep(blocking["every"])  # type: ignore[arg-type]
-            time.sleep(blocking["for"])  # type: ignore[arg-type]
+            time.sleep(blocking["for"])  # type: ignore[arg-type]  # noqa: ASYNC251 (the point: a blocked loop)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -296,6 +341,11 @@ def app(control: int) -> Any:
         client.point = headers.get(b"x-point", b"none").decode()
         CID.set(cid)
 
+        async def receiving() -> Any:
+            message = await receive()
+            note(f"received {message['type']}")
+            return message
+
         async def sending(message: Any) -> None:
             final = any(mark in message.get("body", b"") for mark in FINAL)
             if final and client.point == "send":
@@ -305,7 +355,7 @@ def app(control: int) -> Any:
                 hold(cid, "sent")
 
         try:
-            await inner(scope, receive, sending)
+            await inner(scope, receiving, sending)
         finally:
             client.response.set()
 
