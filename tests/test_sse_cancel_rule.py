@@ -16,12 +16,16 @@ with blocking sockets, one step at a time. The test with 200 clients is async an
 from __future__ import annotations
 
 import json
+import random
 import socket
+import struct
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.abc
 import httpx
 import pytest
 from served import serve
@@ -41,8 +45,9 @@ class Server:
     def request(self, path: str, protocol: str, cid: str, point: str, extra: str = "") -> bytes:
         question = f"{cid} {point} {extra}".strip()
         body = json.dumps(_body(protocol, question)).encode()
+        route = f"/{path}/{protocol}" + ("/open" if point == "none" else "")
         return (
-            f"POST /{path}/{protocol} HTTP/1.1\r\nhost: {self.url.host}\r\n"
+            f"POST {route} HTTP/1.1\r\nhost: {self.url.host}\r\n"
             f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
             f"x-cid: {cid}\r\nx-point: {point}\r\n\r\n"
         ).encode() + body
@@ -113,17 +118,20 @@ def held(server: Server, path: str, protocol: str, point: str, extra: str = "") 
     return result
 
 
-def stored_iff_written(result: dict[str, Any]) -> bool:
+def stored_iff_written(result: dict[str, Any], tokens: int = 4) -> bool:
     """The rule: stored (the user's message and the answer) exactly when the final frame was
     written; and the turn is stored whole or not at all."""
     cid = result["cid"]
-    if result["stored"] not in ([], [["user", f"{cid} {result['point']}"], ["assistant", ANSWER(cid)]]):
+    if result["stored"] not in (
+        [],
+        [["user", f"{cid} {result['point']}"], ["assistant", ANSWER(cid, tokens)]],
+    ):
         return False
     return bool(result["stored"]) == bool(result["written"])
 
 
 def ANSWER(cid: str, tokens: int = 4) -> str:
-    return "".join(f"t{index} " for index in range(tokens - 1)) + f"{cid}-end"
+    return "".join(f"k{index}x " for index in range(tokens - 1)) + f"{cid}-end"
 
 
 POINTS = {
@@ -180,3 +188,79 @@ def test_a_hang_up_read_in_each_loop_iteration_around_the_final_send(
     # the sweep crosses the final send: not written, then written from some iteration on
     assert [written for _, written, _ in outcomes] == sorted(written for _, written, _ in outcomes)
     assert {written for _, written, _ in outcomes} == {False, True}, outcomes
+
+
+FINAL = (b"event: done", b'"type":"finish"', b'"type":"RUN_FINISHED"')
+
+
+def test_two_hundred_clients_fifty_hanging_up_at_random_points_on_a_blocked_loop(server: Server) -> None:
+    # One server, its loop blocked 1 ms in every 4; 200 clients at once over every protocol and
+    # both paths (no output guardrail: tokens stream as they come), 8 tokens 1 ms apart each. 50 of
+    # them hang up at a random point (seeded): once they read token k (1 to 8; most often the last
+    # one, right before the final frame is sent) or the final frame; half close (a FIN, or a reset
+    # if unread data was left), half reset. (One asyncio client run: the server is asyncio's.)
+    rng = random.Random(27)
+    cases = [(rng.choice(PATHS), rng.choice(PROTOCOLS)) for _ in range(200)]
+    points = [*range(1, 9), 8, 8, 8, 8, 9, 9]
+    quitting = {index: (rng.choice(points), rng.random() < 0.5) for index in rng.sample(range(200), 50)}
+    cids = [f"m{index}-{uuid.uuid4().hex[:8]}" for index in range(200)]
+    results: dict[int, dict[str, Any]] = {}
+
+    def seen(index: int, received: bytes) -> bool:
+        """Whether the quitting client `index` read as far as it goes."""
+        k = quitting[index][0]
+        if k == 9:
+            return any(mark in received for mark in FINAL)
+        return (f"k{k - 1}x" if k < 8 else f"{cids[index]}-end").encode() in received
+
+    async def client(index: int) -> None:
+        path, protocol = cases[index]
+        request = server.request(path, protocol, cids[index], "none", "8 1")
+        async with await anyio.connect_tcp(server.url.host, server.url.port or 80) as stream:
+            await stream.send(request)
+            received = await stream.receive()
+            assert received.startswith(b"HTTP/1.1 200"), received
+            if index in quitting:
+                while not seen(index, received):
+                    received += await stream.receive()
+                if quitting[index][1]:
+                    raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+                    raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                return
+            while not received.endswith(b"0\r\n\r\n"):  # the chunked body's end
+                received += await stream.receive()
+
+    async def main() -> None:
+        async with httpx.AsyncClient(base_url=server.base, timeout=30) as http:
+            assert (await http.post("/blocks", json={"every": 0.003, "for": 0.001})).status_code == 200
+            try:
+                with anyio.fail_after(60):
+                    async with anyio.create_task_group() as group:
+                        for index in range(200):
+                            group.start_soon(client, index)
+            finally:
+                await http.post("/blocks", json={"every": 0, "for": 0})
+
+            async def result(index: int) -> None:
+                response = await http.get(f"/result/{cids[index]}")
+                results[index] = {**response.json(), "cid": cids[index], "point": "none 8 1"}
+
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as group:
+                    for index in range(200):
+                        group.start_soon(result, index)
+
+    anyio.run(main)
+    for index, answer in results.items():
+        assert stored_iff_written(answer, tokens=8), (index, cases[index], quitting.get(index), answer)
+        if index not in quitting:
+            assert answer["written"] and answer["ended"] == "Completed", answer
+    stored = sum(bool(results[index]["stored"]) for index in quitting)
+    dropped = sum(bool(results[index]["dropped"]) for index in quitting)
+    after_last = [index for index in quitting if quitting[index][0] == 8]
+    print(
+        f"\nof 50 hang-ups: {stored} stored (final frame written), {50 - stored} not "
+        f"({dropped} of them with the final frame dropped); of the {len(after_last)} after the last "
+        f"token: {sum(bool(results[index]['stored']) for index in after_last)} stored"
+    )
+    assert 0 < stored < 50

@@ -4,8 +4,9 @@ to the client's connection?
 
 Six endpoints, `POST /{plain|runs}/{agentrt|vercel-ui|ag-ui}`: each protocol without a run manager
 and with one (`runs=Runs()`, `on_disconnect="cancel"`). One service: a model that streams a few
-tokens, an output guardrail, a memory whose store is this app's, a listener. The memory id is the
-request's `x-cid` header (one conversation per client).
+tokens (`k0x k1x ... <cid>-end`), an output guardrail, a memory whose store is this app's, a
+listener. The same six under `.../open` have no output guardrail (the tokens stream as they come).
+The memory id is the request's `x-cid` header (one conversation per client).
 
 The question says what the server does: `"<cid> <point> [tokens] [pace ms]"`. At `point` the server
 *holds*: it blocks its event loop (a synchronous wait, as a long synchronous step would), tells the
@@ -221,7 +222,7 @@ class Model:
                         await anyio.lowlevel.checkpoint()
             if pace:
                 await anyio.sleep(pace)
-            yield TextDelta(f"{cid}-end" if last else f"t{index} ")
+            yield TextDelta(f"{cid}-end" if last else f"k{index}x ")
         if point == "tokened":
             hold(cid, point)
         yield Finish(FinishReason.STOP)
@@ -274,13 +275,16 @@ def app(control: int) -> Any:
     def user(request: Request) -> str:
         return request.headers["x-cid"]
 
+    # the same without an output guardrail: its tokens stream as they come
+    unguarded = agentrt.build(Chat, model=Model(), memory=memory, listeners=[ended])
     routes = []
     for protocol in ("agentrt", "vercel-ui", "ag-ui"):
         for path, manager in (("plain", None), ("runs", runs)):
-            handler = agentrt.sse.endpoint(
-                service.chat, memory_id=user, protocol=protocol, runs=manager, ping=None
-            )  # type: ignore[call-overload]
-            routes.append(Route(f"/{path}/{protocol}", handler, methods=["POST"]))
+            for suffix, chat in (("", service.chat), ("/open", unguarded.chat)):
+                handler = agentrt.sse.endpoint(
+                    chat, memory_id=user, protocol=protocol, runs=manager, ping=None
+                )  # type: ignore[call-overload]
+                routes.append(Route(f"/{path}/{protocol}{suffix}", handler, methods=["POST"]))
 
     async def result(request: Request) -> JSONResponse:
         cid = request.path_params["cid"]
