@@ -45,7 +45,10 @@ class Server:
     def request(self, path: str, protocol: str, cid: str, point: str, extra: str = "") -> bytes:
         question = f"{cid} {point} {extra}".strip()
         body = json.dumps(_body(protocol, question)).encode()
-        route = f"/{path}/{protocol}" + ("/open" if point == "none" else "")
+        # the guarded service for the points in the guardrail, the unguarded one (tokens as they
+        # come) for the rest
+        guarded = point in ("token", "tokened", "guardrail", "send", "sent", "store")
+        route = f"/{path}/{protocol}" + ("" if guarded else "/open")
         return (
             f"POST {route} HTTP/1.1\r\nhost: {self.url.host}\r\n"
             f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"

@@ -18,7 +18,8 @@ it. Points:
 - `token`: in the model, before the last token; `tokened`: after it, before the model's end
 - `guardrail`: in the output guardrail
 - `loop:K`: K + 1 event-loop iterations after the model was about to send its last token, which it
-  sends `LEAD` iterations later (a `call_soon` chain): a sweep across the final send
+  sends `LEAD` iterations later, and its end `TAIL` after that (a `call_soon` chain): a sweep across
+  the final send
 - `send`: in the ASGI `send`, just before the final frame is handed to uvicorn; `sent`: just after
 - `store`: in the memory store's write of the turn (the commit)
 - `none`: nowhere (the 200-client test: `tokens` tokens `pace` ms apart)
@@ -74,6 +75,9 @@ FINAL = (b"event: done", b'"type":"finish"', b'"type":"RUN_FINISHED"')
 
 LEAD = 6
 """Loop iterations between the start of a `loop:K` sweep and the last token."""
+TAIL = 3
+"""Loop iterations between the last token and the model's end, in a sweep: the final frame is then
+the first write of its step (a hang-up read in that very iteration is read after it)."""
 
 CID: ContextVar[str | None] = ContextVar("cid", default=None)
 order = itertools.count(1)
@@ -200,6 +204,12 @@ class Chat:
     async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
 
 
+class Open:
+    """`Chat` without its output guardrail."""
+
+    async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+
 class Model:
     name = "tokens"
     capabilities = Capabilities(handles_deadline=True)
@@ -225,6 +235,9 @@ class Model:
             yield TextDelta(f"{cid}-end" if last else f"k{index}x ")
         if point == "tokened":
             hold(cid, point)
+        elif point.startswith("loop:"):
+            for _ in range(TAIL):  # the end comes in a read of its own, as over a network
+                await anyio.lowlevel.checkpoint()
         yield Finish(FinishReason.STOP)
 
 
@@ -276,7 +289,7 @@ def app(control: int) -> Any:
         return request.headers["x-cid"]
 
     # the same without an output guardrail: its tokens stream as they come
-    unguarded = agentrt.build(Chat, model=Model(), memory=memory, listeners=[ended])
+    unguarded = agentrt.build(Open, model=Model(), memory=memory, listeners=[ended])
     routes = []
     for protocol in ("agentrt", "vercel-ui", "ag-ui"):
         for path, manager in (("plain", None), ("runs", runs)):
