@@ -259,6 +259,8 @@ class Store(InMemoryStore):
         note("commit")
         if cid is not None and clients[cid].point == "store":
             hold(cid, "store")
+            for _ in range(8):  # a store's write over the network: the hang-up lands meanwhile
+                await anyio.lowlevel.checkpoint()
         await super().commit(key, messages, drop=drop, owner=owner)
 
 
