@@ -28,10 +28,10 @@ Errors before the model accepted the request (a bad body, an input guardrail, a 
 exceeded context, a busy conversation) are HTTP error responses with a JSON body
 `{"error": {"type", "message"}}` (and `Retry-After` for 429), not a 200 stream. A client that
 disconnects cancels the invocation: sse-starlette cancels the task that reads it, which closes the
-model stream; the turn is stored if and only if the answer's final event was handed to the server
-before the server learned that the client was gone (see `DEFER_COMMIT`). With a run manager
-(`runs=`), a run may instead go on without its client (`on_disconnect="detach"`), and a client
-resumes it with `Last-Event-ID`.
+model stream; the turn is stored if and only if the answer's final event was written to the
+connection before the server learned that the client was gone (see `_DEFER_COMMIT`, `_SETTLE`).
+With a run manager (`runs=`), a run may instead go on without its client
+(`on_disconnect="detach"`), and a client resumes it with `Last-Event-ID`.
 
 A turn that stopped for approval is resumed over the same endpoint: a request whose body is only
 `{"approval": {"run_id": ..., "decisions": {"<call id>": {"approve": true} | {"approve": true,

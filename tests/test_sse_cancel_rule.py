@@ -2,15 +2,20 @@
 if and only if the answer's final frame (native `done`, Vercel `finish`, AG-UI `RUN_FINISHED`) was
 written to its connection before the server learned that the client was gone.
 
-The server is uvicorn in a child process (tests/servers/cancel_app.py), with every protocol with
-and without a run manager. The truth is taken from uvicorn's side, not agentrt's: the server's HTTP
-protocol records whether the final frame's bytes reached `transport.write` while the transport was
-open. The client hangs up while the server's event loop is blocked at a point the test chooses (the
-server holds there until the test closed the client's socket); each point from before the last
-token to inside the memory write.
+The server is uvicorn in a child process (tests/servers/cancel_app.py): every protocol, without a
+run manager and with one. The truth is uvicorn's, not agentrt's: the server's HTTP protocol records
+whether the final frame's bytes reached `transport.write` while the transport was open and the
+socket took them. The client hangs up while the server's event loop is blocked at a point the test
+chooses (the server holds there until the test closed the client's socket): each point from before
+the last token to inside the memory write, then each loop iteration across the final send.
 
-(No asyncio/trio split for the held points: the test drives uvicorn, asyncio's, in a child process,
-with blocking sockets, one step at a time. The test with 200 clients is async and runs on both.)
+The rule is exact with the response's two loop turns between the final send and the commit
+(`agentrt.sse._SETTLE`, `agentrt._sse_runs.SETTLE`): with one, a hang-up read in the iteration
+before the send stores a turn whose final frame was dropped; with three, one read in the very
+iteration of the send (after it) stores nothing though the frame was written (the sweep shows both).
+
+(No asyncio/trio split: the tests drive uvicorn, asyncio's, in a child process, with blocking
+sockets one step at a time, and the 200 clients in one asyncio run of their own.)
 """
 
 from __future__ import annotations
@@ -143,7 +148,7 @@ POINTS = {
     "guardrail": False,  # in the output guardrail
     "send": True,  # just before the final frame is handed to uvicorn: uvicorn writes it
     "sent": True,  # just after
-    "store": True,  # inside the memory write (the commit)
+    "store": True,  # inside the memory write (the commit), which then awaits 8 loop turns
 }
 """Each point the loop is held at, and whether the final frame is written when the client's hang-up
 lands there (the truth the server records is asserted too)."""
@@ -167,8 +172,8 @@ def test_a_hang_up_while_the_loop_is_blocked_at_each_point_from_the_last_token_t
 
 SWEEP = range(0, 16)
 """The server holds K + 1 loop iterations after the model is about to send its last token, which it
-sends 6 iterations later (`LEAD` in tests/servers/cancel_app.py): the final frame is sent a few
-iterations after that."""
+sends 6 iterations later and its end 3 after that (`LEAD`, `TAIL` in tests/servers/cancel_app.py):
+the final frame is sent a few iterations after that."""
 
 
 @pytest.mark.parametrize("path", PATHS)
