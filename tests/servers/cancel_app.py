@@ -259,7 +259,9 @@ class Store(InMemoryStore):
         note("commit")
         if cid is not None and clients[cid].point == "store":
             hold(cid, "store")
-            for _ in range(8):  # a store's write over the network: the hang-up lands meanwhile
+            # A store's write over the network: the hang-up lands meanwhile, and the write goes on
+            # (the memory runs a store's write to its end, and the invocation shields the commit).
+            for _ in range(8):
                 await anyio.lowlevel.checkpoint()
         await super().commit(key, messages, drop=drop, owner=owner)
 
