@@ -525,7 +525,7 @@ and a keep-alive ping may write in the same turn: three keeps below five)."""
 
 _SETTLE: Final = 2
 """Event-loop turns between the send of a stream's final frame and the commit it lets go (see
-`DEFER_COMMIT`). A server's send returns also when nothing was written: once uvicorn's loop read
+`_DEFER_COMMIT`). A server's send returns also when nothing was written: once uvicorn's loop read
 the client's end of file, the transport drops writes (and once the connection is lost, uvicorn drops
 sends), and the response hears of it two turns later (the connection is closed, then the response's
 disconnect listener is told and cancels it). So a hang-up read before the final send cancels the
