@@ -20,6 +20,7 @@ so the request's own cost (routing, validation, the run's start and the turn's c
     .venv/bin/python benchmarks/bench_runs.py              # µs a token, every variant, both models
     .venv/bin/python benchmarks/bench_runs.py --quick      # fewer tokens and repeats (make bench)
     .venv/bin/python benchmarks/bench_runs.py --redis redis://127.0.0.1:6379/0
+    .venv/bin/python benchmarks/bench_runs.py --redis-only     # (or --no-redis)
     .venv/bin/python benchmarks/bench_callgrind.py runs    # instructions a token (needs valgrind)
 
 With a variant, a model and a token count it runs that one response (what callgrind measures):
@@ -279,6 +280,8 @@ def main() -> None:
         paced = model == "paced"
         base = bases[model] = per_token_us("plain", n, paced, None, repeat)
         print(line(f"{model} plain", base, None))
+        if "--redis-only" in args:
+            continue
         for variant in ("cancel", "detach"):
             print(line(f"{model} memory {variant}", per_token_us(variant, n, paced, None, repeat), base))
     if "--no-redis" in args:
