@@ -87,7 +87,11 @@ class RunLog(typing.Protocol):
 
     def read(self, run: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
         """The run's frames after `after` (`(seq, frame)`), then the ones still to come, until the
-        run's end. Raises `RunGone` when they cannot be read on."""
+        run's end. Raises `RunGone` when they cannot be read on.
+
+        A log may also offer `read_batches(run, after)`, the same as `(first seq, frames)` with
+        every frame it has at once (see `MemoryRunLog`): an SSE response then sends them in one
+        write, where it sends a frame at a time from `read`."""
 
     async def request_stop(self, run: str) -> None:
         """Ask the process that runs `run` to stop it (see `serve`)."""
