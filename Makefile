@@ -120,6 +120,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_moderation.py
 	$(BIN)/python benchmarks/bench_otel.py
 	$(BIN)/python benchmarks/bench_mcp.py --quick
+	$(BIN)/python benchmarks/bench_runs.py --quick
 
 # A background local model server on a free port; its URL is in .local-model/url.
 local-model-start: $(LOCAL)

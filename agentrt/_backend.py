@@ -9,6 +9,8 @@ at a cost the hot path cannot pay:
   waits for (the close of a stream collected unclosed; the heartbeat of a shared store's lease);
 - `call_at`: a timer at a deadline, without a task or a cancel scope (a stream's watchdog);
 - `current_task`: the running task, compared by identity (who holds a conversation);
+- `waiters`: one-shot wakes for a task that waits, cheaper than `anyio.Event` (a run log's reader
+  waits for each streamed frame);
 - `complete`: run an operation to its end whatever cancels its caller, native asyncio
   cancellation included.
 
@@ -21,12 +23,23 @@ import asyncio
 import heapq
 import math
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Protocol, TypeAlias, TypeVar
 
 import anyio
 
-__all__ = ["Schedule", "Timer", "call_at", "complete", "current_task", "home", "now", "spawn"]
+__all__ = [
+    "Schedule",
+    "Timer",
+    "Waiter",
+    "call_at",
+    "complete",
+    "current_task",
+    "home",
+    "now",
+    "spawn",
+    "waiters",
+]
 
 _T = TypeVar("_T")
 
@@ -85,6 +98,45 @@ def spawn(function: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None
     task = asyncio.get_running_loop().create_task(function(*args))
     _spawned.add(task)
     task.add_done_callback(_spawned.discard)
+
+
+class Waiter(Protocol):
+    """A one-shot wake of one waiting task: `await waiter` until `set_result(None)`; `done()` once set
+    (or, on asyncio, once its waiter was cancelled: then it is not set again)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: None, /) -> None: ...
+
+    def __await__(self) -> Generator[Any, None, Any]: ...
+
+
+class _TrioWaiter:
+    __slots__ = ("_event",)
+
+    def __init__(self, event: Any) -> None:
+        self._event = event
+
+    def done(self) -> bool:
+        return bool(self._event.is_set())
+
+    def set_result(self, result: None, /) -> None:
+        self._event.set()
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._event.wait().__await__()  # type: ignore[no-any-return]
+
+
+def waiters() -> Callable[[], Waiter]:
+    """What makes `Waiter`s in the running event loop: its `create_future` on asyncio (a bare future:
+    a third of what `anyio.Event` costs a wait, its backend lookup and two wrapping coroutines), a
+    trio event on trio. One waiter per waiting task: a task cancelled while it waits cancels its
+    future, which must then be no other task's."""
+    trio = _trio()
+    if trio is not None:
+        event = trio.Event
+        return lambda: _TrioWaiter(event())
+    return asyncio.get_running_loop().create_future
 
 
 class Timer(Protocol):

@@ -185,24 +185,37 @@ def response(
         written = 0
         resumed = 0.0
         clock = time.perf_counter
-        reading = log.read(run, after)
+        batches = getattr(log, "read_batches", None)
+        reading = batches(run, after) if batches is not None else _one_by_one(log.read(run, after))
         try:
-            async for seq, data in reading:
+            # A batch is every frame there was when the reader woke: one write, not one each.
+            async for first, batch in reading:
                 if clock() - resumed > _WAITED:
                     written = 0
-                if live is not None and seq == live.final:
-                    yield data
+                if live is not None and first <= live.final < first + len(batch):
+                    # The answer's final frame goes alone: the frames before it, the final frame,
+                    # the turns in which a hang-up read before its send lands, then the rest.
+                    at = live.final - first
+                    head, final, tail = batch[:at], batch[at], batch[at + 1 :]
+                    if head:
+                        if written == _WRITES_PER_TURN:
+                            await anyio.lowlevel.checkpoint()
+                        yield b"".join(head)
+                    yield final
                     for _ in range(SETTLE):  # a hang-up read before the send lands first
                         await anyio.lowlevel.checkpoint()
                     live.deliver()  # it was written: the writer stores the turn
                     written = 0
+                    if tail:
+                        written = 1
+                        yield b"".join(tail)
                     resumed = clock()
                     continue
                 if written == _WRITES_PER_TURN:
                     await anyio.lowlevel.checkpoint()
                     written = 0
                 written += 1
-                yield data
+                yield batch[0] if len(batch) == 1 else b"".join(batch)
                 resumed = clock()
         except RunGone as gone:
             failed: list[Any] = encoder.failed({"type": f"run_{gone.reason}", "message": str(gone)})
@@ -243,6 +256,17 @@ class _Response(EventSourceResponse):
         finally:
             if self._agentrt_live is not None:
                 self._agentrt_live.abandon()
+
+
+async def _one_by_one(reading: AsyncIterator[tuple[int, bytes]]) -> AsyncIterator[tuple[int, list[bytes]]]:
+    """A log's `read` as batches of one frame (a log without `read_batches`)."""
+    try:
+        async for seq, frame in reading:
+            yield seq, [frame]
+    finally:
+        aclose = getattr(reading, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def parse_event_id(value: str) -> tuple[str, int] | None:

@@ -28,6 +28,8 @@ from typing import Any, Final
 import anyio
 import anyio.abc
 
+from . import _backend
+
 if typing.TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Coroutine
 
@@ -96,7 +98,11 @@ class RunLog(typing.Protocol):
 
     def read(self, run: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
         """The run's frames after `after` (`(seq, frame)`), then the ones still to come, until the
-        run's end. Raises `RunGone` when they cannot be read on."""
+        run's end. Raises `RunGone` when they cannot be read on.
+
+        A log may also offer `read_batches(run, after)`, the same as `(first seq, frames)` with
+        every frame it has at once (see `MemoryRunLog`): an SSE response then sends them in one
+        write, where it sends a frame at a time from `read`."""
 
     async def request_stop(self, run: str) -> None:
         """Ask the process that runs `run` to stop it (see `serve`)."""
@@ -110,6 +116,8 @@ class RunLog(typing.Protocol):
 
 _MAX_BYTES: Final = 8 * 1024 * 1024
 _TTL: Final = 300.0
+_BATCH: Final = 64
+"""The most frames `MemoryRunLog.read_batches` gives at once (a response's write)."""
 
 
 class _Entry:
@@ -122,13 +130,15 @@ class _Entry:
         self.size = 0
         self.ended = False
         self.expires = 0.0
-        self.waiting: anyio.Event | None = None
+        self.waiting: list[_backend.Waiter] = []  # one per reader waiting for a frame
 
     def wake(self) -> None:
         waiting = self.waiting
-        if waiting is not None:
-            self.waiting = None
-            waiting.set()
+        if waiting:
+            self.waiting = []
+            for waiter in waiting:
+                if not waiter.done():  # a reader cancelled while it waited
+                    waiter.set_result(None)
 
 
 class MemoryRunLog:
@@ -169,7 +179,7 @@ class MemoryRunLog:
         entry.size += len(frame)
         if entry.size > self.max_bytes:
             self._trim(entry)
-        if entry.waiting is not None:
+        if entry.waiting:
             entry.wake()
 
     def _trim(self, entry: _Entry) -> None:
@@ -217,25 +227,39 @@ class MemoryRunLog:
         return going[-1] if going else None
 
     async def read(self, run: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
+        async for first, frames in self.read_batches(run, after):
+            for frame in frames:
+                yield first, frame
+                first += 1
+
+    async def read_batches(self, run: str, after: int) -> AsyncIterator[tuple[int, list[bytes]]]:
+        """`read`, a batch at a time: `(seq of the first, frames)` with every frame there is (at
+        most `_BATCH`), waiting only when there is none. What an SSE response reads: it sends a
+        batch in one write, and is woken once for all the frames appended meanwhile."""
         entry = self._entry(run)
         if entry is None:
             raise RunGone("expired", "the run has ended and its log expired (or it never was)")
+        waiter = _backend.waiters()  # the wait for the next frame: once a token, so no anyio.Event
         while True:
             frames = entry.frames
             index = after + 1 - entry.first
             if index < 0:
                 raise RunGone("truncated", "the reader fell behind past what the run's log keeps")
             if index < len(frames):
-                frame = frames[index]
-                after += 1
-                yield after, frame
+                batch = frames[index : index + _BATCH]
+                yield after + 1, batch
+                after += len(batch)
                 continue
             if entry.ended:
                 return
-            waiting = entry.waiting
-            if waiting is None:
-                waiting = entry.waiting = anyio.Event()
-            await waiting.wait()
+            waiting = waiter()
+            entry.waiting.append(waiting)
+            try:
+                await waiting
+            except BaseException:  # cancelled: its waiter is no longer kept for a wake
+                if waiting in entry.waiting:
+                    entry.waiting.remove(waiting)
+                raise
 
     async def request_stop(self, run: str) -> None:
         return None  # one process: the manager stops its own runs

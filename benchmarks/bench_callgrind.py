@@ -7,6 +7,9 @@ difference divided by 5N is the instructions one unit costs, start-up and import
     per-call        awaited 5-token calls from memory
     round-trip      one tool round trip over a local HTTP server (`bench_http.serve`): agentrt
                     against a hand-written httpx + orjson loop, async and sync tools
+    runs            an SSE endpoint's answer over ASGI (`bench_runs.respond`): without a run log,
+                    and with `Runs()` (MemoryRunLog) on "cancel" and "detach", for a model that
+                    gives its tokens back to back (burst) and one a loop turn (paced)
 
     .venv/bin/python benchmarks/bench_callgrind.py [scenario ...]      (needs valgrind)
 
@@ -79,6 +82,14 @@ if __name__ == "__main__":
 """
 
 
+_RUNS = """
+import sys, anyio
+sys.path.insert(0, {here!r})
+from bench_runs import respond
+anyio.run(respond, sys.argv[2], int(sys.argv[1]), sys.argv[3] == "paced")
+"""
+
+
 def instructions(script: str, *args: str) -> int:
     """The instructions the script's own process ran (not the server it starts)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,7 +116,7 @@ def per_unit(script: str, n: int, *args: str) -> float:
 
 
 def main() -> None:
-    chosen = sys.argv[1:] or ["per-token", "per-call", "round-trip"]
+    chosen = sys.argv[1:] or ["per-token", "per-call", "round-trip", "runs"]
     if "per-token" in chosen:
         print(f"per streamed token, from memory:  {per_unit(_STREAM, 2000):10,.0f} instructions")
     if "per-call" in chosen:
@@ -118,6 +129,16 @@ def main() -> None:
                 f"tool round trip ({kind} tool): plain {plain:12,.0f}, agentrt {ours:12,.0f} "
                 f"(+{ours - plain:,.0f} instructions, {ours / plain - 1:+.0%})"
             )
+    if "runs" in chosen:
+        for model in ("burst", "paced"):
+            plain = per_unit(_RUNS, 1000, "plain", model)
+            print(f"SSE endpoint per token ({model}), no run log: {plain:10,.0f} instructions")
+            for policy in ("cancel", "detach"):
+                ours = per_unit(_RUNS, 1000, policy, model)
+                print(
+                    f"SSE endpoint per token ({model}), MemoryRunLog, {policy:6}: {ours:10,.0f} "
+                    f"instructions ({ours - plain:+,.0f}, {ours / plain - 1:+.0%})"
+                )
 
 
 if __name__ == "__main__":

@@ -401,3 +401,54 @@ async def test_a_client_protocol_run_is_resumed_by_its_id_for_its_user_only() ->
     assert mine.status_code == 200 and [f for f in mine.text.split("\n\n") if f] == frames[2:]
     assert theirs.status_code == 404
     assert by_chat.status_code == 204  # the run has ended: nothing to resume
+
+
+async def test_a_reader_gets_every_frame_there_is_in_one_batch_of_at_most_64() -> None:
+    log = MemoryRunLog()
+    await log.open(RunRecord("r", None))
+    for seq in range(1, 71):
+        log.append("r", seq, b"%d" % seq)
+    await log.end("r")
+    batches = [(first, len(frames)) async for first, frames in log.read_batches("r", 2)]
+    assert batches == [(3, 64), (67, 4)]
+    assert [seq for seq, _ in await read_all(log, "r", 0)] == list(range(1, 71))
+
+
+async def test_a_reader_cancelled_while_it_waits_leaves_the_others_waiting() -> None:
+    log = MemoryRunLog()
+    await log.open(RunRecord("r", None))
+    got: list[tuple[int, bytes]] = []
+
+    async def reader() -> None:
+        got.extend(await read_all(log, "r", 0))
+
+    with anyio.fail_after(5):  # a reader left waiting for a wake that never comes fails here
+        async with anyio.create_task_group() as group:
+            group.start_soon(reader)
+            with anyio.CancelScope() as gone:
+                async with anyio.create_task_group() as other:
+                    other.start_soon(reader)
+                    await anyio.lowlevel.checkpoint()  # both wait for the first frame
+                    gone.cancel()
+            log.append("r", 1, b"a")
+            await log.end("r")
+    assert got == [(1, b"a")]
+
+
+async def test_frames_ready_together_go_in_one_write_and_the_final_one_alone_and_last() -> None:
+    svc = agentrt.build(
+        Chat, model=ScriptedModel([f"t{i} " for i in range(200)]), memory=agentrt.memory.window()
+    )
+    runs = Runs()
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs)
+    async with runs:
+        client = Client(b'{"question": "Hi"}')
+        await run_client(app_with(runs, handler), client)
+    run = client.headers["agentrt-run-id"]
+    events = client.events()
+    assert [e["id"] for e in events] == [f"{run}:{seq}" for seq in range(1, 202)]
+    writes = [m["body"] for m in client.sent[1:] if m.get("body")]
+    assert len(writes) < 201  # the tokens the model gave at once went out together
+    assert parse_sse(writes[-1].decode()) == [events[-1]]  # the answer's end: alone, and last
+    assert events[-1]["event"] == "done"
+    assert len(await agentrt.memory.access(svc).read("ada")) == 2

@@ -63,7 +63,8 @@ def agui_body(thread: str, run: str) -> bytes:
 
 
 class CutClient(Client):
-    """A client whose connection drops once it got `cut` events (0: as the response starts)."""
+    """A client whose connection drops once it got at least `cut` events (0: as the response
+    starts; a response writes what the run's log holds at once, so a cut falls after a write)."""
 
     def __init__(self, body: bytes, cut: int) -> None:
         super().__init__(body, user=b"ada")
@@ -74,8 +75,8 @@ class CutClient(Client):
         await super().send(message)
         if message["type"] == "http.response.start" and self.cut == 0:
             self.hang_up()
-        elif not self.gone.is_set() and len(self.events()) == self.cut:
-            self.hang_up()
+        elif not self.gone.is_set() and self.cut > 0 and len(self.events()) >= self.cut:
+            self.hang_up()  # a write may carry several events (what the log held): cut after it
 
 
 async def test_ag_ui_a_run_cut_after_any_event_resumes_by_its_id_with_exactly_the_rest() -> None:
@@ -92,7 +93,7 @@ async def test_ag_ui_a_run_cut_after_any_event_resumes_by_its_id_with_exactly_th
             client = CutClient(agui_body(f"t-{cut}", run), cut)
             await run_client(app, client)
             got = client.events()
-            assert len(got) == cut
+            assert len(got) >= cut
             last = got[-1]["id"] if got else f"{run}:0"
             resumed = await http.get("/agui/resume", headers={"x-user": "ada", "last-event-id": last})
             assert resumed.status_code == 200
