@@ -1,0 +1,125 @@
+"""An outside review of issue 27 (runs that outlive their connection): each test pins a defect the
+review found (it fails on the code as reviewed, and passes once the defect is fixed).
+
+See /work/notes/review27.md for the findings: reproduction, cause, suggested fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+import redis
+from starlette.applications import Starlette
+from starlette.routing import Route
+from test_frontends import AGUI_BODY, by_thread
+from test_runs import Chat, Client, Gate, app_with, asgi, run_client, user_of
+from test_sse_endpoint import parse_sse
+
+import agentrt
+import agentrt.sse
+from agentrt import AssistantMessage
+from agentrt.runs import MemoryRunLog, RedisRunLog, Runs
+from agentrt.testing import CallTool, ScriptedModel
+
+
+async def finished_run(runs: Runs, app: Starlette) -> str:
+    client = Client(b'{"question": "Hi"}')
+    await run_client(app, client)
+    return client.headers["agentrt-run-id"]
+
+
+@pytest.mark.parametrize("digit", [b"\xb2", b"\xb9", b"\xb3"])  # latin-1 superscripts: '2', '1', '3'
+async def test_a_last_event_id_with_a_non_ascii_digit_is_a_400_not_a_500(digit: bytes) -> None:
+    # Starlette decodes header bytes as latin-1: b"\xb2" is "²", which str.isdigit() accepts and
+    # int() refuses (ValueError: a 500, or an exception out of the app).
+    svc = agentrt.build(Chat, model=ScriptedModel(["a"]), memory=agentrt.memory.window())
+    runs = Runs()
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs)
+    app = app_with(runs, handler)
+    async with runs:
+        run = await finished_run(runs, app)
+        transport = agentrt_transport(app)
+        async with transport as http:
+            got = await http.get("/chat/resume", headers={"x-user": "ada", "last-event-id": run.encode() + b":" + digit})
+            posted = await http.post(
+                "/chat", json={}, headers={"x-user": "ada", "last-event-id": run.encode() + b":1" + digit}
+            )
+    assert (got.status_code, got.text) == (400, got.text) and got.json()["error"]["type"] == "bad_event_id"
+    assert posted.status_code == 400 and posted.json()["error"]["type"] == "bad_event_id"
+
+
+def agentrt_transport(app: Starlette) -> Any:
+    """httpx over ASGI, with the app's exceptions as 500s (as a server answers them)."""
+    import httpx
+
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app, raise_app_exceptions=False), base_url="http://test"
+    )
+
+
+class TwoGates:
+    def __init__(self) -> None:
+        self.first = anyio.Event()
+        self.second = anyio.Event()
+
+    @agentrt.tool("Waits for the first gate.")
+    async def first_gate(self) -> str:
+        await self.first.wait()
+        return "one"
+
+    @agentrt.tool("Waits for the second gate.")
+    async def second_gate(self) -> str:
+        await self.second.wait()
+        return "two"
+
+
+async def test_a_redis_restart_mid_run_ends_that_run_and_leaves_the_others_going(redis_url: str) -> None:
+    # Redis restarted without persistence (FLUSHDB here) while a run streams: the next batched write
+    # finds the run's record gone and forgets the run (`_send`), so its next `append` raises
+    # KeyError, in `write`'s `except Exception` too (it appends the error frame), out of the run's
+    # task: the manager's task group fails, every other run of the app is cancelled, and the
+    # manager's block raises.
+    gates, other_gate = TwoGates(), Gate()
+    model = ScriptedModel(
+        [CallTool("first_gate", {}, id="c1")], [CallTool("second_gate", {}, id="c2")], ["done"]
+    )
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gates])
+    other_model = ScriptedModel([CallTool("wait_for_gate", {}, id="o1")], ["fine"])
+    other_svc = agentrt.build(Chat, model=other_model, memory=agentrt.memory.window(), tools=[other_gate])
+    prefix = "review-restart:"
+    log = RedisRunLog(redis_url, prefix=prefix)
+    runs = Runs(log)
+    app = app_with(runs, agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach"))
+    other_app = app_with(
+        runs, agentrt.sse.endpoint(other_svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach")
+    )
+    raw = redis.Redis.from_url(redis_url)
+    client, other = Client(b'{"question": "Hi"}'), Client(b'{"question": "Hi"}', user=b"bob")
+    failure: BaseException | None = None
+    try:
+        async with runs, anyio.create_task_group() as group:
+            group.start_soon(run_client, app, client)
+            group.start_soon(run_client, other_app, other)
+            await client.frames.wait()  # the first tool call was written to Redis and read back
+            await other.frames.wait()
+            run = client.headers["agentrt-run-id"]
+            for key in raw.scan_iter(f"{prefix}*"):  # the restart: Redis lost every key
+                raw.delete(key)
+            gates.first.set()  # the tool's result, the next call: written, refused, the run forgotten
+            with anyio.fail_after(10):
+                while run in log._writing:
+                    await anyio.lowlevel.checkpoint()
+            gates.second.set()  # the next frame's append: KeyError
+            other_gate.open.set()
+    except BaseException as error:  # noqa: BLE001 - what the manager's block raised, if anything
+        failure = error
+    finally:
+        raw.close()
+        await log.aclose()
+    assert failure is None, repr(failure)
+    # The run that did not touch the lost keys ended as it would have: its answer, stored.
+    assert [e["event"] for e in other.events()][-1] == "done"
+    assert (await agentrt.memory.access(other_svc).read("bob"))[-1] == AssistantMessage(text="fine")
