@@ -14,7 +14,7 @@ import pytest
 import redis
 from starlette.applications import Starlette
 from starlette.routing import Route
-from test_frontends import AGUI_BODY, by_thread
+from test_frontends import VERCEL_BODY, by_thread
 from test_runs import Chat, Client, Gate, app_with, asgi, run_client, user_of
 from test_sse_endpoint import parse_sse
 
@@ -154,3 +154,23 @@ async def test_a_run_of_one_endpoint_is_not_resumed_or_stopped_through_another_s
         read = await http.get("/agui/resume", params={"run": run}, headers={"x-user": "ada"})
     assert (read.status_code, stopped.status_code) == (404, 404)
     assert [e["event"] for e in client.events()] == ["tool_call", "tool_result", "token", "done"]
+
+
+
+async def test_a_run_the_manager_could_not_start_is_not_left_active_in_its_log() -> None:
+    # `start_run` opens the run's log (`log.open`) before `runs.start`, which raises when the manager
+    # is not running (not started, or already left at shutdown); nothing ends the log then. The
+    # record stays "active" for its conversation, so the Vercel client's resume of the chat (GET
+    # /{id}/stream) reads a run that will never write a frame: the response never ends.
+    svc = agentrt.build(Chat, model=ScriptedModel(["a"]), memory=agentrt.memory.window())
+    runs = Runs()
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=by_thread, protocol="vercel-ui", runs=runs)
+    app = app_with(runs, handler)
+    async with agentrt_transport(app) as http:
+        refused = await http.post("/chat", json=VERCEL_BODY, headers={"x-user": "ada"})
+        async with runs:
+            with anyio.move_on_after(5) as hung:  # bound on a hang, not a timed assertion
+                resumed = await http.get("/chat/chat-1/stream", headers={"x-user": "ada"})
+    assert refused.status_code == 500
+    assert not hung.cancelled_caught, "the resume of the chat never ended"
+    assert resumed.status_code == 204
