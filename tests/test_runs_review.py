@@ -76,12 +76,12 @@ class TwoGates:
         return "two"
 
 
-async def test_a_redis_restart_mid_run_ends_that_run_and_leaves_the_others_going(redis_url: str) -> None:
-    # Redis restarted without persistence (FLUSHDB here) while a run streams: the next batched write
-    # finds the run's record gone and forgets the run (`_send`), so its next `append` raises
-    # KeyError, in `write`'s `except Exception` too (it appends the error frame), out of the run's
-    # task: the manager's task group fails, every other run of the app is cancelled, and the
-    # manager's block raises.
+async def test_a_redis_restart_mid_run_ends_that_run_and_leaves_the_manager_going(redis_url: str) -> None:
+    # Redis restarted without persistence (its keys deleted here) while a run streams: the next
+    # batched write finds the run's record gone and forgets the run (`_send`), so its next `append`
+    # raises KeyError, in `write`'s `except Exception` too (it appends the error frame), out of the
+    # run's task: the manager's task group fails, every other run of the app is cancelled, the
+    # manager's block raises, and no run starts any more.
     gates, other_gate = TwoGates(), Gate()
     model = ScriptedModel(
         [CallTool("first_gate", {}, id="c1")], [CallTool("second_gate", {}, id="c2")], ["done"]
@@ -102,9 +102,7 @@ async def test_a_redis_restart_mid_run_ends_that_run_and_leaves_the_others_going
     try:
         async with runs, anyio.create_task_group() as group:
             group.start_soon(run_client, app, client)
-            group.start_soon(run_client, other_app, other)
             await client.frames.wait()  # the first tool call was written to Redis and read back
-            await other.frames.wait()
             run = client.headers["agentrt-run-id"]
             for key in raw.scan_iter(f"{prefix}*"):  # the restart: Redis lost every key
                 raw.delete(key)
@@ -112,7 +110,9 @@ async def test_a_redis_restart_mid_run_ends_that_run_and_leaves_the_others_going
             with anyio.fail_after(10):
                 while run in log._writing:
                     await anyio.lowlevel.checkpoint()
-            gates.second.set()  # the next frame's append: KeyError
+            group.start_soon(run_client, other_app, other)  # a run after the restart
+            await other.frames.wait()
+            gates.second.set()  # the first run's next frame: KeyError
             other_gate.open.set()
     except BaseException as error:  # noqa: BLE001 - what the manager's block raised, if anything
         failure = error
@@ -120,7 +120,8 @@ async def test_a_redis_restart_mid_run_ends_that_run_and_leaves_the_others_going
         raw.close()
         await log.aclose()
     assert failure is None, repr(failure)
-    # The run that did not touch the lost keys ended as it would have: its answer, stored.
+    # The run that lost its log ends its reader with an error; the one after it runs to its end.
+    assert (client.events()[-1]["event"], client.events()[-1]["data"]["type"]) == ("error", "run_expired")
     assert [e["event"] for e in other.events()][-1] == "done"
     assert (await agentrt.memory.access(other_svc).read("bob"))[-1] == AssistantMessage(text="fine")
 
