@@ -248,6 +248,7 @@ class _Response(EventSourceResponse):
 def parse_event_id(value: str) -> tuple[str, int] | None:
     """A `Last-Event-ID` of a logged run (`{run}:{seq}`), or `None` if it is not one."""
     run, colon, seq = value.strip().rpartition(":")
-    if not colon or not run or not seq.isdigit() or len(seq) > 18 or len(run) > 200:
+    # ASCII digits only: str.isdigit() also takes "²" (a latin-1 header byte), which int() refuses.
+    if not colon or not run or not (seq.isascii() and seq.isdigit()) or len(seq) > 18 or len(run) > 200:
         return None
     return run, int(seq)
