@@ -20,6 +20,7 @@ going, and nothing outlives it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import typing
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ if typing.TYPE_CHECKING:
     from ._runs_redis import RedisRunLog
 
 __all__ = ["MemoryRunLog", "RedisRunLog", "RunGone", "RunLog", "RunRecord", "Runs"]
+
+logger = logging.getLogger("agentrt.runs")
 
 
 def __getattr__(name: str) -> Any:
@@ -298,6 +301,10 @@ class Runs:
         async def running() -> None:
             try:
                 await body()
+            except Exception:
+                # One run's failure (its log's, say) must not fail the task group: that would
+                # cancel every other run of the app, and the manager itself.
+                logger.exception("agentrt.runs: run %r failed", run)
             finally:
                 if self._live.get(run) is stop:
                     del self._live[run]
