@@ -1142,8 +1142,10 @@ def endpoint(
         live = _sse_runs.Live(run.sent if encoder.done_marker or protocol == "ag-ui" else None)
         if run.stopped:
             live.stopped = True
+        opened = False
         try:
             await log.open(RunRecord(run_id, _owner_key(spec, owner), thread))
+            opened = True
 
             async def body() -> None:
                 try:
@@ -1156,9 +1158,11 @@ def endpoint(
             runs.start(run_id, body, live.stop)
         except BaseException:
             forget()
-            if stream is not None:
-                with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True):
+                if stream is not None:
                     await stream.aclose()
+                if opened:  # not left active in the log (a resume of it would wait forever)
+                    await log.end(run_id)
             raise
         forget()  # from now on `stop` reaches the run through the manager
         return _sse_runs.response(
