@@ -19,6 +19,7 @@ going, and nothing outlives it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import time
@@ -149,12 +150,18 @@ class MemoryRunLog:
         self._runs: dict[str, _Entry] = {}
         self._active: dict[tuple[str | None, str], list[str]] = {}
         """(owner, thread) -> its runs that have not ended, in the order they began."""
+        self._ending: collections.deque[tuple[float, str]] = collections.deque()
+        """(expires, run) of the ended runs, in the order they ended (so, of their expiry: one ttl)."""
 
     def _sweep(self) -> None:
+        # Only the runs that expired are looked at (not every run kept: this runs on each open).
         now = time.monotonic()
-        gone = [run for run, entry in self._runs.items() if entry.ended and entry.expires <= now]
-        for run in gone:
-            del self._runs[run]
+        ending = self._ending
+        while ending and ending[0][0] <= now:
+            _, run = ending.popleft()
+            entry = self._runs.get(run)
+            if entry is not None and entry.ended and entry.expires <= now:
+                del self._runs[run]
 
     async def open(self, record: RunRecord) -> None:
         self._sweep()
@@ -193,8 +200,11 @@ class MemoryRunLog:
         entry = self._runs.get(run)
         if entry is None:
             return
+        if entry.ended:
+            return
         entry.ended = True
         entry.expires = time.monotonic() + self.ttl
+        self._ending.append((entry.expires, run))
         record = entry.record
         if record.thread is not None:
             going = self._active.get((record.owner, record.thread))
