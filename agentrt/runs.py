@@ -53,9 +53,9 @@ def __getattr__(name: str) -> Any:
 class RunRecord:
     """What a log knows of a run besides its frames: whose it is and what it continues.
 
-    `owner` is the run's conversation as a key (its memory id as JSON; `None` for a method without
-    memory: then the unguessable run id is the only key); `thread` the client protocol's
-    conversation id (Vercel's chat id, AG-UI's thread), if any."""
+    `owner` is the run's conversation as a key (`agentrt.sse`: its endpoint and memory id as JSON;
+    for a method without memory, its endpoint only: then the run id is the only key); `thread` the
+    client protocol's conversation id (Vercel's chat id, AG-UI's thread), if any."""
 
     id: str
     owner: str | None

@@ -1144,7 +1144,7 @@ def endpoint(
             live.stopped = True
         opened = False
         try:
-            await log.open(RunRecord(run_id, _owner_key(spec, owner), thread))
+            await log.open(RunRecord(run_id, _owner_key(spec, protocol, owner), thread))
             opened = True
 
             async def body() -> None:
@@ -1203,7 +1203,7 @@ def endpoint(
             owner = await owner_of(request, record.thread if record is not None else thread)
         except _Refused as refused:
             return refused.response
-        key = _owner_key(spec, owner)
+        key = _owner_key(spec, protocol, owner)
         if run_id is None:
             assert thread is not None
             run_id = await log.active(key, thread)
@@ -1255,7 +1255,7 @@ def endpoint(
         if run is None:
             if runs is not None:
                 record = await runs.log.find(asked.runId)
-                if record is not None and record.owner == _owner_key(spec, owner):
+                if record is not None and record.owner == _owner_key(spec, protocol, owner):
                     await runs.stop(asked.runId)
                     return JSONResponse({"stopped": asked.runId}, status_code=202)
             return _refusal(404, "run_not_found", "no such run of this user is streaming")
@@ -1303,11 +1303,13 @@ class _Refused(Exception):
         self.response = _refusal(status, kind, message)
 
 
-def _owner_key(spec: MethodSpec, owner: Any) -> str | None:
-    """A run's owner as its log keeps it: the conversation's memory id as JSON (`None` without)."""
+def _owner_key(spec: MethodSpec, protocol: str, owner: Any) -> str:
+    """A run's owner as its log keeps it: the endpoint (its protocol and method) and the
+    conversation's memory id, as JSON. Endpoints share a run manager: one's runs are not read or
+    stopped through another (its frames are another protocol's; its memory ids mean other things)."""
     if spec.memory_param is None:
-        return None
-    return orjson.dumps(owner, default=str).decode()
+        return orjson.dumps([protocol, spec.qualname]).decode()
+    return orjson.dumps([protocol, spec.qualname, owner], default=str).decode()
 
 
 def _blank(memory_id: Any) -> bool:
