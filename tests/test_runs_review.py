@@ -14,7 +14,7 @@ import pytest
 import redis
 from starlette.applications import Starlette
 from starlette.routing import Route
-from test_frontends import VERCEL_BODY, by_thread
+from test_frontends import AGUI_BODY, VERCEL_BODY, by_thread
 from test_runs import Chat, Client, Gate, app_with, asgi, run_client, user_of
 from test_sse_endpoint import parse_sse
 
@@ -208,3 +208,27 @@ async def test_the_memory_log_s_sweep_does_not_look_at_every_kept_run_on_each_op
     CountingRuns.looked = 0
     await log.open(RunRecord("next", None))
     assert CountingRuns.looked < 100
+
+
+class Stateless:
+    async def answer(self, question: str) -> agentrt.TokenStream: ...
+
+
+async def test_a_memoryless_ag_ui_run_is_not_read_by_another_client_that_names_its_run_id() -> None:
+    # A method without memory keeps no owner: "the unguessable run id is the only key". But AG-UI's
+    # client names its runs (`runId` in its body): the id is the client's, as guessable as it
+    # makes it ("r1", a counter), and another client that names it reads the run (and stops it).
+    svc = agentrt.build(Stateless, model=ScriptedModel(["secret"]))
+    runs = Runs()
+    handler = agentrt.sse.endpoint(svc.answer, protocol="ag-ui", runs=runs)
+    app = Starlette(
+        routes=[
+            Route("/agui", handler, methods=["POST"]),
+            Route("/agui/resume", handler.resume, methods=["GET"]),
+        ]
+    )
+    async with runs, asgi(app) as http:
+        mine = await http.post("/agui", json=AGUI_BODY, headers={"x-user": "ada"})
+        theirs = await http.get("/agui/resume", params={"run": AGUI_BODY["runId"]}, headers={"x-user": "eve"})
+    assert mine.status_code == 200 and "secret" in mine.text
+    assert theirs.status_code == 404, theirs.text
