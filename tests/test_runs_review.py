@@ -6,6 +6,7 @@ See /work/notes/review27.md for the findings: reproduction, cause, suggested fix
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import anyio
@@ -89,7 +90,7 @@ async def test_a_redis_restart_mid_run_ends_that_run_and_leaves_the_manager_goin
     svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gates])
     other_model = ScriptedModel([CallTool("wait_for_gate", {}, id="o1")], ["fine"])
     other_svc = agentrt.build(Chat, model=other_model, memory=agentrt.memory.window(), tools=[other_gate])
-    prefix = "review-restart:"
+    prefix = f"review-restart-{uuid.uuid4().hex[:8]}:"
     log = RedisRunLog(redis_url, prefix=prefix)
     runs = Runs(log)
     app = app_with(runs, agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach"))
@@ -232,3 +233,50 @@ async def test_a_memoryless_ag_ui_run_is_not_read_by_another_client_that_names_i
         theirs = await http.get("/agui/resume", params={"run": AGUI_BODY["runId"]}, headers={"x-user": "eve"})
     assert mine.status_code == 200 and "secret" in mine.text
     assert theirs.status_code == 404, theirs.text
+
+
+class PausingRedisLog(RedisRunLog):
+    """A `RedisRunLog` whose `open` returns only when the test says (its Redis round trip, long)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.opened = anyio.Event()
+        self.proceed = anyio.Event()
+
+    async def open(self, record: Any) -> None:
+        await super().open(record)
+        self.opened.set()
+        await self.proceed.wait()
+
+
+async def test_a_stop_that_lands_while_the_run_s_log_opens_stops_the_run(redis_url: str) -> None:
+    # `start_run` copies `run.stopped` to the run's `Live` before `await log.open(...)`; a stop that
+    # lands during that await (a Redis round trip) sets `run.stopped` on the `_Run` only (its scope
+    # is None by then), answers 202, and the run goes on to its end and is stored.
+    model = ScriptedModel(["the whole answer"])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    log = PausingRedisLog(redis_url, prefix=f"review-stop-open-{uuid.uuid4().hex[:8]}:")
+    runs = Runs(log)
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=by_thread, protocol="ag-ui", message="question", runs=runs)
+    app = Starlette(
+        routes=[Route("/agui", handler, methods=["POST"]), Route("/agui/stop", handler.stop, methods=["POST"])]
+    )
+    try:
+        async with runs, asgi(app) as http, anyio.create_task_group() as group:
+            got: list[Any] = []
+
+            async def post() -> None:
+                got.append(await http.post("/agui", json=AGUI_BODY, headers={"x-user": "ada"}))
+
+            group.start_soon(post)
+            with anyio.fail_after(10):
+                await log.opened.wait()
+            stop = {"runId": AGUI_BODY["runId"], "threadId": AGUI_BODY["threadId"]}
+            stopped = await http.post("/agui/stop", json=stop, headers={"x-user": "ada"})
+            log.proceed.set()
+    finally:
+        await log.aclose()
+    assert stopped.status_code == 202
+    kinds = [e["data"]["type"] for e in parse_sse(got[0].text)]
+    assert "TEXT_MESSAGE_CONTENT" not in kinds, kinds  # stopped before the model's answer was streamed
+    assert await agentrt.memory.access(svc).read("ada:t1") == []
