@@ -104,12 +104,14 @@ async def write(
 
     try:
         try:
+            # Stopped before it began (a stop while the model accepted it, or while its log opened):
+            # its stream is not read at all (a pre-cancelled scope stops it only at a checkpoint,
+            # and a stream's buffered events may all come without one).
+            early = live.stopped
             with anyio.CancelScope() as scope:
                 live.scope = scope
-                if live.stopped:
-                    scope.cancel()
                 put(encoder.opened())
-                if stream is not None:
+                if stream is not None and not early:
                     try:
                         async for event in stream.events():
                             kind = type(event)
@@ -150,7 +152,7 @@ async def write(
                 put([_frontends.DONE])
             raise
         live.scope = None
-        if scope.cancelled_caught:
+        if scope.cancelled_caught or early:
             if stream is not None:
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()

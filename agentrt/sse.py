@@ -1146,6 +1146,8 @@ def endpoint(
         try:
             await log.open(RunRecord(run_id, _owner_key(spec, protocol, owner), thread))
             opened = True
+            if run.stopped:  # a stop that landed while the log opened (a Redis round trip)
+                live.stopped = True
 
             async def body() -> None:
                 try:
