@@ -44,7 +44,9 @@ async def test_a_last_event_id_with_a_non_ascii_digit_is_a_400_not_a_500(digit: 
         run = await finished_run(runs, app)
         transport = agentrt_transport(app)
         async with transport as http:
-            got = await http.get("/chat/resume", headers={"x-user": "ada", "last-event-id": run.encode() + b":" + digit})
+            got = await http.get(
+                "/chat/resume", headers={"x-user": "ada", "last-event-id": run.encode() + b":" + digit}
+            )
             posted = await http.post(
                 "/chat", json={}, headers={"x-user": "ada", "last-event-id": run.encode() + b":1" + digit}
             )
@@ -115,7 +117,7 @@ async def test_a_redis_restart_mid_run_ends_that_run_and_leaves_the_manager_goin
             await other.frames.wait()
             gates.second.set()  # the first run's next frame: KeyError
             other_gate.open.set()
-    except BaseException as error:  # noqa: BLE001 - what the manager's block raised, if anything
+    except BaseException as error:
         failure = error
     finally:
         raw.close()
@@ -138,7 +140,9 @@ async def test_a_run_of_one_endpoint_is_not_resumed_or_stopped_through_another_s
     other = agentrt.build(Chat, model=ScriptedModel(["b"]), memory=agentrt.memory.window())
     runs = Runs()
     native = agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach")
-    agui = agentrt.sse.endpoint(other.chat, memory_id=user_of, runs=runs, protocol="ag-ui", message="question")
+    agui = agentrt.sse.endpoint(
+        other.chat, memory_id=user_of, runs=runs, protocol="ag-ui", message="question"
+    )
     app = Starlette(
         routes=[
             Route("/chat", native, methods=["POST"]),
@@ -151,12 +155,13 @@ async def test_a_run_of_one_endpoint_is_not_resumed_or_stopped_through_another_s
         group.start_soon(run_client, app, client)
         await client.frames.wait()
         run = client.headers["agentrt-run-id"]
-        stopped = await http.post("/agui/stop", json={"runId": run, "threadId": "t"}, headers={"x-user": "ada"})
+        stopped = await http.post(
+            "/agui/stop", json={"runId": run, "threadId": "t"}, headers={"x-user": "ada"}
+        )
         gate.open.set()
         read = await http.get("/agui/resume", params={"run": run}, headers={"x-user": "ada"})
     assert (read.status_code, stopped.status_code) == (404, 404)
     assert [e["event"] for e in client.events()] == ["tool_call", "tool_result", "token", "done"]
-
 
 
 async def test_a_run_the_manager_could_not_start_is_not_left_active_in_its_log() -> None:
@@ -257,9 +262,14 @@ async def test_a_stop_that_lands_while_the_run_s_log_opens_stops_the_run(redis_u
     svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
     log = PausingRedisLog(redis_url, prefix=f"review-stop-open-{uuid.uuid4().hex[:8]}:")
     runs = Runs(log)
-    handler = agentrt.sse.endpoint(svc.chat, memory_id=by_thread, protocol="ag-ui", message="question", runs=runs)
+    handler = agentrt.sse.endpoint(
+        svc.chat, memory_id=by_thread, protocol="ag-ui", message="question", runs=runs
+    )
     app = Starlette(
-        routes=[Route("/agui", handler, methods=["POST"]), Route("/agui/stop", handler.stop, methods=["POST"])]
+        routes=[
+            Route("/agui", handler, methods=["POST"]),
+            Route("/agui/stop", handler.stop, methods=["POST"]),
+        ]
     )
     try:
         async with runs, asgi(app) as http, anyio.create_task_group() as group:
