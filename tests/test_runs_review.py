@@ -290,3 +290,57 @@ async def test_a_stop_that_lands_while_the_run_s_log_opens_stops_the_run(redis_u
     kinds = [e["data"]["type"] for e in parse_sse(got[0].text)]
     assert "TEXT_MESSAGE_CONTENT" not in kinds, kinds  # stopped before the model's answer was streamed
     assert await agentrt.memory.access(svc).read("ada:t1") == []
+
+
+async def test_a_stop_from_another_worker_while_the_run_s_log_opens_stops_the_run(redis_url: str) -> None:
+    # Worker B's stop route finds the run's record (the open wrote it) and publishes the stop; worker
+    # A's manager looks the run up in `Runs._live`, which `runs.start` fills only after the open:
+    # the stop is dropped there, B answered 202, and the run streams its answer and is stored.
+    prefix = f"review-remote-stop-{uuid.uuid4().hex[:8]}:"
+    svc = agentrt.build(Chat, model=ScriptedModel(["the whole answer"]), memory=agentrt.memory.window())
+    log_a = PausingRedisLog(redis_url, prefix=prefix)
+    log_b = RedisRunLog(redis_url, prefix=prefix)
+    runs_a, runs_b = Runs(log_a), Runs(log_b)
+    heard = anyio.Event()
+    stop_here = runs_a._stop_here
+
+    def hear(run: str) -> None:
+        stop_here(run)
+        heard.set()
+
+    runs_a._stop_here = hear  # type: ignore[method-assign]
+
+    def worker(runs: Runs) -> Starlette:
+        handler = agentrt.sse.endpoint(
+            svc.chat, memory_id=by_thread, protocol="ag-ui", message="question", runs=runs
+        )
+        return Starlette(
+            routes=[
+                Route("/agui", handler, methods=["POST"]),
+                Route("/agui/stop", handler.stop, methods=["POST"]),
+            ]
+        )
+
+    got: list[Any] = []
+    try:
+        async with runs_a, runs_b, asgi(worker(runs_a)) as a, asgi(worker(runs_b)) as b:
+            async with anyio.create_task_group() as group:
+
+                async def post() -> None:
+                    got.append(await a.post("/agui", json=AGUI_BODY, headers={"x-user": "ada"}))
+
+                group.start_soon(post)
+                with anyio.fail_after(10):
+                    await log_a.opened.wait()
+                stop = {"runId": AGUI_BODY["runId"], "threadId": AGUI_BODY["threadId"]}
+                stopped = await b.post("/agui/stop", json=stop, headers={"x-user": "ada"})
+                with anyio.fail_after(10):
+                    await heard.wait()  # worker A got the stop request
+                log_a.proceed.set()
+    finally:
+        await log_a.aclose()
+        await log_b.aclose()
+    assert stopped.status_code == 202
+    kinds = [e["data"]["type"] for e in parse_sse(got[0].text)]
+    assert "TEXT_MESSAGE_CONTENT" not in kinds, kinds
+    assert await agentrt.memory.access(svc).read("ada:t1") == []
