@@ -321,6 +321,16 @@ class Runs:
 
         group.start_soon(running)
 
+    def reserve(self, run: str, stop: Callable[[], None]) -> None:
+        """Let `stop` (here, or asked by another process) reach run `run` before it starts: from
+        when its log is opened (its record is then visible to the other processes) to `start`."""
+        self._live[run] = stop
+
+    def release(self, run: str, stop: Callable[[], None]) -> None:
+        """Undo `reserve` for a run that did not start."""
+        if self._live.get(run) is stop:
+            del self._live[run]
+
     def _stop_here(self, run: str) -> None:
         stop = self._live.get(run)
         if stop is not None:

@@ -1143,6 +1143,8 @@ def endpoint(
         if run.stopped:
             live.stopped = True
         opened = False
+        stop_live = live.stop  # one object: `release` and the manager compare it by identity
+        runs.reserve(run_id, stop_live)  # a stop from another worker once the record is there
         try:
             await log.open(RunRecord(run_id, _owner_key(spec, protocol, owner), thread))
             opened = True
@@ -1157,9 +1159,10 @@ def endpoint(
                 finally:
                     forget()
 
-            runs.start(run_id, body, live.stop)
+            runs.start(run_id, body, stop_live)
         except BaseException:
             forget()
+            runs.release(run_id, stop_live)
             with anyio.CancelScope(shield=True):
                 if stream is not None:
                     await stream.aclose()
