@@ -6,6 +6,7 @@ See /work/notes/review27.md for the findings: reproduction, cause, suggested fix
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -13,6 +14,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 import redis
+from asgi_scope import post_scope
 from starlette.applications import Starlette
 from starlette.routing import Route
 from test_frontends import AGUI_BODY, VERCEL_BODY, by_thread
@@ -23,7 +25,7 @@ import agentrt
 import agentrt.sse
 from agentrt import AssistantMessage
 from agentrt.runs import MemoryRunLog, RedisRunLog, Runs
-from agentrt.testing import CallTool, ScriptedModel
+from agentrt.testing import CallTool, Hang, ScriptedModel
 
 
 async def finished_run(runs: Runs, app: Starlette) -> str:
@@ -344,3 +346,38 @@ async def test_a_stop_from_another_worker_while_the_run_s_log_opens_stops_the_ru
     kinds = [e["data"]["type"] for e in parse_sse(got[0].text)]
     assert "TEXT_MESSAGE_CONTENT" not in kinds, kinds
     assert await agentrt.memory.access(svc).read("ada:t1") == []
+
+
+@pytest.mark.parametrize("policy", ["cancel", "detach"])
+async def test_a_run_stopped_before_the_model_answered_ends_its_log_with_the_stopped_end(policy: str) -> None:
+    # AG-UI names its run before the answer starts, so its stop can come while the model has not
+    # answered. Without a manager the stream ends RUN_FINISHED (cancelled); with one, `write` got
+    # `stream=None` and `live.stopped`, cancelled a scope with no checkpoint in it (so
+    # `cancelled_caught` stayed False) and appended no end: the client got RUN_STARTED and nothing
+    # more (native: an empty stream), and a resume the same.
+    model = ScriptedModel([Hang()])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    runs = Runs()
+    handler = agentrt.sse.endpoint(
+        svc.chat, memory_id=by_thread, protocol="ag-ui", message="question", runs=runs, on_disconnect=policy
+    )  # type: ignore[arg-type]
+    app = Starlette(
+        routes=[Route("/chat", handler, methods=["POST"]), Route("/stop", handler.stop, methods=["POST"])]
+    )
+    client = Client(json.dumps(AGUI_BODY).encode())
+    client.scope = post_scope("/chat", [(b"x-user", b"ada")])
+    async with runs, asgi(app) as http, anyio.create_task_group() as group:
+        group.start_soon(run_client, app, client)
+        with anyio.fail_after(10):
+            while not model.streams:  # the model was asked, and has not answered
+                await anyio.lowlevel.checkpoint()
+        stop = {"runId": AGUI_BODY["runId"], "threadId": AGUI_BODY["threadId"]}
+        assert (await http.post("/stop", json=stop, headers={"x-user": "ada"})).status_code == 202
+    kinds = [e["data"]["type"] for e in client.events()]
+    assert kinds[0] == "RUN_STARTED"
+    assert client.events()[-1]["data"] == {
+        "type": "RUN_FINISHED",
+        "threadId": "t1",
+        "runId": "r1",
+        "outcome": {"type": "cancelled"},
+    }, kinds  # as without a manager (tests/test_frontends.py)
