@@ -338,7 +338,9 @@ class RedisRunLog:
         self._writing[run] = _Writing(run, keys[0], self._log(run), keys[1])
 
     def append(self, run: str, seq: int, frame: bytes) -> None:
-        writing = self._writing[run]
+        writing = self._writing.get(run)
+        if writing is None:
+            return  # its record expired in Redis (or Redis lost it): `_send` forgot the run, said so
         frames = writing.frames
         assert seq == writing.first + len(frames), "frames are appended in order, without gaps"
         frames.append(frame)

@@ -104,12 +104,14 @@ async def write(
 
     try:
         try:
+            # Stopped before it began (a stop while the model accepted it, or while its log opened):
+            # its stream is not read at all (a pre-cancelled scope stops it only at a checkpoint,
+            # and a stream's buffered events may all come without one).
+            early = live.stopped
             with anyio.CancelScope() as scope:
                 live.scope = scope
-                if live.stopped:
-                    scope.cancel()
                 put(encoder.opened())
-                if stream is not None:
+                if stream is not None and not early:
                     try:
                         async for event in stream.events():
                             kind = type(event)
@@ -150,7 +152,7 @@ async def write(
                 put([_frontends.DONE])
             raise
         live.scope = None
-        if scope.cancelled_caught:
+        if scope.cancelled_caught or early:
             if stream is not None:
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()
@@ -272,6 +274,7 @@ async def _one_by_one(reading: AsyncIterator[tuple[int, bytes]]) -> AsyncIterato
 def parse_event_id(value: str) -> tuple[str, int] | None:
     """A `Last-Event-ID` of a logged run (`{run}:{seq}`), or `None` if it is not one."""
     run, colon, seq = value.strip().rpartition(":")
-    if not colon or not run or not seq.isdigit() or len(seq) > 18 or len(run) > 200:
+    # ASCII digits only: str.isdigit() also takes "²" (a latin-1 header byte), which int() refuses.
+    if not colon or not run or not (seq.isascii() and seq.isdigit()) or len(seq) > 18 or len(run) > 200:
         return None
     return run, int(seq)

@@ -19,7 +19,9 @@ going, and nothing outlives it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import logging
 import time
 import typing
 from dataclasses import dataclass
@@ -37,6 +39,8 @@ if typing.TYPE_CHECKING:
 
 __all__ = ["MemoryRunLog", "RedisRunLog", "RunGone", "RunLog", "RunRecord", "Runs"]
 
+logger = logging.getLogger("agentrt.runs")
+
 
 def __getattr__(name: str) -> Any:
     # `RedisRunLog` is defined on this module's names (`RunGone`, `RunRecord`): imported when asked.
@@ -51,9 +55,9 @@ def __getattr__(name: str) -> Any:
 class RunRecord:
     """What a log knows of a run besides its frames: whose it is and what it continues.
 
-    `owner` is the run's conversation as a key (its memory id as JSON; `None` for a method without
-    memory: then the unguessable run id is the only key); `thread` the client protocol's
-    conversation id (Vercel's chat id, AG-UI's thread), if any."""
+    `owner` is the run's conversation as a key (`agentrt.sse`: its endpoint and memory id as JSON;
+    for a method without memory, its endpoint only: then the run id is the only key); `thread` the
+    client protocol's conversation id (Vercel's chat id, AG-UI's thread), if any."""
 
     id: str
     owner: str | None
@@ -156,12 +160,18 @@ class MemoryRunLog:
         self._runs: dict[str, _Entry] = {}
         self._active: dict[tuple[str | None, str], list[str]] = {}
         """(owner, thread) -> its runs that have not ended, in the order they began."""
+        self._ending: collections.deque[tuple[float, str]] = collections.deque()
+        """(expires, run) of the ended runs, in the order they ended (so, of their expiry: one ttl)."""
 
     def _sweep(self) -> None:
+        # Only the runs that expired are looked at (not every run kept: this runs on each open).
         now = time.monotonic()
-        gone = [run for run, entry in self._runs.items() if entry.ended and entry.expires <= now]
-        for run in gone:
-            del self._runs[run]
+        ending = self._ending
+        while ending and ending[0][0] <= now:
+            _, run = ending.popleft()
+            entry = self._runs.get(run)
+            if entry is not None and entry.ended and entry.expires <= now:
+                del self._runs[run]
 
     async def open(self, record: RunRecord) -> None:
         self._sweep()
@@ -200,8 +210,11 @@ class MemoryRunLog:
         entry = self._runs.get(run)
         if entry is None:
             return
+        if entry.ended:
+            return
         entry.ended = True
         entry.expires = time.monotonic() + self.ttl
+        self._ending.append((entry.expires, run))
         record = entry.record
         if record.thread is not None:
             going = self._active.get((record.owner, record.thread))
@@ -322,11 +335,25 @@ class Runs:
         async def running() -> None:
             try:
                 await body()
+            except Exception:
+                # One run's failure (its log's, say) must not fail the task group: that would
+                # cancel every other run of the app, and the manager itself.
+                logger.exception("agentrt.runs: run %r failed", run)
             finally:
                 if self._live.get(run) is stop:
                     del self._live[run]
 
         group.start_soon(running)
+
+    def reserve(self, run: str, stop: Callable[[], None]) -> None:
+        """Let `stop` (here, or asked by another process) reach run `run` before it starts: from
+        when its log is opened (its record is then visible to the other processes) to `start`."""
+        self._live[run] = stop
+
+    def release(self, run: str, stop: Callable[[], None]) -> None:
+        """Undo `reserve` for a run that did not start."""
+        if self._live.get(run) is stop:
+            del self._live[run]
 
     def _stop_here(self, run: str) -> None:
         stop = self._live.get(run)

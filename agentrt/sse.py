@@ -1142,8 +1142,14 @@ def endpoint(
         live = _sse_runs.Live(run.sent if encoder.done_marker or protocol == "ag-ui" else None)
         if run.stopped:
             live.stopped = True
+        opened = False
+        stop_live = live.stop  # one object: `release` and the manager compare it by identity
+        runs.reserve(run_id, stop_live)  # a stop from another worker once the record is there
         try:
-            await log.open(RunRecord(run_id, _owner_key(spec, owner), thread))
+            await log.open(RunRecord(run_id, _owner_key(spec, protocol, owner), thread))
+            opened = True
+            if run.stopped:  # a stop that landed while the log opened (a Redis round trip)
+                live.stopped = True
 
             async def body() -> None:
                 try:
@@ -1153,12 +1159,15 @@ def endpoint(
                 finally:
                     forget()
 
-            runs.start(run_id, body, live.stop)
+            runs.start(run_id, body, stop_live)
         except BaseException:
             forget()
-            if stream is not None:
-                with anyio.CancelScope(shield=True):
+            runs.release(run_id, stop_live)
+            with anyio.CancelScope(shield=True):
+                if stream is not None:
                     await stream.aclose()
+                if opened:  # not left active in the log (a resume of it would wait forever)
+                    await log.end(run_id)
             raise
         forget()  # from now on `stop` reaches the run through the manager
         return _sse_runs.response(
@@ -1199,7 +1208,7 @@ def endpoint(
             owner = await owner_of(request, record.thread if record is not None else thread)
         except _Refused as refused:
             return refused.response
-        key = _owner_key(spec, owner)
+        key = _owner_key(spec, protocol, owner)
         if run_id is None:
             assert thread is not None
             run_id = await log.active(key, thread)
@@ -1251,7 +1260,7 @@ def endpoint(
         if run is None:
             if runs is not None:
                 record = await runs.log.find(asked.runId)
-                if record is not None and record.owner == _owner_key(spec, owner):
+                if record is not None and record.owner == _owner_key(spec, protocol, owner):
                     await runs.stop(asked.runId)
                     return JSONResponse({"stopped": asked.runId}, status_code=202)
             return _refusal(404, "run_not_found", "no such run of this user is streaming")
@@ -1299,11 +1308,13 @@ class _Refused(Exception):
         self.response = _refusal(status, kind, message)
 
 
-def _owner_key(spec: MethodSpec, owner: Any) -> str | None:
-    """A run's owner as its log keeps it: the conversation's memory id as JSON (`None` without)."""
+def _owner_key(spec: MethodSpec, protocol: str, owner: Any) -> str:
+    """A run's owner as its log keeps it: the endpoint (its protocol and method) and the
+    conversation's memory id, as JSON. Endpoints share a run manager: one's runs are not read or
+    stopped through another (its frames are another protocol's; its memory ids mean other things)."""
     if spec.memory_param is None:
-        return None
-    return orjson.dumps(owner, default=str).decode()
+        return orjson.dumps([protocol, spec.qualname]).decode()
+    return orjson.dumps([protocol, spec.qualname, owner], default=str).decode()
 
 
 def _blank(memory_id: Any) -> bool:
