@@ -869,6 +869,13 @@ def endpoint(
         raise ConfigurationError(
             f"{spec.qualname}: on_disconnect must be 'cancel' or 'detach', got {on_disconnect!r}"
         )
+    if runs is not None and protocol == "ag-ui" and spec.memory_param is None:
+        raise ConfigurationError(
+            f"{spec.qualname}: an AG-UI client names its runs (runId), and a method without a memory "
+            "id has no conversation owner to check a resume or a stop against: any client naming "
+            "a run id could read or stop it. Give the method a memory id (and endpoint a memory_id "
+            "resolver) to keep its runs"
+        )
     if on_disconnect == "detach" and runs is None:
         raise ConfigurationError(
             f"{spec.qualname}: on_disconnect='detach' needs runs=agentrt.runs.Runs(...): a run that "

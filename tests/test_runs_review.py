@@ -23,7 +23,7 @@ from test_sse_endpoint import parse_sse
 
 import agentrt
 import agentrt.sse
-from agentrt import AssistantMessage
+from agentrt import AssistantMessage, ConfigurationError
 from agentrt.runs import MemoryRunLog, RedisRunLog, Runs
 from agentrt.testing import CallTool, Hang, ScriptedModel
 
@@ -222,24 +222,16 @@ class Stateless:
     async def answer(self, question: str) -> agentrt.TokenStream: ...
 
 
-async def test_a_memoryless_ag_ui_run_is_not_read_by_another_client_that_names_its_run_id() -> None:
+def test_a_memoryless_ag_ui_endpoint_keeps_no_runs() -> None:
     # A method without memory keeps no owner: "the unguessable run id is the only key". But AG-UI's
     # client names its runs (`runId` in its body): the id is the client's, as guessable as it
-    # makes it ("r1", a counter), and another client that names it reads the run (and stops it).
+    # makes it ("r1", a counter), and another client that named it would read the run (and stop
+    # it). Such an endpoint is refused a run manager.
     svc = agentrt.build(Stateless, model=ScriptedModel(["secret"]))
-    runs = Runs()
-    handler = agentrt.sse.endpoint(svc.answer, protocol="ag-ui", runs=runs)
-    app = Starlette(
-        routes=[
-            Route("/agui", handler, methods=["POST"]),
-            Route("/agui/resume", handler.resume, methods=["GET"]),
-        ]
-    )
-    async with runs, asgi(app) as http:
-        mine = await http.post("/agui", json=AGUI_BODY, headers={"x-user": "ada"})
-        theirs = await http.get("/agui/resume", params={"run": AGUI_BODY["runId"]}, headers={"x-user": "eve"})
-    assert mine.status_code == 200 and "secret" in mine.text
-    assert theirs.status_code == 404, theirs.text
+    with pytest.raises(ConfigurationError, match="names its runs"):
+        agentrt.sse.endpoint(svc.answer, protocol="ag-ui", runs=Runs())
+    agentrt.sse.endpoint(svc.answer, protocol="ag-ui")  # without runs, as before
+    agentrt.sse.endpoint(svc.answer, protocol="vercel-ui", runs=Runs())  # the server names those
 
 
 class PausingRedisLog(RedisRunLog):
