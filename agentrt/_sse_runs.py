@@ -1,13 +1,15 @@
-"""The SSE side of runs that outlive their connection (`agentrt.runs`): the run that writes a
-stream's frames to its log, and the response that reads a log to a client.
+"""The SSE side of runs that outlive their connection (`agentrt.runs`): the log side of a run
+(`Tee`), the manager's reading of a run whose client hung up (`adopted`), and the response that reads
+a log to a client (`response`).
 
-The writer runs in the `Runs` manager's task group; the reader is a request's response: the one that
-started the run, or one that resumes it (`Last-Event-ID`, on any worker sharing the log).
-
-With `on_disconnect="cancel"` the first reader is the run's client: its hang-up cancels the run, and
-the turn is stored only once the answer's final frame was sent to it (the writer waits for the reader
-to say so, see `Live.delivered`). With `"detach"` the run goes on without it, and stores its turn as
-an awaited call would.
+A run's stream is read by the response of the client that started it, as without a manager
+(`agentrt.sse._respond`: no task switch a token); the `Tee` gives each frame its id `{run}:{seq}` and
+appends it to the run's log before the response sends it. With `on_disconnect="cancel"` a hang-up
+cancels the run as without a manager, and the answer's final frames reach the log only once they were
+written to the client (then the turn is stored: see `agentrt.sse._SETTLE`). With `"detach"` the
+hang-up is not the response's to act on: at the next event its stream is handed to the `Runs` manager,
+which reads the rest into the log (`adopted`) and stores the turn as an awaited call would.
+Resumes (`Last-Event-ID`, on any worker sharing the log) read the log.
 """
 
 from __future__ import annotations
@@ -24,147 +26,225 @@ from sse_starlette import EventSourceResponse
 from . import _frontends
 from ._events import ApprovalRequested, Completed, Reset, TextDelta, ToolCallRequested
 from ._stream import PartialStream, TokenStream
-from .runs import RunGone, RunLog
+from .runs import RunGone, RunLog, Runs
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
+
+    from sse_starlette import ServerSentEvent
+
+    from ._events import Event
 
 logger = logging.getLogger("agentrt.sse")
 
 Disconnect = Literal["cancel", "detach"]
 
-SETTLE: Final = 2
-"""Event-loop turns between the send of the answer's final frame and telling the writer that it
-was sent (it then stores the turn): a hang-up the server read before the send cancels the response
-within them (see `agentrt.sse._SETTLE`)."""
-
 _WAITED: Final = 0.0005
 _WRITES_PER_TURN: Final = 3
 
 
-class Live:
-    """A run this process writes: how to stop it, and (with `"cancel"`) the handshake with the
-    reader that started it: `final` is the seq of the answer's final frame, `delivered` says that
-    its send returned (the writer then stores the turn)."""
+class Tee:
+    """The log side of a run: each frame its id and its place in the run's log, appended before the
+    response sends it (`put`); under `"cancel"`, the answer's final frames held back until they were
+    written (`hold`, `release`); the log's end, with the protocol's end for a stopped run if the run
+    did not end by itself (`finish`).
 
-    __slots__ = ("delivered", "final", "scope", "sent", "stopped", "told")
+    `sent` is what the log holds of the run's parts (its stopped end closes them); `gone` says the
+    client that started a `"detach"` run hung up (the response hands the stream to the manager at the
+    next event); `adopted`, that the manager reads it now."""
 
-    def __init__(self, sent: _frontends.Sent | None) -> None:
-        self.scope: anyio.CancelScope | None = None
-        self.stopped = False
+    __slots__ = (
+        "adopted",
+        "append",
+        "clean",
+        "encoder",
+        "gone",
+        "held",
+        "log",
+        "policy",
+        "prefix",
+        "run",
+        "runs",
+        "sent",
+        "seq",
+        "stop",
+    )
+
+    def __init__(
+        self,
+        runs: Runs,
+        run: str,
+        encoder: _frontends.Encoder,
+        policy: Disconnect,
+        stop: Callable[[], None],
+        sent: _frontends.Sent | None,
+    ) -> None:
+        self.runs = runs
+        self.log: RunLog = runs.log
+        self.append = runs.log.append
+        self.run = run
+        self.prefix = run + ":"
+        self.encoder = encoder
+        self.policy = policy
+        self.stop = stop
         self.sent = sent
-        self.final = -1
-        self.delivered = False
-        self.told: anyio.Event | None = None
+        self.seq = 0
+        self.held: list[tuple[Any, bytes]] = []
+        self.clean = False
+        self.gone = False
+        self.adopted = False
 
-    def stop(self) -> None:
-        self.stopped = True
-        if self.scope is not None:
-            self.scope.cancel()
-
-    def deliver(self) -> None:
-        self.delivered = True
-        if self.told is not None:
-            self.told.set()
-
-    def abandon(self) -> None:
-        """The run's client hung up (`"cancel"`): stop the run unless its answer reached it."""
-        if not self.delivered:
-            self.stop()
-
-
-async def write(
-    stream: TokenStream | PartialStream[Any] | None,
-    encoder: _frontends.Encoder,
-    log: RunLog,
-    run: str,
-    live: Live,
-    policy: Disconnect,
-    result_json: Callable[[Any], dict[str, Any]],
-    error_json: Callable[[BaseException], dict[str, Any]],
-) -> None:
-    """Run `stream` to its end, its frames appended to `run`'s log as they are made (`stream` is
-    `None` for a run stopped before the model answered)."""
-    snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
-    frame = encoder.frame
-    append = log.append
-    sent = live.sent
-    seq = 0
-    prefix = run + ":"
-
-    def put(chunks: Sequence[Any]) -> None:
-        nonlocal seq
+    def put(self, chunks: Sequence[Any]) -> list[bytes]:
+        """`chunks` as frames with ids, appended to the log: what the response sends."""
+        frame = self.encoder.frame
+        append = self.append
+        run = self.run
+        sent = self.sent
+        out = []
         for chunk in chunks:
-            event = frame(chunk)
-            seq += 1
-            event.id = prefix + str(seq)
-            append(run, seq, event.encode())
+            event: ServerSentEvent = frame(chunk)
+            self.seq = seq = self.seq + 1
+            event.id = self.prefix + str(seq)
+            data = event.encode()
+            append(run, seq, data)
             if sent is not None:
                 sent.confirm(chunk)
+            out.append(data)
+        return out
 
-    try:
+    def hold(self, chunks: Sequence[Any]) -> list[bytes]:
+        """`put`, but not in the log until `release` (the answer's final frames under `"cancel"`: a
+        resume must not show an answer that was not stored)."""
+        frame = self.encoder.frame
+        out = []
+        for chunk in chunks:
+            event: ServerSentEvent = frame(chunk)
+            self.seq += 1
+            event.id = self.prefix + str(self.seq)
+            data = event.encode()
+            self.held.append((chunk, data))
+            out.append(data)
+        return out
+
+    def release(self) -> None:
+        """The held frames were written to the client: into the log."""
+        held, self.held = self.held, []
+        first = self.seq - len(held)
+        for offset, (chunk, data) in enumerate(held, 1):
+            self.append(self.run, first + offset, data)
+            if self.sent is not None:
+                self.sent.confirm(chunk)
+
+    def end_stopped(self) -> list[bytes]:
+        """Append the protocol's end for a stopped run (what the log holds of it is its `sent`)."""
+        encoder = self.encoder
+        self.seq -= len(self.held)  # never written: their ids are given again
+        self.held = []
+        if self.sent is None:
+            self.sent = _frontends.Sent()
+        sent = self.sent
+        out = [] if self.seq else self.put(encoder.opened())  # sent with the end
+        chunks: list[Any] = list(encoder.stopped(sent))
+        if encoder.done_marker and not sent.done:
+            chunks.append(_frontends.DONE)
+        self.clean = True
+        return out + self.put(chunks)
+
+    async def finish(self) -> None:
+        """End the run's log (shielded): with the stopped end first if the run did not end by
+        itself; the manager forgets the run."""
         try:
-            # Stopped before it began (a stop while the model accepted it, or while its log opened):
-            # its stream is not read at all (a pre-cancelled scope stops it only at a checkpoint,
-            # and a stream's buffered events may all come without one).
-            early = live.stopped
+            if not self.clean:
+                self.end_stopped()
+        finally:
+            self.runs.release(self.run, self.stop)
+            with anyio.CancelScope(shield=True):
+                await self.log.end(self.run)
+
+
+def chunks_of(
+    event: Event,
+    encoder: _frontends.Encoder,
+    snapshots: Any,
+    result_json: Callable[[Any], dict[str, Any]],
+) -> Sequence[Any]:
+    """What `event` becomes on the wire (its `PartialStream`'s values too)."""
+    kind = type(event)
+    if kind is Completed:
+        result = event.result  # type: ignore[union-attr]
+        return encoder.completed(result, result_json(result))
+    if kind is ApprovalRequested:
+        return encoder.approval(event)  # type: ignore[arg-type]
+    chunks = encoder.event(event)
+    if snapshots is not None:
+        if kind is TextDelta:
+            if snapshots.feed(event.text):  # type: ignore[union-attr]
+                return [*chunks, *encoder.partial(to_jsonable_python(snapshots.value, fallback=str))]
+        elif kind is Reset or kind is ToolCallRequested:
+            snapshots.reset()
+    return chunks
+
+
+def adopt(
+    tee: Tee,
+    stream: TokenStream | PartialStream[Any],
+    run: Any,
+    result_json: Callable[[Any], dict[str, Any]],
+    error_json: Callable[[BaseException], dict[str, Any]],
+) -> bool:
+    """Hand a `"detach"` run's stream to its manager (its client hung up): it reads the rest into
+    the log. `run` is the endpoint's run (`scope`, `stopped`): a stop reaches the manager's reading.
+    False if the manager is closed (the run then ends as a stopped one)."""
+
+    async def adopted() -> None:
+        snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
+        encoder = tee.encoder
+        try:
             with anyio.CancelScope() as scope:
-                live.scope = scope
-                put(encoder.opened())
-                if stream is not None and not early:
-                    try:
-                        async for event in stream.events():
-                            kind = type(event)
-                            if kind is Completed:
-                                result = event.result  # type: ignore[union-attr]
-                                chunks = encoder.completed(result, result_json(result))
-                                if policy == "cancel":
-                                    live.final = seq + len(chunks)
-                                    live.told = anyio.Event()
-                                    put(chunks)
-                                    await log.flush(run)
-                                    if not live.delivered:
-                                        await live.told.wait()
-                                    # delivered: reading on stores the turn (see `DEFER_COMMIT`)
-                                    with anyio.CancelScope(shield=True):
-                                        async for _ in stream.events():
-                                            pass
-                                    break
-                                put(chunks)
-                            elif kind is ApprovalRequested:
-                                put(encoder.approval(event))  # type: ignore[arg-type]
-                            else:
-                                put(encoder.event(event))
-                                if snapshots is not None:
-                                    if kind is TextDelta:
-                                        if snapshots.feed(event.text):  # type: ignore[union-attr]
-                                            value = to_jsonable_python(snapshots.value, fallback=str)
-                                            put(encoder.partial(value))
-                                    elif kind is Reset or kind is ToolCallRequested:
-                                        snapshots.reset()
-                    except Exception as error:
-                        logger.exception("agentrt.sse: the stream failed")
-                        put(encoder.failed(error_json(error)))
-        except anyio.get_cancelled_exc_class():
-            # The manager is closing (the app shuts down): the run ends as a stopped one.
-            put(encoder.stopped(sent if sent is not None else _frontends.Sent()))
-            if encoder.done_marker:
-                put([_frontends.DONE])
-            raise
-        live.scope = None
-        if scope.cancelled_caught or early:
-            if stream is not None:
-                with anyio.CancelScope(shield=True):
-                    await stream.aclose()
-            put(encoder.stopped(sent if sent is not None else _frontends.Sent()))
-        if encoder.done_marker:
-            put([_frontends.DONE])
-    finally:
-        if stream is not None:
+                run.scope = scope
+                if run.stopped:  # stopped while it was handed over
+                    scope.cancel()
+                try:
+                    async for event in stream.events():
+                        tee.put(chunks_of(event, encoder, snapshots, result_json))
+                except Exception as error:
+                    logger.exception("agentrt.sse: the stream failed")
+                    tee.put(encoder.failed(error_json(error)))
+                if encoder.done_marker:
+                    tee.put([_frontends.DONE])
+                tee.clean = True
+            if run.scope is scope:
+                run.scope = None
+        finally:
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
-        with anyio.CancelScope(shield=True):
-            await log.end(run)
+            await tee.finish()
+
+    try:
+        tee.runs.start(tee.run, adopted, tee.stop)
+    except RuntimeError:
+        return False
+    tee.adopted = True
+    return True
+
+
+class Detaching:
+    """A `"detach"` run's `receive` for its first client's response: the client's hang-up is not
+    the response's to act on (sse-starlette would cancel it, and with it the run); it marks the run's
+    `Tee` gone instead, and the response hands the stream to the manager at the next event."""
+
+    __slots__ = ("receive", "tee")
+
+    def __init__(self, receive: Callable[[], Any], tee: Tee) -> None:
+        self.receive = receive
+        self.tee = tee
+
+    async def __call__(self) -> Any:
+        message = await self.receive()
+        if message["type"] == "http.disconnect":
+            self.tee.gone = True
+            await anyio.sleep_forever()  # the response ends at the next event
+        return message
 
 
 def response(
@@ -172,16 +252,12 @@ def response(
     run: str,
     after: int,
     encoder: _frontends.Encoder,
-    live: Live | None,
-    policy: Disconnect,
     *,
     ping: float | None,
     headers: dict[str, str],
     send_timeout: float | None,
 ) -> EventSourceResponse:
-    """The response that reads `run`'s log after `after` to its end. `live` is given to the reader
-    that started the run: with `"cancel"`, its hang-up stops the run and it tells the writer when
-    the answer's final frame was sent."""
+    """The response that reads `run`'s log after `after` to its end (a resume)."""
 
     async def frames() -> AsyncIterator[bytes]:
         written = 0
@@ -191,28 +267,9 @@ def response(
         reading = batches(run, after) if batches is not None else _one_by_one(log.read(run, after))
         try:
             # A batch is every frame there was when the reader woke: one write, not one each.
-            async for first, batch in reading:
+            async for _, batch in reading:
                 if clock() - resumed > _WAITED:
                     written = 0
-                if live is not None and first <= live.final < first + len(batch):
-                    # The answer's final frame goes alone: the frames before it, the final frame,
-                    # the turns in which a hang-up read before its send lands, then the rest.
-                    at = live.final - first
-                    head, final, tail = batch[:at], batch[at], batch[at + 1 :]
-                    if head:
-                        if written == _WRITES_PER_TURN:
-                            await anyio.lowlevel.checkpoint()
-                        yield b"".join(head)
-                    yield final
-                    for _ in range(SETTLE):  # a hang-up read before the send lands first
-                        await anyio.lowlevel.checkpoint()
-                    live.deliver()  # it was written: the writer stores the turn
-                    written = 0
-                    if tail:
-                        written = 1
-                        yield b"".join(tail)
-                    resumed = clock()
-                    continue
                 if written == _WRITES_PER_TURN:
                     await anyio.lowlevel.checkpoint()
                     written = 0
@@ -226,38 +283,19 @@ def response(
             for chunk in failed:
                 yield encoder.frame(chunk).encode()
         finally:
-            if live is not None and policy == "cancel":
-                live.abandon()
             aclose = getattr(reading, "aclose", None)
             if aclose is not None:
                 with anyio.CancelScope(shield=True):
                     await aclose()
         await anyio.lowlevel.checkpoint()  # the response's end is one more write: the loop's turn first
 
-    return _Response(
-        live if policy == "cancel" else None,
+    return EventSourceResponse(
         frames(),
         ping=ping,
         headers={**encoder.headers, **headers},
         send_timeout=send_timeout,
         sep=encoder.sep,
     )
-
-
-class _Response(EventSourceResponse):
-    """A log's reader that stops its run (`"cancel"`) however the response ends, even cancelled
-    before its body was read (the frames' own `finally` runs only once they were)."""
-
-    def __init__(self, live: Live | None, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._agentrt_live = live
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            if self._agentrt_live is not None:
-                self._agentrt_live.abandon()
 
 
 async def _one_by_one(reading: AsyncIterator[tuple[int, bytes]]) -> AsyncIterator[tuple[int, list[bytes]]]:

@@ -308,6 +308,8 @@ class Runs:
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         group, self._group = self._group, None
         assert group is not None
+        for stop in list(self._live.values()):
+            stop()  # the runs their first clients' responses read, too
         group.cancel_scope.cancel()
         # The runs are cancelled and waited for; an exception of the block goes on as it is (not
         # wrapped in a group with them).
@@ -320,16 +322,21 @@ class Runs:
         async with self:
             yield
 
-    def start(
-        self, run: str, body: Callable[[], Coroutine[Any, Any, None]], stop: Callable[[], None]
-    ) -> None:
-        """Run `body()` in the manager's task group as run `run`; `stop` stops it (see `stop`)."""
-        group = self._group
-        if group is None:
+    def require(self) -> None:
+        """Raise `RuntimeError` unless the manager is started."""
+        if self._group is None:
             raise RuntimeError(
                 "agentrt.runs.Runs is not started: give the app its lifespan "
                 "(Starlette(..., lifespan=runs.lifespan)) or enter it (async with runs: ...)"
             )
+
+    def start(
+        self, run: str, body: Callable[[], Coroutine[Any, Any, None]], stop: Callable[[], None]
+    ) -> None:
+        """Run `body()` in the manager's task group as run `run`; `stop` stops it (see `stop`)."""
+        self.require()
+        group = self._group
+        assert group is not None
         self._live[run] = stop
 
         async def running() -> None:
@@ -346,12 +353,13 @@ class Runs:
         group.start_soon(running)
 
     def reserve(self, run: str, stop: Callable[[], None]) -> None:
-        """Let `stop` (here, or asked by another process) reach run `run` before it starts: from
-        when its log is opened (its record is then visible to the other processes) to `start`."""
+        """Let `stop` (here, or asked by another process) reach run `run`, which its first client's
+        response reads until it ends or the manager takes it over (`start`): from when its log is
+        opened (its record is then visible to the other processes). Leaving the manager stops it."""
         self._live[run] = stop
 
     def release(self, run: str, stop: Callable[[], None]) -> None:
-        """Undo `reserve` for a run that did not start."""
+        """Forget a run `reserve` named (it ended, or did not start)."""
         if self._live.get(run) is stop:
             del self._live[run]
 

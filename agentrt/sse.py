@@ -546,23 +546,35 @@ def _respond(
     headers: dict[str, str] | None,
     send_timeout: float | None,
     forget: Callable[[], Any] | None = None,
+    tee: _sse_runs.Tee | None = None,
 ) -> EventSourceResponse:
     """The one response loop of every protocol: the stream's events through `encoder`. `stream` is
     `None` for a run stopped before the model answered. The stream is closed however it ends; a
     `run` is stopped by cancelling the whole response (see `_StreamResponse`), which costs the
-    stream's reads nothing. A run is forgotten (no longer stoppable) once its end is sent."""
+    stream's reads nothing. A run is forgotten (no longer stoppable) once its end is sent.
+
+    With a `tee` (a run manager's run) each frame is appended to the run's log before it is sent;
+    under `"detach"`, a hang-up hands the stream to the manager (`_sse_runs.adopt`) at the next
+    event, or when the response is closed between two sends."""
     snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
     frame = encoder.frame
     sent = run.sent if run is not None else None
+    hold = tee is not None and tee.policy == "cancel"
+
+    def encode(chunks: Sequence[Any]) -> list[bytes]:
+        return [frame(chunk).encode() for chunk in chunks]
+
+    put = encode if tee is None else tee.put
 
     async def frames() -> AsyncIterator[bytes]:
-        pending: tuple[bytes, Any]
         out: Sequence[Any]
         written = 0  # frames written since the event loop last had a turn
         resumed = 0.0  # when the last batch was written
+        reading = False  # between two events of the stream: a detached run's may be handed over
         try:
             out = encoder.opened()
             if stream is not None:
+                reading = True
                 async for event in stream.events():
                     if clock() - resumed > _WAITED:
                         written = 0  # the event was waited for: the loop had its turns meanwhile
@@ -586,40 +598,58 @@ def _respond(
                             elif kind is Reset or kind is ToolCallRequested:
                                 snapshots.reset()  # the value starts over from the next answer
                     batch, out = out, ()
-                    for chunk in batch:
+                    # Into the log first (whole: a close between two sends loses none of it); the
+                    # final frames of a `"cancel"` run only once they were written (below).
+                    datas = tee.hold(batch) if hold and kind is Completed else put(batch)  # type: ignore[union-attr]
+                    for chunk, data in zip(batch, datas, strict=True):
                         if written == _WRITES_PER_TURN:
                             await anyio.lowlevel.checkpoint()
                             written = 0
                         written += 1
-                        data = frame(chunk).encode()
                         if sent is not None:
-                            pending = (data, chunk)
-                            sent.pending = pending
+                            sent.pending = (data, chunk)
                         yield data
                     resumed = clock()
                     if kind is Completed:
+                        reading = False
                         # Its sends returned; asked on, the stream stores the turn (see
                         # `DEFER_COMMIT`): a hang-up read before them lands first.
                         for _ in range(_SETTLE):
                             await anyio.lowlevel.checkpoint()
                         written = 0
+                        if hold:
+                            tee.release()  # type: ignore[union-attr]
+                    elif tee is not None and tee.gone:  # a `"detach"` run's client hung up
+                        if _sse_runs.adopt(tee, stream, run, result_json, _error_json):
+                            return
+                reading = False
+        except GeneratorExit:
+            # Closed between two sends (a send failed or timed out, the server shuts down): a
+            # detached run goes on in its manager.
+            if reading and tee is not None and tee.policy == "detach" and not (run and run.stopped):
+                assert stream is not None
+                _sse_runs.adopt(tee, stream, run, result_json, _error_json)
+            raise
         except Exception as error:
+            reading = False
             if forget is not None:
                 forget()
             logger.exception("agentrt.sse: the stream failed")
             out = [*out, *encoder.failed(_error_json(error))]  # what an error cut off, first
         finally:
-            if stream is not None:
+            if stream is not None and not (tee is not None and tee.adopted):
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()
         if encoder.done_marker:
             out = [*out, _frontends.DONE]
-        for chunk in out:
+        datas = put(out)
+        if tee is not None:
+            tee.clean = True
+        for chunk, data in zip(out, datas, strict=True):
             if written == _WRITES_PER_TURN:
                 await anyio.lowlevel.checkpoint()
                 written = 0
             written += 1
-            data = frame(chunk).encode()
             if sent is not None:
                 sent.pending = (data, chunk)
             yield data
@@ -631,6 +661,7 @@ def _respond(
         encoder,
         run,
         forget,
+        tee,
         frames(),
         ping=ping,
         headers={**encoder.headers, **(headers or {})},
@@ -645,7 +676,8 @@ class _StreamResponse(EventSourceResponse):
 
     With a `run`, the whole response runs under a scope that `stop` cancels, and each chunk counts
     as sent once its send returned (`run.sent`): after a stop the model stream is closed, then the
-    protocol's last chunks for what the client has end the body."""
+    protocol's last chunks for what the client has end the body. With a `tee` (a run manager's run)
+    the run's log is ended too, unless the manager took the run over."""
 
     def __init__(
         self,
@@ -653,6 +685,7 @@ class _StreamResponse(EventSourceResponse):
         encoder: _frontends.Encoder,
         run: _Run | None,
         forget: Callable[[], Any] | None,
+        tee: _sse_runs.Tee | None,
         *args: Any,
         **kwargs: Any,
     ) -> None:
@@ -661,9 +694,11 @@ class _StreamResponse(EventSourceResponse):
         self._agentrt_encoder = encoder
         self._agentrt_run = run
         self._agentrt_forget = forget
+        self._agentrt_tee = tee
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         run = self._agentrt_run
+        tee = self._agentrt_tee
         try:
             if run is None:
                 await super().__call__(scope, receive, send)
@@ -687,20 +722,27 @@ class _StreamResponse(EventSourceResponse):
                 sent.pending = None
                 sent.confirm(pending[1])
 
+            if run.stopped:  # stopped between the model's answer and here: its stream is not read
+                await self._stopped(send, False, sent)  # (its events may all come without a checkpoint)
+                return
+            if tee is not None and tee.policy == "detach":
+                receive = _sse_runs.Detaching(receive, tee)
             with anyio.CancelScope() as stopping:
                 run.scope = stopping
-                if run.stopped:  # stopped between the model's answer and here
-                    stopping.cancel()
                 await super().__call__(scope, receive, sending)
-            run.scope = None
+            if run.scope is stopping:  # (a manager that took the run over has its own)
+                run.scope = None
             if stopping.cancelled_caught:
                 await self._stopped(send, started, sent)
         finally:
             if self._agentrt_forget is not None:
                 self._agentrt_forget()
-            if self._agentrt_stream is not None:
-                with anyio.CancelScope(shield=True):
-                    await self._agentrt_stream.aclose()
+            if tee is None or not tee.adopted:
+                if self._agentrt_stream is not None:
+                    with anyio.CancelScope(shield=True):
+                        await self._agentrt_stream.aclose()
+                if tee is not None:
+                    await tee.finish()
 
     async def _stopped(self, send: Any, started: bool, sent: _frontends.Sent) -> None:
         """End a stopped run's body: the model stream closed first, then the protocol's last chunks
@@ -709,10 +751,17 @@ class _StreamResponse(EventSourceResponse):
             with anyio.CancelScope(shield=True):
                 await self._agentrt_stream.aclose()
         encoder = self._agentrt_encoder
-        chunks: list[Any] = [*([] if started else encoder.opened()), *encoder.stopped(sent)]
-        if encoder.done_marker and not sent.done:
-            chunks.append(_frontends.DONE)
-        body = b"".join(encoder.frame(chunk).encode() for chunk in chunks)
+        tee = self._agentrt_tee
+        if tee is not None:  # the log's end, which a resume reads too
+            body = b"".join(tee.end_stopped())
+        else:
+            chunks: list[Any] = [] if started else list(encoder.opened())
+            for chunk in chunks:
+                sent.confirm(chunk)  # sent with the end
+            chunks += encoder.stopped(sent)
+            if encoder.done_marker and not sent.done:
+                chunks.append(_frontends.DONE)
+            body = b"".join(encoder.frame(chunk).encode() for chunk in chunks)
         if not started:
             start = {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             await send(start)
@@ -1143,50 +1192,33 @@ def endpoint(
         thread: str | None,
         forget: Callable[[], None],
     ) -> Response:
-        """Hand the stream to the run manager, and answer with a reader of its log."""
+        """Open the run's log and answer with the response that reads the stream into it (see
+        `_respond`'s `tee`)."""
         assert runs is not None
         log = runs.log
-        live = _sse_runs.Live(run.sent if encoder.done_marker or protocol == "ag-ui" else None)
-        if run.stopped:
-            live.stopped = True
-        opened = False
-        stop_live = live.stop  # one object: `release` and the manager compare it by identity
-        runs.reserve(run_id, stop_live)  # a stop from another worker once the record is there
+        stop_live = run.stop  # one object: `release` and the manager compare it by identity
         try:
+            runs.require()
+            runs.reserve(run_id, stop_live)  # a stop from another worker once the record is there
             await log.open(RunRecord(run_id, _owner_key(spec, protocol, owner), thread))
-            opened = True
-            if run.stopped:  # a stop that landed while the log opened (a Redis round trip)
-                live.stopped = True
-
-            async def body() -> None:
-                try:
-                    await _sse_runs.write(
-                        stream, encoder, log, run_id, live, on_disconnect, result_json, _error_json
-                    )
-                finally:
-                    forget()
-
-            runs.start(run_id, body, stop_live)
         except BaseException:
             forget()
             runs.release(run_id, stop_live)
             with anyio.CancelScope(shield=True):
                 if stream is not None:
                     await stream.aclose()
-                if opened:  # not left active in the log (a resume of it would wait forever)
-                    await log.end(run_id)
             raise
-        forget()  # from now on `stop` reaches the run through the manager
-        return _sse_runs.response(
-            log,
-            run_id,
-            0,
+        sent = _frontends.Sent() if encoder.done_marker or protocol == "ag-ui" else None
+        tee = _sse_runs.Tee(runs, run_id, encoder, on_disconnect, stop_live, sent)
+        return _respond(
+            stream,
             encoder,
-            live,
-            on_disconnect,
+            run,
             ping=ping,
             headers={"agentrt-run-id": run_id},
             send_timeout=send_timeout,
+            forget=forget,
+            tee=tee,
         )
 
     async def resume_run(request: Request, thread: str | None = None) -> Response:
@@ -1229,8 +1261,6 @@ def endpoint(
             run_id,
             after,
             _encoder_for_errors(),
-            None,
-            on_disconnect,
             ping=ping,
             headers={"agentrt-run-id": run_id},
             send_timeout=send_timeout,

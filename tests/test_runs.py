@@ -435,7 +435,7 @@ async def test_a_reader_cancelled_while_it_waits_leaves_the_others_waiting() -> 
     assert got == [(1, b"a")]
 
 
-async def test_frames_ready_together_go_in_one_write_and_the_final_one_alone_and_last() -> None:
+async def test_a_run_s_frames_carry_its_ids_in_order_and_the_final_one_goes_alone_and_last() -> None:
     svc = agentrt.build(
         Chat, model=ScriptedModel([f"t{i} " for i in range(200)]), memory=agentrt.memory.window()
     )
@@ -448,7 +448,6 @@ async def test_frames_ready_together_go_in_one_write_and_the_final_one_alone_and
     events = client.events()
     assert [e["id"] for e in events] == [f"{run}:{seq}" for seq in range(1, 202)]
     writes = [m["body"] for m in client.sent[1:] if m.get("body")]
-    assert len(writes) < 201  # the tokens the model gave at once went out together
     assert parse_sse(writes[-1].decode()) == [events[-1]]  # the answer's end: alone, and last
     assert events[-1]["event"] == "done"
     assert len(await agentrt.memory.access(svc).read("ada")) == 2
