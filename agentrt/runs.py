@@ -1,10 +1,13 @@
 """Runs that outlive their connection: an event log per run, and the manager that owns the runs.
 
-An SSE endpoint given a `Runs` manager (`agentrt.sse.endpoint(..., runs=runs)`) runs each request's
-stream as a *run* in the manager's task group, not in the request's task. Every frame the run sends
-is first appended to the run's log under an id `{run_id}:{seq}` (seq 1, 2, ...); a connection reads
-the log from where it is, then its live tail. So a client that lost its connection reconnects with
-`Last-Event-ID` (on any worker that shares the log) and gets every frame after that id exactly once.
+An SSE endpoint given a `Runs` manager (`agentrt.sse.endpoint(..., runs=runs)`) makes each request's
+stream a *run* that the manager knows (and stops, here or asked from another worker). Every frame the
+run sends is first appended to the run's log under an id `{run_id}:{seq}` (seq 1, 2, ...). The
+response of the client that started the run reads its stream (no task switch a token); under
+`on_disconnect="detach"` that client's hang-up hands the stream to the manager's task group, which
+reads the rest into the log. A client that lost its connection reconnects with `Last-Event-ID` (on
+any worker that shares the log) and reads the log: every frame after that id exactly once, then the
+live tail.
 
 Logs: `MemoryRunLog` (the default: one process; each run's frames bounded in bytes) and
 `agentrt.runs.RedisRunLog` (Redis Streams: any worker; the `redis` extra). A run's log is kept `ttl`
@@ -13,8 +16,8 @@ seconds after the run ended, then it is gone (a resume answers 404).
     runs = agentrt.runs.Runs()                       # or Runs(RedisRunLog("redis://..."))
     app = Starlette(routes=[...], lifespan=runs.lifespan)
 
-The manager's task group holds every run: leaving it (the app's shutdown) cancels the runs still
-going, and nothing outlives it.
+Leaving the manager (the app's shutdown) stops the runs still going, those its task group holds and
+those their first clients' responses read; nothing outlives it.
 """
 
 from __future__ import annotations

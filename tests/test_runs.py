@@ -8,6 +8,7 @@ frames each client got (ids, bytes, exactly once), what memory stored, what the 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from typing import Annotated, Any
 
@@ -451,3 +452,100 @@ async def test_a_run_s_frames_carry_its_ids_in_order_and_the_final_one_goes_alon
     assert parse_sse(writes[-1].decode()) == [events[-1]]  # the answer's end: alone, and last
     assert events[-1]["event"] == "done"
     assert len(await agentrt.memory.access(svc).read("ada")) == 2
+
+
+class HangsUpOnTheEnd(Client):
+    """A client whose connection the server finds gone right after the answer's final frame was
+    handed to it (the hang-up is read in the turns after the send: the turn is not stored)."""
+
+    def __init__(self, body: bytes, final: bytes) -> None:
+        super().__init__(body)
+        self.final = final
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await super().send(message)
+        if self.final in message.get("body", b""):
+            self.hang_up()
+
+
+@pytest.mark.parametrize(
+    ("protocol", "final", "stopped"),
+    [("agentrt", b"event: done", "stopped"), ("vercel-ui", b'"finish"', "abort")],
+)
+async def test_cancel_a_final_frame_not_written_before_the_hang_up_is_not_in_the_run_s_log(
+    protocol: str, final: bytes, stopped: str
+) -> None:
+    # Under "cancel" the turn is stored only once the final frame was written; a hang-up read in the
+    # turns after its send stops the run. A resume must then not show the answer's end either: the
+    # log ends with the stopped end only, never the final frame followed by it.
+    svc = agentrt.build(Chat, model=ScriptedModel(["The", " answer"]), memory=agentrt.memory.window())
+    runs = Runs()
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, protocol=protocol)  # type: ignore[arg-type]
+    app = app_with(runs, handler)
+    from test_frontends import VERCEL_BODY
+
+    body = b'{"question": "Hi"}' if protocol == "agentrt" else json.dumps(VERCEL_BODY).encode()
+    client = HangsUpOnTheEnd(body, final)
+    async with runs:
+        await run_client(app, client)
+        run = client.headers["agentrt-run-id"]
+        async with asgi(app) as http:
+            resumed = await http.get("/chat/resume", params={"run": run}, headers={"x-user": "ada"})
+    assert await agentrt.memory.access(svc).read("ada") == []
+    assert final in client.text.encode()  # the client was handed the end
+    assert resumed.status_code == 200
+    assert final not in resumed.content, resumed.text
+    assert stopped.encode() in resumed.content, resumed.text
+
+
+class TwoGates:
+    def __init__(self) -> None:
+        self.first = anyio.Event()
+        self.second = anyio.Event()
+
+    @tool("Waits for the first gate.")
+    async def first_gate(self) -> str:
+        await self.first.wait()
+        return "one"
+
+    @tool("Waits for the second gate.")
+    async def second_gate(self) -> str:
+        await self.second.wait()
+        return "two"
+
+
+async def test_detach_the_manager_takes_the_run_over_and_the_hung_up_response_ends() -> None:
+    # The response of the client that started the run reads its stream; at that client's hang-up
+    # (under "detach") it hands the stream to the manager at the next event and ends, while the run
+    # goes on in the manager to its end.
+    gates = TwoGates()
+    model = ScriptedModel(
+        [CallTool("first_gate", {}, id="c1")], [CallTool("second_gate", {}, id="c2")], ["done"]
+    )
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gates])
+    runs = Runs()
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach")
+    app = app_with(runs, handler)
+    client = Client(b'{"question": "Hi"}')
+    responded = anyio.Event()
+
+    async def respond() -> None:
+        await run_client(app, client)
+        responded.set()
+
+    async with runs, anyio.create_task_group() as group:
+        group.start_soon(respond)
+        await client.frames.wait()  # the first tool call was sent; its tool waits
+        client.hang_up()
+        await anyio.wait_all_tasks_blocked()  # the response heard of it
+        gates.first.set()  # the next event: the run is handed over
+        with anyio.fail_after(10):
+            await responded.wait()  # the response ended while the second tool still waits
+        run = client.headers["agentrt-run-id"]
+        record = await runs.log.find(run)
+        assert record is not None and not runs.log._runs[run].ended  # type: ignore[attr-defined]
+        gates.second.set()
+        async with asgi(app) as http:
+            resumed = await http.get("/chat/resume", params={"run": run}, headers={"x-user": "ada"})
+    assert [e["event"] for e in parse_sse(resumed.text)][-1] == "done"
+    assert (await agentrt.memory.access(svc).read("ada"))[-1] == AssistantMessage(text="done")
