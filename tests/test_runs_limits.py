@@ -1,0 +1,158 @@
+"""The bounds and failure answers of runs that outlive their connection (`agentrt.runs`,
+`endpoint(runs=...)`), from the outside review of issue 27 (F8-F12, /work/notes/review27.md) and what
+came with them: what a run log holds in all (memory) or buffers while Redis is down, the answers when
+the log is unavailable, a Last-Event-ID past a run's end, memory ids and client ids the endpoint
+cannot key a run by, and a log read that fails mid-response.
+
+Each test failed before its fix. asyncio and trio; the Redis tests use a real redis-server
+(tests/redis_server.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import httpx
+import pytest
+from starlette.applications import Starlette
+from test_run_logs import frame, gone, read_all
+
+from agentrt.runs import MemoryRunLog, RunGone, RunRecord
+
+
+def http(app: Starlette) -> httpx.AsyncClient:
+    """httpx over ASGI, with the app's exceptions as the plain 500 a server answers them with."""
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app, raise_app_exceptions=False), base_url="http://test"
+    )
+
+
+# --- F8: what the in-memory log holds in all ------------------------------------------------------
+
+
+async def test_the_memory_log_evicts_ended_runs_oldest_first_when_its_total_is_exceeded() -> None:
+    log = MemoryRunLog(max_bytes=100, max_total_bytes=100)
+    for run in ("a", "b", "c"):
+        await log.open(RunRecord(run, None))
+        for seq in (1, 2, 3):
+            log.append(run, seq, frame(seq))  # 10 bytes each
+    await log.end("b")
+    await log.end("a")  # ended after b: evicted after it
+    await log.open(RunRecord("d", None))
+    log.append("d", 1, frame(1))
+    assert log.total_bytes == 100  # at the total: nothing evicted
+    assert [await log.find(run) is not None for run in "abcd"] == [True] * 4
+    log.append("d", 2, frame(2))  # over: the run that ended first (b) goes, only it
+    assert log.total_bytes == 80
+    assert [await log.find(run) is not None for run in "abcd"] == [True, False, True, True]
+    for seq in (3, 4, 5):
+        log.append("d", seq, frame(seq))
+    assert log.total_bytes == 80  # a went too: c and d are live (30 + 50)
+    assert [await log.find(run) is not None for run in "abcd"] == [False, False, True, True]
+    await log.end("c")
+    await log.end("d")
+    assert await read_all(log, "c", 0) == [(seq, frame(seq)) for seq in (1, 2, 3)]
+    assert await read_all(log, "d", 0) == [(seq, frame(seq)) for seq in range(1, 6)]
+
+
+async def test_a_live_run_is_never_evicted_the_run_whose_frame_goes_over_the_total_is_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Live runs alone past the total: the run whose frame went over is dropped from the log (its
+    # readers, waiting at its tail too, get `truncated`; its later frames are not kept), so the log
+    # never holds more than its total. The other live runs are read whole.
+    log = MemoryRunLog(max_bytes=100, max_total_bytes=100)
+    await log.open(RunRecord("big", None))
+    await log.open(RunRecord("next", None))
+    for seq in range(1, 7):
+        log.append("big", seq, frame(seq))
+    outcome: list[Any] = []
+
+    async def read_next() -> None:
+        try:
+            async for item in log.read("next", 0):
+                outcome.append(item)
+        except RunGone as error:
+            outcome.append(error.reason)
+
+    with caplog.at_level(logging.WARNING, logger="agentrt.runs"):
+        async with anyio.create_task_group() as group:
+            group.start_soon(read_next)
+            for seq in range(1, 5):
+                log.append("next", seq, frame(seq))
+                await anyio.lowlevel.checkpoint()
+            with anyio.fail_after(5):
+                while outcome[-1:] != [(4, frame(4))]:
+                    await anyio.lowlevel.checkpoint()
+            log.append("next", 5, frame(5))  # 110: over, and nothing has ended
+        for seq in range(6, 20):
+            log.append("next", seq, frame(seq))  # not kept
+    assert outcome == [(seq, frame(seq)) for seq in range(1, 5)] + ["truncated"]
+    assert log.total_bytes == 60
+    assert len([r for r in caplog.records if "max_total_bytes" in r.getMessage()]) == 1
+    await log.end("next")
+    await log.end("big")
+    assert await log.find("next") == RunRecord("next", None)  # kept: a resume is told it was dropped
+    assert await gone(log, "next", 0) == "truncated"
+    assert await gone(log, "next", 19) == "truncated"
+    assert await read_all(log, "big", 0) == [(seq, frame(seq)) for seq in range(1, 7)]
+
+
+async def test_the_memory_log_s_total_counts_trims_and_expiries() -> None:
+    log = MemoryRunLog(max_bytes=40, max_total_bytes=1000, ttl=0)
+    await log.open(RunRecord("r", None))
+    for seq in range(1, 6):
+        log.append("r", seq, frame(seq))
+    assert log.total_bytes == 20  # 50 > 40: trimmed to its last 20
+    await log.end("r")
+    await log.open(RunRecord("s", None))  # the sweep: r expired (ttl 0)
+    assert await log.find("r") is None
+    assert log.total_bytes == 0
+
+
+class CountingRuns(dict[str, Any]):
+    looked = 0
+
+    def __iter__(self) -> Any:
+        for item in super().__iter__():
+            CountingRuns.looked += 1
+            yield item
+
+    def items(self) -> Any:
+        for item in super().items():
+            CountingRuns.looked += 1
+            yield item
+
+    def values(self) -> Any:
+        for value in super().values():
+            CountingRuns.looked += 1
+            yield value
+
+
+async def test_the_memory_log_s_total_is_kept_without_looking_at_the_other_runs() -> None:
+    log = MemoryRunLog(max_bytes=1000, max_total_bytes=2000 * 10 + 15)
+    log._runs = CountingRuns()
+    for n in range(2000):
+        await log.open(RunRecord(f"r{n}", None))
+        log.append(f"r{n}", 1, frame(1))
+        await log.end(f"r{n}")
+    await log.open(RunRecord("live", None))
+    CountingRuns.looked = 0
+    log.append("live", 1, frame(1))  # 20 010: under
+    log.append("live", 2, frame(2))  # 20 020: over by 5, the oldest ended run is evicted
+    assert CountingRuns.looked == 0
+    assert await log.find("r0") is None
+    assert await log.find("r1") is not None
+    assert log.total_bytes == 2000 * 10 + 10
+
+
+def test_memory_run_log_total_is_checked() -> None:
+    assert MemoryRunLog().max_total_bytes == 256 * 1024 * 1024
+    for bad in (0, -1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="max_total_bytes"):
+            MemoryRunLog(max_total_bytes=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_total_bytes"):
+        MemoryRunLog(max_bytes=200, max_total_bytes=100)  # one run could not reach its own bound
