@@ -11,16 +11,18 @@ Each test failed before its fix. asyncio and trio; the Redis tests use a real re
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 import httpx
 import pytest
+import redis
 from starlette.applications import Starlette
-from test_run_logs import frame, gone, read_all
+from test_run_logs import frame, gone, read_all, serving
 
-from agentrt.runs import MemoryRunLog, RunGone, RunRecord
+from agentrt.runs import MemoryRunLog, RedisRunLog, RunGone, RunRecord
 
 
 def http(app: Starlette) -> httpx.AsyncClient:
@@ -156,3 +158,87 @@ def test_memory_run_log_total_is_checked() -> None:
             MemoryRunLog(max_total_bytes=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_total_bytes"):
         MemoryRunLog(max_bytes=200, max_total_bytes=100)  # one run could not reach its own bound
+
+
+# --- F9: what a Redis log buffers while Redis cannot be written -----------------------------------
+
+
+def failing_writes(log: RedisRunLog) -> Any:
+    """Make `log`'s writes fail as during a Redis outage; returns the real write script."""
+    script = log._write
+
+    def down(*, keys: Any, args: Any) -> Any:
+        raise redis.ConnectionError("Redis is down")
+
+    log._write = down  # type: ignore[assignment]
+    return script
+
+
+async def test_a_redis_outage_does_not_grow_a_run_s_buffer_past_its_bound(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # While Redis cannot be written, a run's frames stay in its writer's buffer; past
+    # `max_buffered_bytes` the run is dropped from the log (logged once): its buffer is freed, its
+    # later frames are not kept, and with no heartbeat for it its readers find it lost.
+    prefix = f"test-{uuid.uuid4().hex[:12]}:"
+    options: dict[str, Any] = {"prefix": prefix, "heartbeat": 0.02, "lost_after": 0.2}
+    writer = RedisRunLog(redis_url, max_buffered_bytes=100, **options)
+    reader = RedisRunLog(redis_url, **options)
+    try:
+        await writer.open(RunRecord("r", None))
+        script = failing_writes(writer)
+        with caplog.at_level(logging.WARNING, logger="agentrt.runs"):
+            for seq in range(1, 11):
+                writer.append("r", seq, frame(seq))
+            assert writer._buffered == 100  # at the bound
+            await writer.flush("r")  # fails: the frames stay
+            assert writer._buffered == 100
+            for seq in range(11, 1000):
+                writer.append("r", seq, frame(seq))  # the first goes over
+        assert "r" not in writer._writing
+        assert writer._buffered == 0
+        assert len([r for r in caplog.records if "max_buffered_bytes" in r.getMessage()]) == 1
+        writer._write = script  # Redis is back
+        async with serving(writer):
+            await writer.end("r")  # nothing to end: the log forgot it
+            assert await gone(reader, "r", 0) == "lost"
+    finally:
+        await writer.aclose()
+        await reader.aclose()
+
+
+async def test_a_redis_outage_does_not_grow_the_writer_s_buffers_past_their_total(redis_url: str) -> None:
+    # `max_total_buffered_bytes` bounds the buffers of all the writer's runs: the run whose frame
+    # goes over is dropped; the others are written once Redis is back.
+    prefix = f"test-{uuid.uuid4().hex[:12]}:"
+    writer = RedisRunLog(redis_url, prefix=prefix, max_buffered_bytes=100, max_total_buffered_bytes=150)
+    try:
+        await writer.open(RunRecord("a", None))
+        await writer.open(RunRecord("b", None))
+        script = failing_writes(writer)
+        for seq in range(1, 9):
+            writer.append("a", seq, frame(seq))
+        for seq in range(1, 8):
+            writer.append("b", seq, frame(seq))
+        assert writer._buffered == 150
+        await writer.flush("a")  # fails
+        assert writer._buffered == 150  # the failed write's frames are back in their buffer
+        writer.append("b", 8, frame(8))  # 160: b goes over
+        assert sorted(writer._writing) == ["a"]
+        assert writer._buffered == 80
+        writer._write = script
+        await writer.end("a")
+        assert writer._buffered == 0
+        assert await read_all(writer, "a", 0) == [(seq, frame(seq)) for seq in range(1, 9)]
+    finally:
+        await writer.aclose()
+
+
+def test_redis_run_log_buffer_bounds_are_checked() -> None:
+    log = RedisRunLog()
+    assert (log.max_buffered_bytes, log.max_total_buffered_bytes) == (8 * 1024 * 1024, 256 * 1024 * 1024)
+    for name in ("max_buffered_bytes", "max_total_buffered_bytes"):
+        with pytest.raises(ValueError, match=name):
+            RedisRunLog(**{name: 0})
+    with pytest.raises(ValueError, match="max_total_buffered_bytes"):
+        RedisRunLog(max_buffered_bytes=200, max_total_buffered_bytes=100)
