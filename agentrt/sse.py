@@ -152,6 +152,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("agentrt")
+_T = typing.TypeVar("_T")
 
 Protocol = Literal["agentrt", "vercel-ui", "ag-ui"]
 """What an endpoint speaks (see `endpoint`)."""
@@ -204,6 +205,7 @@ ERROR_TYPES: Final[tuple[str, ...]] = (
     "run_expired",
     "run_lost",
     "run_truncated",
+    "runs_unavailable",
 )
 """Every `type` an error (an `error` event, or the body of an HTTP error) can have."""
 
@@ -775,7 +777,8 @@ def endpoint(
       names the run) before they are sent; a client resumes it with `Last-Event-ID` (this endpoint,
       or `endpoint.resume`, a GET route: `?run=` reads from the start, a `{id}` path parameter names
       the client's conversation and resumes its run that has not ended, 204 if none); only the
-      conversation's owner may (404 otherwise, and for an expired run).
+      conversation's owner may (404 otherwise, and for an expired run). A log that cannot be
+      reached (Redis down) makes starting, resuming or stopping a run a 503 `runs_unavailable`.
     - `on_disconnect`: `"cancel"` (the default) cancels the run when its client hangs up, and stores
       the turn only if the answer's final event was sent; `"detach"` (needs `runs`) lets the run go
       on to its end, stores the turn, and keeps its log for a client that comes back.
@@ -1060,7 +1063,7 @@ def endpoint(
             )
             if resuming is not None:
                 agui.resume(resuming.decisions)
-            if runs is not None and await runs.log.find(run_id) is not None:
+            if runs is not None and await _from_log(spec, runs.log.find(run_id)) is not None:
                 # The client names its runs, and a run's log (its ids) is kept after it ended.
                 return _refusal(409, "run_exists", "a run with this id was started already; name a new one")
         if encoder is None and runs is not None:
@@ -1153,7 +1156,7 @@ def endpoint(
         stop_live = live.stop  # one object: `release` and the manager compare it by identity
         runs.reserve(run_id, stop_live)  # a stop from another worker once the record is there
         try:
-            await log.open(RunRecord(run_id, _owner_key(spec, protocol, owner), thread))
+            await _from_log(spec, log.open(RunRecord(run_id, _owner_key(spec, protocol, owner), thread)))
             opened = True
             if run.stopped:  # a stop that landed while the log opened (a Redis round trip)
                 live.stopped = True
@@ -1206,7 +1209,7 @@ def endpoint(
             run_id = request.query_params.get("run")
         if run_id is None and thread is None:
             return _refusal(400, "no_run", "name the run: a Last-Event-ID header or ?run=")
-        record = await log.find(run_id) if run_id is not None else None
+        record = await _from_log(spec, log.find(run_id)) if run_id is not None else None
         if run_id is not None and record is None:
             return _refusal(404, "run_not_found", "no such run of this user (or it has expired)")
         try:
@@ -1218,10 +1221,10 @@ def endpoint(
         key = _owner_key(spec, protocol, owner)
         if run_id is None:
             assert thread is not None
-            run_id = await log.active(key, thread)
+            run_id = await _from_log(spec, log.active(key, thread))
             if run_id is None:
                 return Response(status_code=204)  # no stream to resume (the Vercel client's "none")
-            record = await log.find(run_id)
+            record = await _from_log(spec, log.find(run_id))
         if record is None or record.owner != key:  # another's run is not found, not forbidden
             return _refusal(404, "run_not_found", "no such run of this user (or it has expired)")
         return _sse_runs.response(
@@ -1266,17 +1269,18 @@ def endpoint(
         run = local.get((owner, asked.runId))
         if run is None:
             if runs is not None:
-                record = await runs.log.find(asked.runId)
+                record = await _from_log(spec, runs.log.find(asked.runId))
                 if record is not None and record.owner == _owner_key(spec, protocol, owner):
-                    await runs.stop(asked.runId)
+                    await _from_log(spec, runs.stop(asked.runId))
                     return JSONResponse({"stopped": asked.runId}, status_code=202)
             return _refusal(404, "run_not_found", "no such run of this user is streaming")
         run.stop()
         return JSONResponse({"stopped": asked.runId}, status_code=202)
 
-    vars(handle)["stop"] = stop
-    vars(handle)["resume"] = resume_get
-    return typing.cast("Endpoint", handle)
+    answering = _answering_refusals(handle)
+    vars(answering)["stop"] = _answering_refusals(stop)
+    vars(answering)["resume"] = _answering_refusals(resume_get)
+    return typing.cast("Endpoint", answering)
 
 
 class Endpoint(typing.Protocol):
@@ -1313,6 +1317,37 @@ class _Refused(Exception):
     def __init__(self, status: int, kind: str, message: str) -> None:
         super().__init__(message)
         self.response = _refusal(status, kind, message)
+
+
+def _answering_refusals(
+    route: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """`route`, a `_Refused` raised in it answered with its JSON error (a run log's failure, deep in
+    the request's handling: see `_from_log`)."""
+
+    async def answering(request: Request) -> Response:
+        try:
+            return await route(request)
+        except _Refused as refused:
+            return refused.response
+
+    return answering
+
+
+async def _from_log(spec: MethodSpec, call: Awaitable[_T]) -> _T:
+    """A call of the run log; its failure (Redis down, say) refuses the request with a 503
+    `runs_unavailable`, logged."""
+    try:
+        return await call
+    except Exception as error:
+        logger.error(
+            "agentrt.sse: %s: the run log failed: %s: %s",
+            spec.qualname,
+            type(error).__name__,
+            error,
+            exc_info=error,
+        )
+        raise _Refused(503, "runs_unavailable", "the run log is unavailable; try again later") from None
 
 
 def _owner_key(spec: MethodSpec, protocol: str, owner: Any) -> str:

@@ -19,10 +19,16 @@ import anyio.lowlevel
 import httpx
 import pytest
 import redis
+from redis_server import _free_port
 from starlette.applications import Starlette
+from test_frontends import AGUI_BODY, VERCEL_BODY, by_thread
 from test_run_logs import frame, gone, read_all, serving
+from test_runs import Chat, app_with
 
-from agentrt.runs import MemoryRunLog, RedisRunLog, RunGone, RunRecord
+import agentrt
+import agentrt.sse
+from agentrt.runs import MemoryRunLog, RedisRunLog, RunGone, RunRecord, Runs
+from agentrt.testing import ScriptedModel
 
 
 def http(app: Starlette) -> httpx.AsyncClient:
@@ -242,3 +248,52 @@ def test_redis_run_log_buffer_bounds_are_checked() -> None:
             RedisRunLog(**{name: 0})
     with pytest.raises(ValueError, match="max_total_buffered_bytes"):
         RedisRunLog(max_buffered_bytes=200, max_total_buffered_bytes=100)
+
+
+# --- F9b: a run log that cannot be reached --------------------------------------------------------
+
+BODIES: dict[str, Any] = {"agentrt": {"question": "Hi"}, "vercel-ui": VERCEL_BODY, "ag-ui": AGUI_BODY}
+
+
+def endpoint_for(protocol: str, svc: Any, runs: Runs, **options: Any) -> Any:
+    extra = {"message": "question"} if protocol == "ag-ui" else {}
+    return agentrt.sse.endpoint(
+        svc.chat, memory_id=by_thread, protocol=protocol, runs=runs, **extra, **options
+    )  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("protocol", ["agentrt", "vercel-ui", "ag-ui"])
+async def test_a_run_log_that_cannot_be_reached_is_a_json_503_runs_unavailable(
+    protocol: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Redis is down as a run starts (its `open`), as a run is resumed (`find`, `active`) or stopped
+    # (`find`): each is a JSON 503 `runs_unavailable`, logged, not a plain-text 500. The stream that
+    # had started is closed, and nothing is stored.
+    model = ScriptedModel(["a"])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    log = RedisRunLog(f"redis://127.0.0.1:{_free_port()}/0")  # nothing listens there
+    runs = Runs(log)
+    app = app_with(runs, endpoint_for(protocol, svc, runs))
+    ada = {"x-user": "ada"}
+    try:
+        with caplog.at_level(logging.ERROR, logger="agentrt"):
+            async with runs, http(app) as client:
+                answers = [
+                    await client.post("/chat", json=BODIES[protocol], headers=ada),
+                    await client.post("/chat", json={}, headers={**ada, "last-event-id": "run-x:1"}),
+                    await client.get("/chat/resume", params={"run": "run-x"}, headers=ada),
+                    await client.get("/chat/chat-1/stream", headers=ada),
+                    await client.post("/chat/stop", json={"runId": "run-x", "threadId": "t1"}, headers=ada),
+                ]
+    finally:
+        await log.aclose()
+    for answer in answers:
+        assert answer.status_code == 503, (answer.request.url, answer.text)
+        assert answer.json()["error"]["type"] == "runs_unavailable"
+    assert len([r for r in caplog.records if "run log" in r.getMessage()]) == len(answers)
+    # AG-UI's run id is checked in the log before the model is asked; the others' open comes after
+    asked = [] if protocol == "ag-ui" else [True]
+    assert [stream.closed for stream in model.streams] == asked  # and released
+    assert await agentrt.memory.access(svc).read("ada:t1") == []
+    assert await agentrt.memory.access(svc).read("ada:chat-1") == []
+    assert "runs_unavailable" in agentrt.sse.ERROR_TYPES
