@@ -544,6 +544,16 @@ class RedisRunLog:
             return None
         return RunRecord(run, _text(owner), _text(thread))
 
+    async def last_seq(self, run: str) -> int | None:
+        """The seq of the run's last frame written to Redis (what its readers can read; 0 before the
+        first), `None` for a run not kept."""
+
+        def get() -> bytes | None:
+            return cast("bytes | None", self._client.hget(self._record(run), "seq"))
+
+        seq = await anyio.to_thread.run_sync(get)
+        return None if seq is None else int(seq)
+
     async def active(self, owner: str | None, thread: str) -> str | None:
         keys = [self._index(owner, thread)]
         args: list[str | int] = [

@@ -106,7 +106,10 @@ class RunLog(typing.Protocol):
 
         A log may also offer `read_batches(run, after)`, the same as `(first seq, frames)` with
         every frame it has at once (see `MemoryRunLog`): an SSE response then sends them in one
-        write, where it sends a frame at a time from `read`."""
+        write, where it sends a frame at a time from `read`. And `last_seq(run)`: the seq of the
+        run's last frame a reader can read now (0 before the first; `None` for a run not kept): a
+        resume after a later seq (an id the run never sent) is then refused (400 `bad_event_id`)
+        rather than left waiting past frames it would skip."""
 
     async def request_stop(self, run: str) -> None:
         """Ask the process that runs `run` to stop it (see `serve`)."""
@@ -295,6 +298,11 @@ class MemoryRunLog:
     async def find(self, run: str) -> RunRecord | None:
         entry = self._entry(run)
         return entry.record if entry is not None else None
+
+    async def last_seq(self, run: str) -> int | None:
+        """The seq of the run's last frame (0 before the first), `None` for a run not kept."""
+        entry = self._entry(run)
+        return entry.first + len(entry.frames) - 1 if entry is not None else None
 
     async def active(self, owner: str | None, thread: str) -> str | None:
         going = self._active.get((owner, thread))

@@ -127,7 +127,7 @@ from ._resume import resume
 from ._service import runtime_of
 from ._spec import OutputKind
 from ._stream import PartialStream
-from .runs import RunRecord, Runs
+from .runs import RunLog, RunRecord, Runs
 
 if typing.TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -1227,6 +1227,8 @@ def endpoint(
             record = await _from_log(spec, log.find(run_id))
         if record is None or record.owner != key:  # another's run is not found, not forbidden
             return _refusal(404, "run_not_found", "no such run of this user (or it has expired)")
+        if after and await _past_the_end(spec, log, run_id, after):
+            return _refusal(400, "bad_event_id", "Last-Event-ID is past the run's last event")
         return _sse_runs.response(
             log,
             run_id,
@@ -1348,6 +1350,16 @@ async def _from_log(spec: MethodSpec, call: Awaitable[_T]) -> _T:
             exc_info=error,
         )
         raise _Refused(503, "runs_unavailable", "the run log is unavailable; try again later") from None
+
+
+async def _past_the_end(spec: MethodSpec, log: RunLog, run: str, after: int) -> bool:
+    """Whether `after` is past the last frame of `run` so far (an id the run never sent: a reader
+    after it would wait, then skip every frame up to it). A log without `last_seq` is not asked."""
+    last_seq = getattr(log, "last_seq", None)
+    if last_seq is None:
+        return False
+    last: int | None = await _from_log(spec, last_seq(run))
+    return last is not None and after > last
 
 
 def _owner_key(spec: MethodSpec, protocol: str, owner: Any) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -23,12 +24,13 @@ from redis_server import _free_port
 from starlette.applications import Starlette
 from test_frontends import AGUI_BODY, VERCEL_BODY, by_thread
 from test_run_logs import frame, gone, read_all, serving
-from test_runs import Chat, app_with
+from test_runs import Chat, Client, Gate, app_with, run_client, user_of
+from test_sse_endpoint import parse_sse
 
 import agentrt
 import agentrt.sse
 from agentrt.runs import MemoryRunLog, RedisRunLog, RunGone, RunRecord, Runs
-from agentrt.testing import ScriptedModel
+from agentrt.testing import CallTool, ScriptedModel
 
 
 def http(app: Starlette) -> httpx.AsyncClient:
@@ -297,3 +299,71 @@ async def test_a_run_log_that_cannot_be_reached_is_a_json_503_runs_unavailable(
     assert await agentrt.memory.access(svc).read("ada:t1") == []
     assert await agentrt.memory.access(svc).read("ada:chat-1") == []
     assert "runs_unavailable" in agentrt.sse.ERROR_TYPES
+
+
+# --- F10: a Last-Event-ID past the run's end ------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def run_log(request: pytest.FixtureRequest) -> AsyncIterator[MemoryRunLog | RedisRunLog]:
+    if request.param == "memory":
+        yield MemoryRunLog()
+        return
+    log = RedisRunLog(request.getfixturevalue("redis_url"), prefix=f"test-{uuid.uuid4().hex[:12]}:")
+    yield log
+    await log.aclose()
+
+
+async def test_a_log_says_the_seq_of_a_run_s_last_frame(run_log: MemoryRunLog | RedisRunLog) -> None:
+    await run_log.open(RunRecord("r", None))
+    assert await run_log.last_seq("r") == 0
+    for seq in (1, 2, 3):
+        run_log.append("r", seq, frame(seq))
+    await run_log.flush("r")
+    assert await run_log.last_seq("r") == 3
+    await run_log.end("r")
+    assert await run_log.last_seq("r") == 3
+    assert await run_log.last_seq("nope") is None
+
+
+async def test_a_last_event_id_past_the_run_s_last_event_is_a_400(
+    run_log: MemoryRunLog | RedisRunLog,
+) -> None:
+    # An ended run: a resume after its last event gets nothing (200); past it, a 400 (it was an empty
+    # 200). A live run: past what it has sent so far, a 400 (the reader skipped every event up to it).
+    gate = Gate()
+    model = ScriptedModel(["done"], [CallTool("wait_for_gate", {}, id="c1")], ["after the gate"])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gate])
+    runs = Runs(run_log)
+    app = app_with(runs, agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs))
+    ada = {"x-user": "ada"}
+
+    def after(run: str, seq: int) -> dict[str, str]:
+        return {**ada, "last-event-id": f"{run}:{seq}"}
+
+    async with runs, http(app) as client:
+        first = await client.post("/chat", json={"question": "Hi"}, headers=ada)
+        ended = first.headers["agentrt-run-id"]
+        assert [e["event"] for e in parse_sse(first.text)] == ["token", "done"]
+        at_end = await client.get("/chat/resume", headers=after(ended, 2))
+        past = [await client.get("/chat/resume", headers=after(ended, seq)) for seq in (3, 99)]
+        posted_past = await client.post("/chat", json={}, headers=after(ended, 3))
+
+        going = Client(b'{"question": "Go"}')
+        async with anyio.create_task_group() as group:
+            group.start_soon(run_client, app, going)
+            await going.frames.wait()  # its tool_call: event 1
+            live = going.headers["agentrt-run-id"]
+            live_past = await client.get("/chat/resume", headers=after(live, 2))
+            resumed: list[httpx.Response] = []
+
+            async def resume_at_1() -> None:
+                resumed.append(await client.get("/chat/resume", headers=after(live, 1)))
+
+            group.start_soon(resume_at_1)
+            gate.open.set()
+    assert (at_end.status_code, at_end.text) == (200, "")
+    for answer in [*past, posted_past, live_past]:
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["type"] == "bad_event_id"
+    assert [e["event"] for e in parse_sse(resumed[0].text)] == ["tool_result", "token", "done"]
