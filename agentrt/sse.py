@@ -127,6 +127,7 @@ from ._resume import resume
 from ._service import runtime_of
 from ._spec import OutputKind
 from ._stream import PartialStream
+from .memory._memory import memory_key
 from .runs import RunLog, RunRecord, Runs
 
 if typing.TYPE_CHECKING:
@@ -761,7 +762,8 @@ def endpoint(
       sync or async; any hashable JSON value, a tuple such as `(user, chat_id)` included. Required
       when the method has a memory id: the body never supplies it. An exception the app answers
       itself (`HTTPException`, or a type it has a handler for) is its response; any other is a 500
-      `memory_id_failed` (logged); `None`, `""` or a tuple with one of them is a 400
+      `memory_id_failed` (logged), as is an answer that is not hashable JSON (a list, a dict);
+      `None`, `""` or a tuple with one of them is a 400
       `no_conversation` (such requests would all share one conversation).
     - `budget`: the most one request may spend, a cap on every limit of the method's own budget
       (the stricter limit applies), so that a public endpoint cannot be made to spend without bound.
@@ -958,6 +960,17 @@ def endpoint(
                 conversation,
             )
             raise _Refused(400, "no_conversation", "the request names no conversation")
+        try:
+            # What memory takes (hashable, JSON): checked here, as the runs key their owner by it
+            # before memory sees it, so that every protocol answers the same, with or without runs.
+            memory_key("", conversation, spec.qualname)
+        except TypeError as error:
+            logger.error(
+                "agentrt.sse: %s: the memory_id resolver's answer is refused: %s", spec.qualname, error
+            )
+            raise _Refused(
+                500, "memory_id_failed", "the request's conversation could not be resolved"
+            ) from None
         return conversation
 
     async def handle(request: Request) -> Response:

@@ -367,3 +367,42 @@ async def test_a_last_event_id_past_the_run_s_last_event_is_a_400(
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["type"] == "bad_event_id"
     assert [e["event"] for e in parse_sse(resumed[0].text)] == ["tool_result", "token", "done"]
+
+
+# --- F11: a memory id that cannot key a run -------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_runs", [True, False], ids=["runs", "no-runs"])
+@pytest.mark.parametrize("protocol", ["agentrt", "vercel-ui", "ag-ui"])
+@pytest.mark.parametrize(
+    "conversation", [["ada"], {"user": "ada"}, ("ada", ["t1"])], ids=["list", "dict", "tuple"]
+)
+async def test_an_unhashable_memory_id_is_the_same_json_500_everywhere(
+    protocol: str, with_runs: bool, conversation: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A resolver breaking its contract (a memory id is hashable): with runs `key in local` raised
+    # TypeError out of the endpoint (a plain-text 500); without, the native endpoint answered 500
+    # `internal_error` from deep in the invocation. Now every protocol, with or without runs, answers
+    # 500 `memory_id_failed` (logged) before the model is asked, as for a resolver that failed.
+    model = ScriptedModel(["a"])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    runs = Runs() if with_runs else None
+    extra = {"message": "question"} if protocol == "ag-ui" else {}
+    handler = agentrt.sse.endpoint(
+        svc.chat, memory_id=lambda request: conversation, protocol=protocol, runs=runs, **extra
+    )  # type: ignore[arg-type]
+    app = app_with(Runs(), handler)
+    ada = {"x-user": "ada"}
+    with caplog.at_level(logging.ERROR, logger="agentrt"):
+        async with runs if runs is not None else Runs(), http(app) as client:
+            answers = [await client.post("/chat", json=BODIES[protocol], headers=ada)]
+            answers.append(
+                await client.post("/chat/stop", json={"runId": "r1", "threadId": "t1"}, headers=ada)
+            )
+            if runs is not None:
+                answers.append(await client.get("/chat/chat-1/stream", headers=ada))  # its active run
+    for answer in answers:
+        assert answer.status_code == 500, (answer.request.url, answer.text)
+        assert answer.json()["error"]["type"] == "memory_id_failed"
+    assert len([r for r in caplog.records if "memory id" in r.getMessage()]) == len(answers)
+    assert model.streams == []
