@@ -38,6 +38,9 @@ SETTLE: Final = 2
 was sent (it then stores the turn): a hang-up the server read before the send cancels the response
 within them (see `agentrt.sse._SETTLE`)."""
 
+MAX_RUN_ID: Final = 200
+"""The longest run id a `Last-Event-ID` names (`parse_event_id`): AG-UI's client-named ids too."""
+
 _WAITED: Final = 0.0005
 _WRITES_PER_TURN: Final = 3
 
@@ -275,6 +278,12 @@ def parse_event_id(value: str) -> tuple[str, int] | None:
     """A `Last-Event-ID` of a logged run (`{run}:{seq}`), or `None` if it is not one."""
     run, colon, seq = value.strip().rpartition(":")
     # ASCII digits only: str.isdigit() also takes "²" (a latin-1 header byte), which int() refuses.
-    if not colon or not run or not (seq.isascii() and seq.isdigit()) or len(seq) > 18 or len(run) > 200:
+    if (
+        not colon
+        or not run
+        or not (seq.isascii() and seq.isdigit())
+        or len(seq) > 18
+        or len(run) > MAX_RUN_ID
+    ):
         return None
     return run, int(seq)

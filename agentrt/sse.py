@@ -1476,8 +1476,9 @@ class _AgUIInput(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    threadId: str  # the protocol's names
-    runId: str
+    # the protocol's names; at most what a resume's Last-Event-ID takes (`_sse_runs.parse_event_id`)
+    threadId: str = Field(min_length=1, max_length=_sse_runs.MAX_RUN_ID)
+    runId: str = Field(min_length=1, max_length=_sse_runs.MAX_RUN_ID)
     messages: list[dict[str, Any]] = Field(min_length=1)
     forwardedProps: dict[str, Any] = Field(default_factory=dict)
     resume: list[Any] | None = None

@@ -406,3 +406,35 @@ async def test_an_unhashable_memory_id_is_the_same_json_500_everywhere(
         assert answer.json()["error"]["type"] == "memory_id_failed"
     assert len([r for r in caplog.records if "memory id" in r.getMessage()]) == len(answers)
     assert model.streams == []
+
+
+# --- F12: AG-UI's client ids ----------------------------------------------------------------------
+
+
+async def test_ag_ui_run_and_thread_ids_longer_than_a_resume_takes_are_refused_at_the_post() -> None:
+    # `parse_event_id` takes a run id of at most 200 characters: a run named longer ran, but its own
+    # event ids were refused on resume (and became Redis keys as they were).
+    model = ScriptedModel(["a"])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    runs = Runs()
+    app = app_with(runs, endpoint_for("ag-ui", svc, runs))
+    ada = {"x-user": "ada"}
+    async with runs, http(app) as client:
+        refused = [
+            await client.post("/chat", json={**AGUI_BODY, "runId": "r" * 201}, headers=ada),
+            await client.post("/chat", json={**AGUI_BODY, "threadId": "t" * 201}, headers=ada),
+        ]
+        longest = "r" * 200
+        ran = await client.post(
+            "/chat", json={**AGUI_BODY, "runId": longest, "threadId": "t" * 200}, headers=ada
+        )
+        resumed = await client.get("/chat/resume", headers={**ada, "last-event-id": f"{longest}:1"})
+    for answer, field in zip(refused, ["runId", "threadId"], strict=True):
+        # as any body the endpoint cannot read: 422 `invalid_request`, naming the field
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["error"]["type"] == "invalid_request"
+        assert [problem["loc"] for problem in answer.json()["detail"]] == [[field]]
+    assert len(model.streams) == 1
+    assert ran.status_code == 200 and ran.headers["agentrt-run-id"] == longest
+    assert resumed.status_code == 200
+    assert parse_sse(resumed.text) == parse_sse(ran.text)[1:]
