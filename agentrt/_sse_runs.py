@@ -228,6 +228,10 @@ def response(
                 failed = [*failed, _frontends.DONE]
             for chunk in failed:
                 yield encoder.frame(chunk).encode()
+        except Exception:  # the log itself failed (Redis down): the client resumes later
+            logger.exception("agentrt.sse: reading run %r from its log failed", run)
+            for frame in _unavailable(encoder):
+                yield frame
         finally:
             if live is not None and policy == "cancel":
                 live.abandon()
@@ -245,6 +249,17 @@ def response(
         send_timeout=send_timeout,
         sep=encoder.sep,
     )
+
+
+def _unavailable(encoder: _frontends.Encoder) -> list[bytes]:
+    """The frames that end a response whose log could not be read: the protocol's error
+    `runs_unavailable` (and Vercel's `[DONE]`)."""
+    failed: list[Any] = encoder.failed(
+        {"type": "runs_unavailable", "message": "the run log could not be read; resume later"}
+    )
+    if encoder.done_marker:
+        failed.append(_frontends.DONE)
+    return [encoder.frame(chunk).encode() for chunk in failed]
 
 
 class _Response(EventSourceResponse):

@@ -10,6 +10,7 @@ Each test failed before its fix. asyncio and trio; the Redis tests use a real re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -438,3 +439,84 @@ async def test_ag_ui_run_and_thread_ids_longer_than_a_resume_takes_are_refused_a
     assert ran.status_code == 200 and ran.headers["agentrt-run-id"] == longest
     assert resumed.status_code == 200
     assert parse_sse(resumed.text) == parse_sse(ran.text)[1:]
+
+
+# --- a log read that fails mid-response -----------------------------------------------------------
+
+
+def events_of(text: str) -> list[Any]:
+    """A response's events' data (Vercel's `[DONE]` as the string)."""
+    return [e["data"] for e in parse_sse(text.replace("data: [DONE]", 'data: "[DONE]"'))]
+
+
+class FailingReads(MemoryRunLog):
+    """A log whose reads fail after their first batch once `failing` is set (its store went away)."""
+
+    failing = False
+
+    async def read_batches(self, run: str, after: int) -> AsyncIterator[tuple[int, list[bytes]]]:
+        async with contextlib.aclosing(super().read_batches(run, after)) as reading:
+            async for batch in reading:
+                yield batch
+                if self.failing:
+                    raise ConnectionError("the log's store went away")
+
+
+UNAVAILABLE = {
+    "agentrt": lambda data: data.get("type") == "runs_unavailable",
+    "vercel-ui": lambda data: data.get("type") == "error" and "run log" in data["errorText"],
+    "ag-ui": lambda data: data.get("type") == "RUN_ERROR" and data["code"] == "runs_unavailable",
+}
+
+
+@pytest.mark.parametrize("protocol", ["agentrt", "vercel-ui", "ag-ui"])
+async def test_a_log_read_that_fails_ends_the_response_with_the_protocol_s_error(
+    protocol: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The log's read raised out of the response: its body stopped with no terminal event (the client
+    # could not tell a cut from an end). Now the error is logged and the protocol's error event ends
+    # the response (`runs_unavailable`: resume later), Vercel's `[DONE]` after it.
+    svc = agentrt.build(Chat, model=ScriptedModel(["one ", "two"]), memory=agentrt.memory.window())
+    log = FailingReads()
+    runs = Runs(log)
+    app = app_with(runs, endpoint_for(protocol, svc, runs))
+    ada = {"x-user": "ada"}
+    with caplog.at_level(logging.ERROR, logger="agentrt"):
+        async with runs, http(app) as client:
+            ran = await client.post("/chat", json=BODIES[protocol], headers=ada)
+            run = ran.headers["agentrt-run-id"]
+            log.failing = True
+            resumed = await client.get("/chat/resume", params={"run": run}, headers=ada)
+    whole = events_of(ran.text)
+    got = events_of(resumed.text)
+    assert resumed.status_code == 200
+    assert got[0] == whole[0]  # the first batch, then the error
+    end = got[1:-1] if protocol == "vercel-ui" else got[1:]
+    assert len(end) >= 1 and UNAVAILABLE[protocol](end[-1]), got
+    if protocol == "vercel-ui":
+        assert got[-1] == "[DONE]"
+    assert len([r for r in caplog.records if "reading run" in r.getMessage()]) == 1
+
+
+async def test_a_redis_read_that_fails_ends_the_response_with_an_error_event(redis_url: str) -> None:
+    svc = agentrt.build(Chat, model=ScriptedModel(["one ", "two"]), memory=agentrt.memory.window())
+    log = RedisRunLog(redis_url, prefix=f"test-{uuid.uuid4().hex[:12]}:")
+    runs = Runs(log)
+    app = app_with(runs, agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs))
+    ada = {"x-user": "ada"}
+    try:
+        async with runs, http(app) as client:
+            ran = await client.post("/chat", json={"question": "Hi"}, headers=ada)
+            run = ran.headers["agentrt-run-id"]
+
+            def down(*args: Any, **kwargs: Any) -> Any:
+                raise redis.ConnectionError("Redis is down")
+
+            log._client.xread = down  # type: ignore[method-assign]
+            resumed = await client.get("/chat/resume", params={"run": run}, headers=ada)
+    finally:
+        await log.aclose()
+    assert [e["event"] for e in parse_sse(ran.text)] == ["token", "token", "done"]
+    assert [(e["event"], e["data"]["type"]) for e in parse_sse(resumed.text)] == [
+        ("error", "runs_unavailable")
+    ]
