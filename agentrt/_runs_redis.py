@@ -33,6 +33,7 @@ Redis Cluster is not supported.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -48,7 +49,7 @@ from ._errors import ConfigurationError
 from .runs import RunGone, RunRecord
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
     import redis
     from redis.commands.core import Script
@@ -59,6 +60,7 @@ logger = logging.getLogger("agentrt.runs")
 
 _DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
 _BATCH: Final = 1000  # entries a reader takes per XREAD
+_SEND: Final = 64  # frames `read_batches` gives at most at once (a response's write; as MemoryRunLog)
 _WRITE_FRAMES: Final = 2000  # frames written by one script, at most
 _WRITE_BYTES: Final = 1 << 20  # and about as many bytes
 _RETRY_SECONDS: Final = 1.0  # after a failed write or subscription, before the next attempt
@@ -570,6 +572,15 @@ class RedisRunLog:
         return int(await anyio.to_thread.run_sync(lambda: self._state(keys=keys, args=args)))
 
     async def read(self, run: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
+        async with contextlib.aclosing(self.read_batches(run, after)) as batches:
+            async for first, frames in batches:
+                for frame in frames:
+                    yield first, frame
+                    first += 1
+
+    async def read_batches(self, run: str, after: int) -> AsyncGenerator[tuple[int, list[bytes]], None]:
+        """`read`, a batch at a time: `(seq of the first, frames)`, every frame an XREAD got (at
+        most `_SEND` a batch). What an SSE response reads: it sends a batch in one write."""
         state = await self._run_state(run)
         if state == 0:
             raise RunGone("expired", "the run has ended and its log expired (or it never was)")
@@ -602,15 +613,25 @@ class RedisRunLog:
                 else:
                     block = self._block_ms
                 continue
+            first = after + 1
+            frames: list[bytes] = []
+            gap = end = False
             for entry_id, fields in entries:
-                seq = int(entry_id.rpartition(b"-")[2])
-                if seq != after + 1:
-                    raise RunGone("truncated", "the reader fell behind past what the run's log keeps")
+                if int(entry_id.rpartition(b"-")[2]) != after + 1:
+                    gap = True  # trimmed: the stream's oldest entries are gone
+                    break
                 frame = fields.get(b"f")
                 if frame is None:
-                    return  # the end
-                after = seq
-                yield seq, frame
+                    end = True
+                    break
+                after += 1
+                frames.append(frame)
+            for at in range(0, len(frames), _SEND):
+                yield first + at, frames[at : at + _SEND]
+            if gap:
+                raise RunGone("truncated", "the reader fell behind past what the run's log keeps")
+            if end:
+                return
 
     # --- stop requests ------------------------------------------------------------------------------
 
