@@ -1346,6 +1346,11 @@ def _answering_refusals(
         except _Refused as refused:
             return refused.response
 
+    answering.__name__, answering.__qualname__, answering.__doc__ = (
+        route.__name__,
+        route.__qualname__,
+        route.__doc__,
+    )
     return answering
 
 
