@@ -83,10 +83,10 @@ class RunLog(typing.Protocol):
     writes elsewhere buffers (and writes in batches, from `flush` or a task of its own)."""
 
     async def open(self, record: RunRecord) -> None:
-        """A run begins (before its first frame). Raises if the log cannot take it (`ValueError`:
-        the run is in the log already; anything else, such as Redis down, makes
-        `agentrt.sse.endpoint` answer 503 `runs_unavailable`, as does a failure of `find`,
-        `active` or `request_stop`)."""
+        """A run begins (before its first frame). Raises if the log cannot take it: `ValueError` if
+        the run is in the log already (`agentrt.sse.endpoint` answers 409 `run_exists`), anything
+        else (Redis down) a 503 `runs_unavailable`, as does a failure of `find`, `active` or
+        `request_stop`."""
 
     def append(self, run: str, seq: int, frame: bytes) -> None:
         """Add the run's frame `seq` (1, 2, ... with no gaps)."""

@@ -1169,7 +1169,8 @@ def endpoint(
         stop_live = live.stop  # one object: `release` and the manager compare it by identity
         runs.reserve(run_id, stop_live)  # a stop from another worker once the record is there
         try:
-            await _from_log(spec, log.open(RunRecord(run_id, _owner_key(spec, protocol, owner), thread)))
+            record = RunRecord(run_id, _owner_key(spec, protocol, owner), thread)
+            await _from_log(spec, log.open(record), opening=True)
             opened = True
             if run.stopped:  # a stop that landed while the log opened (a Redis round trip)
                 live.stopped = True
@@ -1354,12 +1355,17 @@ def _answering_refusals(
     return answering
 
 
-async def _from_log(spec: MethodSpec, call: Awaitable[_T]) -> _T:
+async def _from_log(spec: MethodSpec, call: Awaitable[_T], *, opening: bool = False) -> _T:
     """A call of the run log; its failure (Redis down, say) refuses the request with a 503
-    `runs_unavailable`, logged."""
+    `runs_unavailable`, logged. `opening`: the call is `open`, whose `ValueError` says that the run is
+    in the log already (an AG-UI client's run id, opened since the endpoint looked): a 409."""
     try:
         return await call
     except Exception as error:
+        if opening and isinstance(error, ValueError):
+            raise _Refused(
+                409, "run_exists", "a run with this id was started already; name a new one"
+            ) from None
         logger.error(
             "agentrt.sse: %s: the run log failed: %s: %s",
             spec.qualname,

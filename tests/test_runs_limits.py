@@ -520,3 +520,24 @@ async def test_a_redis_read_that_fails_ends_the_response_with_an_error_event(red
     assert [(e["event"], e["data"]["type"]) for e in parse_sse(resumed.text)] == [
         ("error", "runs_unavailable")
     ]
+
+
+class RacedLog(MemoryRunLog):
+    """A log whose `find` misses every run: as when another request (another worker) opens the
+    same run id between the endpoint's check and its `open`."""
+
+    async def find(self, run: str) -> RunRecord | None:
+        return None
+
+
+async def test_an_ag_ui_run_id_taken_between_the_check_and_the_open_is_a_409_run_exists() -> None:
+    model = ScriptedModel(["a"], ["b"])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    runs = Runs(RacedLog())
+    app = app_with(runs, endpoint_for("ag-ui", svc, runs))
+    async with runs, http(app) as client:
+        first = await client.post("/chat", json=AGUI_BODY, headers={"x-user": "ada"})
+        again = await client.post("/chat", json=AGUI_BODY, headers={"x-user": "ada"})
+    assert first.status_code == 200
+    assert again.status_code == 409 and again.json()["error"]["type"] == "run_exists", again.text
+    assert [stream.closed for stream in model.streams] == [True, True]
