@@ -20,8 +20,10 @@ for `lost_after` seconds is lost (its process died): `RunGone("lost")`.
 Frames are buffered in the writer's process (`append` is a list append) and written in batches: by
 `serve` (at once when the first frame of a batch comes, then at most every `flush_interval`: one
 script for every run of the process with frames to write), and by `flush` and `end`. A frame is held
-in the process only until it is written. Writes are scripts that skip the frames Redis has already, so
-a write redis-py retries after a lost reply appends each frame once.
+in the process only until it is written; while Redis cannot be written (an outage) at most
+`max_buffered_bytes` a run and `max_total_buffered_bytes` in all: the run whose frame goes over is
+dropped from the log (its readers find it lost). Writes are scripts that skip the frames Redis has
+already, so a write redis-py retries after a lost reply appends each frame once.
 
 Like `RedisStore` the log uses redis-py's blocking client, each command in a worker thread (agentrt
 runs on asyncio and trio; `redis.asyncio` runs on asyncio only): a reader waiting for frames holds
@@ -31,6 +33,7 @@ Redis Cluster is not supported.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -46,7 +49,7 @@ from ._errors import ConfigurationError
 from .runs import RunGone, RunRecord
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
     import redis
     from redis.commands.core import Script
@@ -57,9 +60,12 @@ logger = logging.getLogger("agentrt.runs")
 
 _DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
 _BATCH: Final = 1000  # entries a reader takes per XREAD
+_SEND: Final = 64  # frames `read_batches` gives at most at once (a response's write; as MemoryRunLog)
 _WRITE_FRAMES: Final = 2000  # frames written by one script, at most
 _WRITE_BYTES: Final = 1 << 20  # and about as many bytes
 _RETRY_SECONDS: Final = 1.0  # after a failed write or subscription, before the next attempt
+_MAX_BUFFERED_BYTES: Final = 8 * 1024 * 1024
+_MAX_TOTAL_BUFFERED_BYTES: Final = 256 * 1024 * 1024
 
 _NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
 
@@ -205,9 +211,10 @@ def _seconds(value: object, name: str, *, positive: bool = True) -> float:
 
 
 class _Writing:
-    """A run this log writes: its frames not yet written (`first` is the seq of `frames[0]`)."""
+    """A run this log writes: its frames not yet written (`first` is the seq of `frames[0]`, `size`
+    their bytes)."""
 
-    __slots__ = ("ending", "first", "frames", "id", "index", "log", "queued", "record")
+    __slots__ = ("ending", "first", "frames", "id", "index", "log", "queued", "record", "size")
 
     def __init__(self, run: str, record: str, log: str, index: str) -> None:
         self.id = run
@@ -216,6 +223,7 @@ class _Writing:
         self.index = index
         self.frames: list[bytes] = []
         self.first = 1
+        self.size = 0
         self.queued = False
         self.ending = False
 
@@ -236,6 +244,11 @@ class RedisRunLog:
       `lost_after` seconds (10) gets `RunGone("lost")`: the process that ran it died.
     - `max_readers`: readers of this process that wait for frames at once (each in a thread, on a
       connection of its own); more queue.
+    - `max_buffered_bytes`, `max_total_buffered_bytes`: the most bytes of frames not yet written that
+      the process holds for a run (8 MiB) and for all its runs (256 MiB): reached only while Redis
+      cannot be written (an outage: the writes are tried again each second). The run whose frame
+      goes over is dropped from the log (logged): its frames are freed, its later ones not kept, its
+      heartbeat stops, so its readers get `RunGone("lost")` (an `error` event `run_lost`).
 
     `active(owner, thread)` is the latest run of the conversation that has not ended and whose writer
     is alive (a lost run is not resumed: the Vercel client's resume of the chat answers 204).
@@ -257,6 +270,8 @@ class RedisRunLog:
         heartbeat: float = 2.0,
         lost_after: float = 10.0,
         max_readers: int = 100,
+        max_buffered_bytes: int = _MAX_BUFFERED_BYTES,
+        max_total_buffered_bytes: int = _MAX_TOTAL_BUFFERED_BYTES,
     ) -> None:
         self.ttl = _seconds(ttl, "ttl", positive=False)
         self.flush_interval = _seconds(flush_interval, "flush_interval", positive=False)
@@ -266,9 +281,19 @@ class RedisRunLog:
             raise ValueError(
                 f"RedisRunLog: lost_after ({lost_after}) must be longer than the heartbeat ({heartbeat})"
             )
-        for name, count in (("max_frames", max_frames), ("max_readers", max_readers)):
+        for name, count in (
+            ("max_frames", max_frames),
+            ("max_readers", max_readers),
+            ("max_buffered_bytes", max_buffered_bytes),
+            ("max_total_buffered_bytes", max_total_buffered_bytes),
+        ):
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise ValueError(f"RedisRunLog: {name} must be a positive int, got {count!r}")
+        if max_total_buffered_bytes < max_buffered_bytes:
+            raise ValueError(
+                f"RedisRunLog: max_total_buffered_bytes ({max_total_buffered_bytes}) must be at least "
+                f"max_buffered_bytes ({max_buffered_bytes})"
+            )
         if client is not None and url != _DEFAULT_URL:
             raise ConfigurationError("RedisRunLog: give either `url` or `client`, not both")
         if client is None:
@@ -282,6 +307,9 @@ class RedisRunLog:
             self._owns_client = False
         self.max_frames = max_frames
         self.max_readers = max_readers
+        self.max_buffered_bytes = max_buffered_bytes
+        self.max_total_buffered_bytes = max_total_buffered_bytes
+        self._buffered = 0  # the bytes of every run's frames not yet written (not those being written)
         self._client: redis.Redis = client
         self._prefix = prefix
         self._channel = f"{prefix}runs:stop"
@@ -344,11 +372,41 @@ class RedisRunLog:
         frames = writing.frames
         assert seq == writing.first + len(frames), "frames are appended in order, without gaps"
         frames.append(frame)
+        size = len(frame)
+        writing.size += size
+        self._buffered += size
+        if writing.size > self.max_buffered_bytes or self._buffered > self.max_total_buffered_bytes:
+            self._overflow(writing)
+            return
         if not writing.queued:
             writing.queued = True
             self._queue.append(writing)
             if self._wake is not None:
                 self._wake.set()
+
+    def _overflow(self, writing: _Writing) -> None:
+        """A run whose frames could not be written (Redis is down) past `max_buffered_bytes` (or all
+        runs' past `max_total_buffered_bytes`): dropped from the log. No heartbeat for it: its
+        readers find it lost."""
+        logger.error(
+            "agentrt.runs: run %r: %d bytes of its frames (%d of all runs) could not be written to Redis, "
+            "past max_buffered_bytes=%d or max_total_buffered_bytes=%d: the run is dropped from the log "
+            "(its readers will find it lost)",
+            writing.id,
+            writing.size,
+            self._buffered,
+            self.max_buffered_bytes,
+            self.max_total_buffered_bytes,
+        )
+        self._forget(writing)
+
+    def _forget(self, writing: _Writing) -> None:
+        """The log writes `writing` no more: its buffered frames go."""
+        if self._writing.get(writing.id) is writing:
+            del self._writing[writing.id]
+        self._buffered -= writing.size
+        writing.frames = []
+        writing.size = 0
 
     async def flush(self, run: str) -> None:
         writing = self._writing.get(run)
@@ -381,8 +439,13 @@ class RedisRunLog:
                         written = await anyio.to_thread.run_sync(write)
                 except Exception as error:
                     for writing, first, frames, _ in taken:
+                        if self._writing.get(writing.id) is not writing:
+                            continue  # dropped meanwhile
                         writing.frames[:0] = frames
                         writing.first = first
+                        size = sum(map(len, frames))
+                        writing.size += size
+                        self._buffered += size
                         if not writing.queued:
                             writing.queued = True
                             self._queue.append(writing)
@@ -401,7 +464,7 @@ class RedisRunLog:
                             "agentrt.runs: run %r has expired in Redis: its frames are dropped", writing.id
                         )
                     if ending or not done:
-                        self._writing.pop(writing.id, None)
+                        self._forget(writing)
 
     def _batch(
         self, runs: list[_Writing]
@@ -419,10 +482,13 @@ class RedisRunLog:
             frames = writing.frames
             if writing.id not in self._writing or not (frames or writing.ending):
                 continue
-            count = 0
-            while count < len(frames) and count < room and size < _WRITE_BYTES:
-                size += len(frames[count])
+            count = took = 0
+            while count < len(frames) and count < room and size + took < _WRITE_BYTES:
+                took += len(frames[count])
                 count += 1
+            size += took
+            writing.size -= took
+            self._buffered -= took
             if count == len(frames):
                 writing.frames = []
             else:
@@ -480,6 +546,16 @@ class RedisRunLog:
             return None
         return RunRecord(run, _text(owner), _text(thread))
 
+    async def last_seq(self, run: str) -> int | None:
+        """The seq of the run's last frame written to Redis (what its readers can read; 0 before the
+        first), `None` for a run not kept."""
+
+        def get() -> bytes | None:
+            return cast("bytes | None", self._client.hget(self._record(run), "seq"))
+
+        seq = await anyio.to_thread.run_sync(get)
+        return None if seq is None else int(seq)
+
     async def active(self, owner: str | None, thread: str) -> str | None:
         keys = [self._index(owner, thread)]
         args: list[str | int] = [
@@ -496,6 +572,15 @@ class RedisRunLog:
         return int(await anyio.to_thread.run_sync(lambda: self._state(keys=keys, args=args)))
 
     async def read(self, run: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
+        async with contextlib.aclosing(self.read_batches(run, after)) as batches:
+            async for first, frames in batches:
+                for frame in frames:
+                    yield first, frame
+                    first += 1
+
+    async def read_batches(self, run: str, after: int) -> AsyncGenerator[tuple[int, list[bytes]], None]:
+        """`read`, a batch at a time: `(seq of the first, frames)`, every frame an XREAD got (at
+        most `_SEND` a batch). What an SSE response reads: it sends a batch in one write."""
         state = await self._run_state(run)
         if state == 0:
             raise RunGone("expired", "the run has ended and its log expired (or it never was)")
@@ -528,15 +613,25 @@ class RedisRunLog:
                 else:
                     block = self._block_ms
                 continue
+            first = after + 1
+            frames: list[bytes] = []
+            gap = end = False
             for entry_id, fields in entries:
-                seq = int(entry_id.rpartition(b"-")[2])
-                if seq != after + 1:
-                    raise RunGone("truncated", "the reader fell behind past what the run's log keeps")
+                if int(entry_id.rpartition(b"-")[2]) != after + 1:
+                    gap = True  # trimmed: the stream's oldest entries are gone
+                    break
                 frame = fields.get(b"f")
                 if frame is None:
-                    return  # the end
-                after = seq
-                yield seq, frame
+                    end = True
+                    break
+                after += 1
+                frames.append(frame)
+            for at in range(0, len(frames), _SEND):
+                yield first + at, frames[at : at + _SEND]
+            if gap:
+                raise RunGone("truncated", "the reader fell behind past what the run's log keeps")
+            if end:
+                return
 
     # --- stop requests ------------------------------------------------------------------------------
 

@@ -39,6 +39,9 @@ logger = logging.getLogger("agentrt.sse")
 
 Disconnect = Literal["cancel", "detach"]
 
+MAX_RUN_ID: Final = 200
+"""The longest run id a `Last-Event-ID` names (`parse_event_id`): AG-UI's client-named ids too."""
+
 _WAITED: Final = 0.0005
 _WRITES_PER_TURN: Final = 3
 
@@ -282,6 +285,10 @@ def response(
                 failed = [*failed, _frontends.DONE]
             for chunk in failed:
                 yield encoder.frame(chunk).encode()
+        except Exception:  # the log itself failed (Redis down): the client resumes later
+            logger.exception("agentrt.sse: reading run %r from its log failed", run)
+            for frame in _unavailable(encoder):
+                yield frame
         finally:
             aclose = getattr(reading, "aclose", None)
             if aclose is not None:
@@ -296,6 +303,17 @@ def response(
         send_timeout=send_timeout,
         sep=encoder.sep,
     )
+
+
+def _unavailable(encoder: _frontends.Encoder) -> list[bytes]:
+    """The frames that end a response whose log could not be read: the protocol's error
+    `runs_unavailable` (and Vercel's `[DONE]`)."""
+    failed: list[Any] = encoder.failed(
+        {"type": "runs_unavailable", "message": "the run log could not be read; resume later"}
+    )
+    if encoder.done_marker:
+        failed.append(_frontends.DONE)
+    return [encoder.frame(chunk).encode() for chunk in failed]
 
 
 async def _one_by_one(reading: AsyncIterator[tuple[int, bytes]]) -> AsyncIterator[tuple[int, list[bytes]]]:
@@ -313,6 +331,12 @@ def parse_event_id(value: str) -> tuple[str, int] | None:
     """A `Last-Event-ID` of a logged run (`{run}:{seq}`), or `None` if it is not one."""
     run, colon, seq = value.strip().rpartition(":")
     # ASCII digits only: str.isdigit() also takes "²" (a latin-1 header byte), which int() refuses.
-    if not colon or not run or not (seq.isascii() and seq.isdigit()) or len(seq) > 18 or len(run) > 200:
+    if (
+        not colon
+        or not run
+        or not (seq.isascii() and seq.isdigit())
+        or len(seq) > 18
+        or len(run) > MAX_RUN_ID
+    ):
         return None
     return run, int(seq)

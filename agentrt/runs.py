@@ -86,7 +86,10 @@ class RunLog(typing.Protocol):
     writes elsewhere buffers (and writes in batches, from `flush` or a task of its own)."""
 
     async def open(self, record: RunRecord) -> None:
-        """A run begins (before its first frame)."""
+        """A run begins (before its first frame). Raises if the log cannot take it: `ValueError` if
+        the run is in the log already (`agentrt.sse.endpoint` answers 409 `run_exists`), anything
+        else (Redis down) a 503 `runs_unavailable`, as does a failure of `find`, `active` or
+        `request_stop`."""
 
     def append(self, run: str, seq: int, frame: bytes) -> None:
         """Add the run's frame `seq` (1, 2, ... with no gaps)."""
@@ -109,7 +112,10 @@ class RunLog(typing.Protocol):
 
         A log may also offer `read_batches(run, after)`, the same as `(first seq, frames)` with
         every frame it has at once (see `MemoryRunLog`): an SSE response then sends them in one
-        write, where it sends a frame at a time from `read`."""
+        write, where it sends a frame at a time from `read`. And `last_seq(run)`: the seq of the
+        run's last frame a reader can read now (0 before the first; `None` for a run not kept): a
+        resume after a later seq (an id the run never sent) is then refused (400 `bad_event_id`)
+        rather than left waiting past frames it would skip."""
 
     async def request_stop(self, run: str) -> None:
         """Ask the process that runs `run` to stop it (see `serve`)."""
@@ -122,13 +128,14 @@ class RunLog(typing.Protocol):
 
 
 _MAX_BYTES: Final = 8 * 1024 * 1024
+_MAX_TOTAL_BYTES: Final = 256 * 1024 * 1024
 _TTL: Final = 300.0
 _BATCH: Final = 64
 """The most frames `MemoryRunLog.read_batches` gives at once (a response's write)."""
 
 
 class _Entry:
-    __slots__ = ("ended", "expires", "first", "frames", "record", "size", "waiting")
+    __slots__ = ("dropped", "ended", "expires", "first", "frames", "record", "size", "waiting")
 
     def __init__(self, record: RunRecord) -> None:
         self.record = record
@@ -136,6 +143,7 @@ class _Entry:
         self.first = 1  # the seq of frames[0]
         self.size = 0
         self.ended = False
+        self.dropped = False  # past the log's total: its frames are gone, its later ones not kept
         self.expires = 0.0
         self.waiting: list[_backend.Waiter] = []  # one per reader waiting for a frame
 
@@ -151,20 +159,48 @@ class _Entry:
 class MemoryRunLog:
     """The runs' logs in this process's memory (the default): a resume must reach the process that
     ran the run. Each run keeps its last `max_bytes` of frames (8 MiB by default; a reader further
-    behind gets `RunGone("truncated")`) and is dropped `ttl` seconds after it ended."""
+    behind gets `RunGone("truncated")`) and is dropped `ttl` seconds after it ended.
 
-    def __init__(self, *, ttl: float = _TTL, max_bytes: int = _MAX_BYTES) -> None:
+    `max_total_bytes` (256 MiB by default) bounds the frames of all runs together: the log never
+    holds more. A native-protocol answer is about 85 bytes a token (a 1000-token answer 85 KB), so
+    the default keeps about 3000 such answers. Past it, the runs that ended are evicted first, the
+    oldest first (before their `ttl`: a resume of one answers 404). A live run is never evicted for
+    another: when the live runs alone would hold more, the run whose frame goes over is dropped from
+    the log (logged): its readers get `RunGone("truncated")` (an `error` event `run_truncated`; with
+    `on_disconnect="cancel"` that stops it) and its later frames are not kept. Since no run keeps more
+    than `max_bytes`, no single run can take the log over. `total_bytes` is what it holds now."""
+
+    def __init__(
+        self, *, ttl: float = _TTL, max_bytes: int = _MAX_BYTES, max_total_bytes: int = _MAX_TOTAL_BYTES
+    ) -> None:
         if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl >= 0:
             raise ValueError(f"MemoryRunLog: ttl must be a number of seconds >= 0, got {ttl!r}")
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
-            raise ValueError(f"MemoryRunLog: max_bytes must be a positive int, got {max_bytes!r}")
+        for name, value in (("max_bytes", max_bytes), ("max_total_bytes", max_total_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"MemoryRunLog: {name} must be a positive int, got {value!r}")
+        if max_total_bytes < max_bytes:
+            raise ValueError(
+                f"MemoryRunLog: max_total_bytes ({max_total_bytes}) must be at least max_bytes "
+                f"({max_bytes}), the most one run keeps"
+            )
         self.ttl = float(ttl)
         self.max_bytes = max_bytes
+        self.max_total_bytes = max_total_bytes
+        self._total = 0
         self._runs: dict[str, _Entry] = {}
         self._active: dict[tuple[str | None, str], list[str]] = {}
         """(owner, thread) -> its runs that have not ended, in the order they began."""
         self._ending: collections.deque[tuple[float, str]] = collections.deque()
         """(expires, run) of the ended runs, in the order they ended (so, of their expiry: one ttl)."""
+
+    @property
+    def total_bytes(self) -> int:
+        """The bytes of frames the log holds now, all runs together (at most `max_total_bytes`)."""
+        return self._total
+
+    def _forget(self, run: str, entry: _Entry) -> None:
+        del self._runs[run]
+        self._total -= entry.size
 
     def _sweep(self) -> None:
         # Only the runs that expired are looked at (not every run kept: this runs on each open).
@@ -174,7 +210,7 @@ class MemoryRunLog:
             _, run = ending.popleft()
             entry = self._runs.get(run)
             if entry is not None and entry.ended and entry.expires <= now:
-                del self._runs[run]
+                self._forget(run, entry)
 
     async def open(self, record: RunRecord) -> None:
         self._sweep()
@@ -186,12 +222,18 @@ class MemoryRunLog:
 
     def append(self, run: str, seq: int, frame: bytes) -> None:
         entry = self._runs[run]
+        if entry.dropped:
+            return
         frames = entry.frames
         assert seq == entry.first + len(frames), "frames are appended in order, without gaps"
         frames.append(frame)
-        entry.size += len(frame)
+        size = len(frame)
+        entry.size += size
+        self._total += size
         if entry.size > self.max_bytes:
             self._trim(entry)
+        if self._total > self.max_total_bytes:
+            self._over(run, entry)
         if entry.waiting:
             entry.wake()
 
@@ -204,7 +246,32 @@ class MemoryRunLog:
             drop += 1
         del frames[:drop]
         entry.first += drop
+        self._total -= entry.size - size
         entry.size = size
+
+    def _over(self, run: str, entry: _Entry) -> None:
+        """Past `max_total_bytes` with `entry`'s frame: evict the runs that ended, oldest first (each
+        once: amortized O(1) a frame), then, if the live runs alone hold more, drop `entry`."""
+        ending = self._ending
+        runs = self._runs
+        while self._total > self.max_total_bytes and ending:
+            expires, ended = ending.popleft()
+            kept = runs.get(ended)
+            if kept is not None and kept.ended and kept.expires == expires:
+                self._forget(ended, kept)
+        if self._total > self.max_total_bytes:
+            logger.warning(
+                "agentrt.runs: the runs' log is full (max_total_bytes=%d, every run in it is live): "
+                "run %r (%d bytes) is dropped from it, its readers are told it was truncated",
+                self.max_total_bytes,
+                run,
+                entry.size,
+            )
+            self._total -= entry.size
+            entry.first += len(entry.frames)
+            entry.frames = []
+            entry.size = 0
+            entry.dropped = True
 
     async def flush(self, run: str) -> None:
         return None
@@ -230,13 +297,18 @@ class MemoryRunLog:
     def _entry(self, run: str) -> _Entry | None:
         entry = self._runs.get(run)
         if entry is not None and entry.ended and entry.expires <= time.monotonic():
-            del self._runs[run]
+            self._forget(run, entry)
             return None
         return entry
 
     async def find(self, run: str) -> RunRecord | None:
         entry = self._entry(run)
         return entry.record if entry is not None else None
+
+    async def last_seq(self, run: str) -> int | None:
+        """The seq of the run's last frame (0 before the first), `None` for a run not kept."""
+        entry = self._entry(run)
+        return entry.first + len(entry.frames) - 1 if entry is not None else None
 
     async def active(self, owner: str | None, thread: str) -> str | None:
         going = self._active.get((owner, thread))
@@ -257,6 +329,8 @@ class MemoryRunLog:
             raise RunGone("expired", "the run has ended and its log expired (or it never was)")
         waiter = _backend.waiters()  # the wait for the next frame: once a token, so no anyio.Event
         while True:
+            if entry.dropped:
+                raise RunGone("truncated", "the run was dropped from the log: the log is full")
             frames = entry.frames
             index = after + 1 - entry.first
             if index < 0:

@@ -127,7 +127,8 @@ from ._resume import resume
 from ._service import runtime_of
 from ._spec import OutputKind
 from ._stream import PartialStream
-from .runs import RunRecord, Runs
+from .memory._memory import memory_key
+from .runs import RunLog, RunRecord, Runs
 
 if typing.TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -152,6 +153,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("agentrt")
+_T = typing.TypeVar("_T")
 
 Protocol = Literal["agentrt", "vercel-ui", "ag-ui"]
 """What an endpoint speaks (see `endpoint`)."""
@@ -204,6 +206,7 @@ ERROR_TYPES: Final[tuple[str, ...]] = (
     "run_expired",
     "run_lost",
     "run_truncated",
+    "runs_unavailable",
 )
 """Every `type` an error (an `error` event, or the body of an HTTP error) can have."""
 
@@ -808,7 +811,8 @@ def endpoint(
       sync or async; any hashable JSON value, a tuple such as `(user, chat_id)` included. Required
       when the method has a memory id: the body never supplies it. An exception the app answers
       itself (`HTTPException`, or a type it has a handler for) is its response; any other is a 500
-      `memory_id_failed` (logged); `None`, `""` or a tuple with one of them is a 400
+      `memory_id_failed` (logged), as is an answer that is not hashable JSON (a list, a dict);
+      `None`, `""` or a tuple with one of them is a 400
       `no_conversation` (such requests would all share one conversation).
     - `budget`: the most one request may spend, a cap on every limit of the method's own budget
       (the stricter limit applies), so that a public endpoint cannot be made to spend without bound.
@@ -824,7 +828,8 @@ def endpoint(
       names the run) before they are sent; a client resumes it with `Last-Event-ID` (this endpoint,
       or `endpoint.resume`, a GET route: `?run=` reads from the start, a `{id}` path parameter names
       the client's conversation and resumes its run that has not ended, 204 if none); only the
-      conversation's owner may (404 otherwise, and for an expired run).
+      conversation's owner may (404 otherwise, and for an expired run). A log that cannot be
+      reached (Redis down) makes starting, resuming or stopping a run a 503 `runs_unavailable`.
     - `on_disconnect`: `"cancel"` (the default) cancels the run when its client hangs up, and stores
       the turn only if the answer's final event was sent; `"detach"` (needs `runs`) lets the run go
       on to its end, stores the turn, and keeps its log for a client that comes back.
@@ -1004,6 +1009,17 @@ def endpoint(
                 conversation,
             )
             raise _Refused(400, "no_conversation", "the request names no conversation")
+        try:
+            # What memory takes (hashable, JSON): checked here, as the runs key their owner by it
+            # before memory sees it, so that every protocol answers the same, with or without runs.
+            memory_key("", conversation, spec.qualname)
+        except TypeError as error:
+            logger.error(
+                "agentrt.sse: %s: the memory_id resolver's answer is refused: %s", spec.qualname, error
+            )
+            raise _Refused(
+                500, "memory_id_failed", "the request's conversation could not be resolved"
+            ) from None
         return conversation
 
     async def handle(request: Request) -> Response:
@@ -1109,7 +1125,7 @@ def endpoint(
             )
             if resuming is not None:
                 agui.resume(resuming.decisions)
-            if runs is not None and await runs.log.find(run_id) is not None:
+            if runs is not None and await _from_log(spec, runs.log.find(run_id)) is not None:
                 # The client names its runs, and a run's log (its ids) is kept after it ended.
                 return _refusal(409, "run_exists", "a run with this id was started already; name a new one")
         if encoder is None and runs is not None:
@@ -1200,7 +1216,8 @@ def endpoint(
         try:
             runs.require()
             runs.reserve(run_id, stop_live)  # a stop from another worker once the record is there
-            await log.open(RunRecord(run_id, _owner_key(spec, protocol, owner), thread))
+            record = RunRecord(run_id, _owner_key(spec, protocol, owner), thread)
+            await _from_log(spec, log.open(record), opening=True)
         except BaseException:
             forget()
             runs.release(run_id, stop_live)
@@ -1238,7 +1255,7 @@ def endpoint(
             run_id = request.query_params.get("run")
         if run_id is None and thread is None:
             return _refusal(400, "no_run", "name the run: a Last-Event-ID header or ?run=")
-        record = await log.find(run_id) if run_id is not None else None
+        record = await _from_log(spec, log.find(run_id)) if run_id is not None else None
         if run_id is not None and record is None:
             return _refusal(404, "run_not_found", "no such run of this user (or it has expired)")
         try:
@@ -1250,12 +1267,14 @@ def endpoint(
         key = _owner_key(spec, protocol, owner)
         if run_id is None:
             assert thread is not None
-            run_id = await log.active(key, thread)
+            run_id = await _from_log(spec, log.active(key, thread))
             if run_id is None:
                 return Response(status_code=204)  # no stream to resume (the Vercel client's "none")
-            record = await log.find(run_id)
+            record = await _from_log(spec, log.find(run_id))
         if record is None or record.owner != key:  # another's run is not found, not forbidden
             return _refusal(404, "run_not_found", "no such run of this user (or it has expired)")
+        if after and await _past_the_end(spec, log, run_id, after):
+            return _refusal(400, "bad_event_id", "Last-Event-ID is past the run's last event")
         return _sse_runs.response(
             log,
             run_id,
@@ -1296,17 +1315,18 @@ def endpoint(
         run = local.get((owner, asked.runId))
         if run is None:
             if runs is not None:
-                record = await runs.log.find(asked.runId)
+                record = await _from_log(spec, runs.log.find(asked.runId))
                 if record is not None and record.owner == _owner_key(spec, protocol, owner):
-                    await runs.stop(asked.runId)
+                    await _from_log(spec, runs.stop(asked.runId))
                     return JSONResponse({"stopped": asked.runId}, status_code=202)
             return _refusal(404, "run_not_found", "no such run of this user is streaming")
         run.stop()
         return JSONResponse({"stopped": asked.runId}, status_code=202)
 
-    vars(handle)["stop"] = stop
-    vars(handle)["resume"] = resume_get
-    return typing.cast("Endpoint", handle)
+    answering = _answering_refusals(handle)
+    vars(answering)["stop"] = _answering_refusals(stop)
+    vars(answering)["resume"] = _answering_refusals(resume_get)
+    return typing.cast("Endpoint", answering)
 
 
 class Endpoint(typing.Protocol):
@@ -1343,6 +1363,57 @@ class _Refused(Exception):
     def __init__(self, status: int, kind: str, message: str) -> None:
         super().__init__(message)
         self.response = _refusal(status, kind, message)
+
+
+def _answering_refusals(
+    route: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """`route`, a `_Refused` raised in it answered with its JSON error (a run log's failure, deep in
+    the request's handling: see `_from_log`)."""
+
+    async def answering(request: Request) -> Response:
+        try:
+            return await route(request)
+        except _Refused as refused:
+            return refused.response
+
+    answering.__name__, answering.__qualname__, answering.__doc__ = (
+        route.__name__,
+        route.__qualname__,
+        route.__doc__,
+    )
+    return answering
+
+
+async def _from_log(spec: MethodSpec, call: Awaitable[_T], *, opening: bool = False) -> _T:
+    """A call of the run log; its failure (Redis down, say) refuses the request with a 503
+    `runs_unavailable`, logged. `opening`: the call is `open`, whose `ValueError` says that the run is
+    in the log already (an AG-UI client's run id, opened since the endpoint looked): a 409."""
+    try:
+        return await call
+    except Exception as error:
+        if opening and isinstance(error, ValueError):
+            raise _Refused(
+                409, "run_exists", "a run with this id was started already; name a new one"
+            ) from None
+        logger.error(
+            "agentrt.sse: %s: the run log failed: %s: %s",
+            spec.qualname,
+            type(error).__name__,
+            error,
+            exc_info=error,
+        )
+        raise _Refused(503, "runs_unavailable", "the run log is unavailable; try again later") from None
+
+
+async def _past_the_end(spec: MethodSpec, log: RunLog, run: str, after: int) -> bool:
+    """Whether `after` is past the last frame of `run` so far (an id the run never sent: a reader
+    after it would wait, then skip every frame up to it). A log without `last_seq` is not asked."""
+    last_seq = getattr(log, "last_seq", None)
+    if last_seq is None:
+        return False
+    last: int | None = await _from_log(spec, last_seq(run))
+    return last is not None and after > last
 
 
 def _owner_key(spec: MethodSpec, protocol: str, owner: Any) -> str:
@@ -1446,8 +1517,9 @@ class _AgUIInput(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    threadId: str  # the protocol's names
-    runId: str
+    # the protocol's names; at most what a resume's Last-Event-ID takes (`_sse_runs.parse_event_id`)
+    threadId: str = Field(min_length=1, max_length=_sse_runs.MAX_RUN_ID)
+    runId: str = Field(min_length=1, max_length=_sse_runs.MAX_RUN_ID)
     messages: list[dict[str, Any]] = Field(min_length=1)
     forwardedProps: dict[str, Any] = Field(default_factory=dict)
     resume: list[Any] | None = None

@@ -139,6 +139,67 @@ async def test_a_reader_from_any_id_gets_every_later_frame_once_then_the_live_ta
     assert await read_all(reader, "r", 20) == []
 
 
+async def read_all_batches(log: RunLog, run: str, after: int) -> list[tuple[int, list[bytes]]]:
+    with anyio.fail_after(BOUND):
+        return [item async for item in log.read_batches(run, after)]  # type: ignore[attr-defined]
+
+
+def flat(batches: list[tuple[int, list[bytes]]]) -> list[tuple[int, bytes]]:
+    """The batches' frames with their seqs, checking that each batch follows the one before."""
+    out: list[tuple[int, bytes]] = []
+    for first, frames in batches:
+        assert frames and len(frames) <= 64, (first, len(frames))
+        assert not out or first == out[-1][0] + 1, (first, out[-1][0])
+        out += [(first + n, f) for n, f in enumerate(frames)]
+    return out
+
+
+async def test_read_batches_is_read_a_batch_at_a_time(logs: Logs) -> None:
+    """`read_batches` (what an SSE response reads) gives what `read` gives, as `(first seq, frames)`
+    of consecutive frames, at most 64 a batch: every frame there is at once, from any id, while the
+    run is written and once it ended."""
+    writer, reader = logs.pair()
+    await writer.open(RunRecord("r", None))
+    results: dict[int, list[tuple[int, list[bytes]]]] = {}
+
+    async def read_from(after: int) -> None:
+        results[after] = await read_all_batches(reader, "r", after)
+
+    async with serving(writer), anyio.create_task_group() as group:
+        for seq in range(1, 101):
+            writer.append("r", seq, frame(seq))
+        await writer.flush("r")
+        for after in (0, 1, 50, 99, 100):
+            group.start_soon(read_from, after)
+        for seq in range(101, 151):
+            writer.append("r", seq, frame(seq))
+            if seq % 10 == 0:
+                await writer.flush("r")
+                await anyio.lowlevel.checkpoint()
+        await writer.end("r")
+    for after, batches in results.items():
+        assert flat(batches) == [(seq, frame(seq)) for seq in range(after + 1, 151)], after
+    ended = await read_all_batches(reader, "r", 0)
+    assert [(first, len(frames)) for first, frames in ended] == [(1, 64), (65, 64), (129, 22)]
+    assert flat(ended) == [(seq, frame(seq)) for seq in range(1, 151)]
+    assert await read_all_batches(reader, "r", 150) == []
+
+
+async def test_read_batches_tells_a_reader_its_run_is_gone(logs: Logs) -> None:
+    writer, reader = logs.pair(keep=10)
+    await writer.open(RunRecord("r", None))
+    for seq in range(1, 1001):
+        writer.append("r", seq, frame(seq))
+        if seq % 100 == 0:
+            await writer.flush("r")
+    await writer.end("r")
+    for run, reason in (("r", "truncated"), ("nope", "expired")):
+        with pytest.raises(RunGone) as raised:
+            await read_all_batches(reader, run, 0)
+        assert raised.value.reason == reason
+    assert flat(await read_all_batches(reader, "r", 995)) == [(seq, frame(seq)) for seq in range(996, 1001)]
+
+
 async def test_a_reader_at_the_tail_gets_frames_as_they_are_written_without_flush(logs: Logs) -> None:
     """With the log's `serve` running, an appended frame reaches a reader waiting at the tail with no
     `flush` (batched writes): the reader sees frame 1 before frame 2 is appended."""
