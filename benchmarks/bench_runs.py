@@ -10,9 +10,11 @@ network), for a long answer from a model in memory, with memory on (the turn is 
 
 The model streams its tokens in one of two ways:
 
-    burst    back to back, never waiting (the log fills faster than the response sends)
-    paced    one loop turn before each token, as tokens from a socket arrive (the response
-             waits for each: every token is a writer's append and a reader's wake)
+    burst    back to back, never waiting
+    paced    one loop turn before each token, as tokens from a socket arrive
+
+The response of the client that starts a run reads the run's stream itself and appends each frame
+to the log before it sends it (no task switch a token), so a log costs a frame's id and an append.
 
 Each figure is per token: (time for 6N tokens - time for N tokens) / 5N, the best of several runs,
 so the request's own cost (routing, validation, the run's start and the turn's commit) cancels out.
