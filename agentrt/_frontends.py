@@ -27,11 +27,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
-from pydantic_core import to_json
+from pydantic_core import to_json, to_jsonable_python
 from sse_starlette import ServerSentEvent
 
 from ._events import (
     ApprovalRequested,
+    Completed,
     FinishReason,
     Reset,
     Retrieved,
@@ -43,7 +44,7 @@ from ._events import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from ._events import Event, Result
     from .rag._types import Content
@@ -154,6 +155,30 @@ class Encoder:
     def stopped(self, sent: Sent) -> list[Chunk]:
         """The chunks that end a stopped run, given what the client has (`sent`)."""
         raise NotImplementedError
+
+
+def chunks_of(
+    event: Event,
+    encoder: Encoder,
+    snapshots: Any,
+    result_json: Callable[[Any], dict[str, Any]],
+) -> Sequence[Any]:
+    """What `event` becomes on the wire through `encoder`; `snapshots` is a `PartialStream`'s (its
+    values so far are sent too), or `None`."""
+    kind = type(event)
+    if kind is Completed:
+        result = event.result  # type: ignore[union-attr]
+        return encoder.completed(result, result_json(result))
+    if kind is ApprovalRequested:
+        return encoder.approval(event)  # type: ignore[arg-type]
+    chunks = encoder.event(event)
+    if snapshots is not None:
+        if kind is TextDelta:
+            if snapshots.feed(event.text):  # type: ignore[union-attr]
+                return [*chunks, *encoder.partial(to_jsonable_python(snapshots.value, fallback=str))]
+        elif kind is Reset or kind is ToolCallRequested:
+            snapshots.reset()  # the value starts over from the next answer
+    return chunks
 
 
 DONE: Final = "[DONE]"

@@ -20,11 +20,9 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
 import anyio.lowlevel
-from pydantic_core import to_jsonable_python
 from sse_starlette import EventSourceResponse
 
 from . import _frontends
-from ._events import ApprovalRequested, Completed, Reset, TextDelta, ToolCallRequested
 from ._stream import PartialStream, TokenStream
 from .runs import RunGone, RunLog, Runs
 
@@ -33,7 +31,6 @@ if TYPE_CHECKING:
 
     from sse_starlette import ServerSentEvent
 
-    from ._events import Event
 
 logger = logging.getLogger("agentrt.sse")
 
@@ -165,29 +162,6 @@ class Tee:
                 await self.log.end(self.run)
 
 
-def chunks_of(
-    event: Event,
-    encoder: _frontends.Encoder,
-    snapshots: Any,
-    result_json: Callable[[Any], dict[str, Any]],
-) -> Sequence[Any]:
-    """What `event` becomes on the wire (its `PartialStream`'s values too)."""
-    kind = type(event)
-    if kind is Completed:
-        result = event.result  # type: ignore[union-attr]
-        return encoder.completed(result, result_json(result))
-    if kind is ApprovalRequested:
-        return encoder.approval(event)  # type: ignore[arg-type]
-    chunks = encoder.event(event)
-    if snapshots is not None:
-        if kind is TextDelta:
-            if snapshots.feed(event.text):  # type: ignore[union-attr]
-                return [*chunks, *encoder.partial(to_jsonable_python(snapshots.value, fallback=str))]
-        elif kind is Reset or kind is ToolCallRequested:
-            snapshots.reset()
-    return chunks
-
-
 def adopt(
     tee: Tee,
     stream: TokenStream | PartialStream[Any],
@@ -209,7 +183,7 @@ def adopt(
                     scope.cancel()
                 try:
                     async for event in stream.events():
-                        tee.put(chunks_of(event, encoder, snapshots, result_json))
+                        tee.put(_frontends.chunks_of(event, encoder, snapshots, result_json))
                 except Exception as error:
                     logger.exception("agentrt.sse: the stream failed")
                     tee.put(encoder.failed(error_json(error)))

@@ -562,6 +562,7 @@ def _respond(
     snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
     frame = encoder.frame
     sent = run.sent if run is not None else None
+    chunks_of = _frontends.chunks_of
     hold = tee is not None and tee.policy == "cancel"
 
     def encode(chunks: Sequence[Any]) -> list[bytes]:
@@ -582,25 +583,10 @@ def _respond(
                     if clock() - resumed > _WAITED:
                         written = 0  # the event was waited for: the loop had its turns meanwhile
                     kind = type(event)
-                    if kind is Completed:
-                        if forget is not None:
-                            forget()  # done: a stop now would come too late
-                        result = event.result  # type: ignore[union-attr]
-                        out = [*out, *encoder.completed(result, result_json(result))]
-                    elif kind is ApprovalRequested:
-                        if forget is not None:
-                            forget()  # the run ended: waiting for a human is not streaming
-                        out = [*out, *encoder.approval(event)]  # type: ignore[arg-type]
-                    else:
-                        out = [*out, *encoder.event(event)] if out else encoder.event(event)
-                        if snapshots is not None:
-                            if kind is TextDelta:
-                                if snapshots.feed(event.text):  # type: ignore[union-attr]
-                                    value = to_jsonable_python(snapshots.value, fallback=str)
-                                    out = [*out, *encoder.partial(value)]
-                            elif kind is Reset or kind is ToolCallRequested:
-                                snapshots.reset()  # the value starts over from the next answer
-                    batch, out = out, ()
+                    if (kind is Completed or kind is ApprovalRequested) and forget is not None:
+                        forget()  # the run ended (or waits for a human): a stop comes too late
+                    chunks = chunks_of(event, encoder, snapshots, result_json)
+                    batch, out = ([*out, *chunks] if out else chunks), ()
                     # Into the log first (whole: a close between two sends loses none of it); the
                     # final frames of a `"cancel"` run only once they were written (below).
                     datas = tee.hold(batch) if hold and kind is Completed else put(batch)  # type: ignore[union-attr]
