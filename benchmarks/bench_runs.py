@@ -23,6 +23,8 @@ so the request's own cost (routing, validation, the run's start and the turn's c
     .venv/bin/python benchmarks/bench_runs.py --quick      # fewer tokens and repeats (make bench)
     .venv/bin/python benchmarks/bench_runs.py --redis redis://127.0.0.1:6379/0
     .venv/bin/python benchmarks/bench_runs.py --redis-only     # (or --no-redis)
+    BENCH_FEATURES=1 .venv/bin/python benchmarks/bench_runs.py # with an optimistic output guardrail
+                                                               # and a 30 s time budget on
     .venv/bin/python benchmarks/bench_callgrind.py runs    # instructions a token (needs valgrind)
 
 With a variant, a model and a token count it runs that one response (what callgrind measures):
@@ -39,6 +41,7 @@ those scripts run (an XADD a frame).
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -56,7 +59,8 @@ from starlette.routing import Route
 import agentrt
 import agentrt.memory
 import agentrt.sse
-from agentrt import MemoryId, TokenStream
+from agentrt import Budget, MemoryId, TokenStream
+from agentrt.guardrails import OutputGuardrailRequest, fatal, output_guardrails, success
 from agentrt.models import Capabilities, Finish, FinishReason, ModelChunk, ModelRequest, TextDelta
 from agentrt.runs import Runs
 
@@ -71,6 +75,18 @@ MODELS = ("burst", "paced")
 
 
 class Chat:
+    async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
+
+
+def no_secrets(request: OutputGuardrailRequest) -> Any:
+    return fatal("a secret") if "SECRET" in request.text else success()
+
+
+class GuardedChat:
+    """`Chat` with the features a production user turns on (`BENCH_FEATURES=1`): an output
+    guardrail that releases text as it streams (`optimistic`), and a 30 s time budget (the build's)."""
+
+    @output_guardrails(no_secrets, release="optimistic")
     async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> TokenStream: ...
 
 
@@ -108,7 +124,12 @@ def redis_log(url: str) -> Any:
 
 async def respond(variant: str, tokens: int, paced: bool, redis_url: str | None = None) -> int:
     """One POST answered with `tokens` tokens; the frames sent."""
-    svc = agentrt.build(Chat, model=Counting(paced), memory=agentrt.memory.window())
+    if os.environ.get("BENCH_FEATURES"):
+        svc: Any = agentrt.build(
+            GuardedChat, model=Counting(paced), memory=agentrt.memory.window(), budget=Budget(seconds=30)
+        )
+    else:
+        svc = agentrt.build(Chat, model=Counting(paced), memory=agentrt.memory.window())
     runs: Runs | None = None
     if variant != "plain":
         log = redis_log(redis_url) if variant.startswith("redis-") and redis_url else None
