@@ -481,6 +481,119 @@ def test_ag_ui_s_client_ends_a_run_with_an_interrupt_and_resumes_it(
     assert history[-1] == {"role": "assistant", "text": second["result"]["text"]}
 
 
+def approval_resume_clients(
+    app: str, runs: list[tuple[str, str, list[dict[str, Any]], float, str]]
+) -> list[Any]:
+    """Run vercel_approval_resume.mjs once per `(chat, question, decisions, cut, mode)`, all at
+    once: each one's report."""
+    started = [
+        subprocess.Popen(
+            [
+                "node",
+                str(NODE / "vercel_approval_resume.mjs"),
+                f"{app}/runs/vercel",
+                chat,
+                question,
+                json.dumps(decisions),
+                str(cut),
+                mode,
+                f"{app}/open?ticket={chat}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for chat, question, decisions, cut, mode in runs
+    ]
+    reports = []
+    for (chat, _, _, cut, mode), process in zip(runs, started, strict=True):
+        out, errors = process.communicate(timeout=120)
+        assert process.returncode == 0, f"{chat} (cut after {cut} events, {mode}): {errors}"
+        reports.append(json.loads(out))
+    return reports
+
+
+def as_assembled(message: dict[str, Any]) -> Any:
+    """An assistant message's parts, with each approval's id (`<pending run>:<call>`) as its call's."""
+    parts = json.loads(json.dumps(message["parts"]))
+    for part in parts:
+        if "approval" in part:
+            part["approval"]["id"] = part["approval"]["id"].rsplit(":", 1)[1]
+    return parts
+
+
+APPROVED = {"refund": {"approved": True}}
+
+
+@pytest.mark.parametrize(
+    ("twice", "cuts"),
+    [
+        # the continuation: start, the refund's output, "Then C. " (3 events), the look-up (4),
+        # then it waits until the resume reads it
+        (False, [0, 0.5, 1, 1.5, 2, 3.5, 5, 7.5, 8, 8.5]),
+        # a second approval (a denial) in the first continuation: the second one is cut
+        (True, [0, 1, 2, 4.5, 8.5]),
+    ],
+    ids=["one-approval", "two-approvals"],
+)
+@pytest.mark.parametrize("mode", ["drop", "reload"])
+def test_use_chat_resumes_an_approval_s_continuation_cut_at_any_event_into_the_uncut_message(
+    clients: Path, approval_app: str, twice: bool, cuts: list[float], mode: str
+) -> None:
+    # The answer to an approval continues the assistant's message in a run of its own; the client
+    # drops during it and resumes (GET /runs/vercel/{chat}/stream): the SDK replays the resumed
+    # stream from its first `start`, resetting the message. It must end with the message a client
+    # that never dropped has, and the conversation stored as it is without a drop.
+    decisions = [APPROVED, {"refund": {"approved": False, "reason": "not C"}}] if twice else [APPROVED]
+    suffix = " twice" if twice else ""
+    key = f"{'two' if twice else 'one'}-{mode}"
+    before = refunds(approval_app)
+    runs = [(f"ar-{key}-uncut", f"Hold ar-{key}-uncut{suffix}", decisions, -1.0, mode)]
+    runs += [
+        (f"ar-{key}-{i:05}", f"Hold ar-{key}-{i:05}{suffix}", decisions, cut, mode)
+        for i, cut in enumerate(cuts)
+    ]
+    reference, *reports = approval_resume_clients(approval_app, runs)
+    assert reference["status"] == "ready" and reference["errors"] == []
+    [_, uncut] = reference["final"]
+    expected = as_assembled(uncut)
+    # The uncut message: every round's parts, each approval's answer, the held answer at the end.
+    assert [(p["type"], p.get("state")) for p in expected] == [
+        ("text", "done"),
+        ("tool-refund", "output-available"),
+        ("tool-look", "output-available"),
+        ("text", "done"),
+        *(
+            [("tool-refund", "output-denied"), ("text", "done"), ("tool-look", "output-available")]
+            if twice
+            else [("tool-look", "output-available")]
+        ),
+        ("text", "done"),
+    ]
+    assert expected[1]["approval"]["approved"] is True
+    reference_history = stored(approval_app, f"anonymous:{runs[0][0]}")
+    for (chat, _, _, cut, _), report in zip(runs[1:], reports, strict=True):
+        where = f"{chat}: cut after {cut} events ({mode})"
+        assert report["cutStatus"] == "error" and report["errors"] == ["network error"], where
+        assert report["chunks"] == int(cut), where
+        assert [(m, u.rsplit("/runs/", 1)[1], s) for m, u, s in report["requests"]] == [
+            *[("POST", "vercel", 200)] * (len(decisions) + 1),
+            ("GET", f"vercel/{chat}/stream", 200),
+        ], where
+        assert (report["status"], report["error"]) == ("ready", None), where
+        [user, message] = report["final"]
+        assert user["parts"] == [{"type": "text", "text": f"Hold {chat}{suffix}"}], where
+        assert message["id"] == report["first"][1]["id"], where  # the message the first response began
+        assert as_assembled(message) == expected, where
+        assert message["metadata"].keys() == uncut["metadata"].keys(), where
+        history = stored(approval_app, f"anonymous:{chat}")
+        assert [(m["role"], m["text"].replace(chat, "*")) for m in history] == [
+            (m["role"], m["text"].replace(runs[0][0], "*")) for m in reference_history
+        ], where
+    ran = refunds(approval_app)[len(before) :]
+    assert sorted(ran) == [["A", 1.0]] * len(runs)  # each chat's refund once; C's was denied
+
+
 # --- a stop at every point of a stream, checked by the clients -----------------------------------------
 
 
