@@ -112,5 +112,8 @@ def app() -> Starlette:
 
 if __name__ == "__main__":
     listener = socket.socket(fileno=int(sys.argv[1]))
-    config = uvicorn.Config(app(), log_level="warning", lifespan="on")
+    # A client's connection may sit idle in its pool for seconds between requests on a loaded
+    # machine: closed by the server meanwhile (uvicorn's default: after 5 s), the client's next
+    # request on it races the close (ECONNRESET).
+    config = uvicorn.Config(app(), log_level="warning", lifespan="on", timeout_keep_alive=60)
     uvicorn.Server(config).run(sockets=[listener])
