@@ -804,6 +804,9 @@ def endpoint(
       lastAssistantMessageIsCompleteWithApprovalResponses`) ends with the assistant message whose
       tool parts are `approval-responded`: only their `approval` (`id`, `approved`, `reason`) is
       read, approve or deny (this protocol has no edit); the resumed stream continues that message.
+      With `runs` it is a run of its own, whose log begins with that message as the request
+      carried it, rebuilt in chunks (`useChat`'s resume replays a run from its first `start`, where
+      the SDK starts the message again); the request's own response reads from after them.
     - `"ag-ui"`: `RUN_FINISHED` with outcome `{"type": "interrupt", "interrupts": [...]}`, one
       interrupt per waiting call (`id` `"<run id>:<call id>"`, `reason` `"tool_approval"`,
       `toolCallId`, `responseSchema`, `expiresAt`, `metadata` `{"tool", "arguments"}`). The next
@@ -1047,6 +1050,8 @@ def endpoint(
             )
             if resuming is not None:
                 vercel.resume(resuming.used, dict(resuming.wires))
+                if runs is not None:  # a resume replays the message from its start
+                    vercel.replaying(envelope.v_messages[-1])
         elif protocol == "ag-ui":
             assert thread is not None
             assert run_id is not None
@@ -1180,7 +1185,7 @@ def endpoint(
         return _sse_runs.response(
             log,
             run_id,
-            0,
+            len(encoder.replay),  # its client has the message the replay rebuilds
             encoder,
             live,
             on_disconnect,

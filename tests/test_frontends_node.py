@@ -594,6 +594,108 @@ def test_use_chat_resumes_an_approval_s_continuation_cut_at_any_event_into_the_u
     assert sorted(ran) == [["A", 1.0]] * len(runs)  # each chat's refund once; C's was denied
 
 
+def test_the_chunks_that_rebuild_a_message_give_use_chat_s_reader_the_message_it_had(
+    clients: Path, tmp_path: Path
+) -> None:
+    # What a continuation's log begins with (a resume's replay starts the message again): the
+    # client's message, rebuilt part by part. A message with a part of each kind the SDK builds
+    # from a stream, in each state: read by the SDK, rebuilt, read again, it is the same message.
+    from agentrt._frontends import DONE, VercelUI, rebuilt
+
+    def call(call: str, tool: str, *after: dict[str, Any]) -> list[dict[str, Any]]:
+        available = {
+            "type": "tool-input-available",
+            "toolCallId": call,
+            "toolName": tool,
+            "input": {"o": call},
+        }
+        return [available, *after]
+
+    def asked(call: str, approval: str, *answer: Any, **extra: Any) -> list[dict[str, Any]]:
+        request = {"type": "tool-approval-request", "approvalId": approval, "toolCallId": call, **extra}
+        if not answer:
+            return [request]
+        response = {"type": "tool-approval-response", "approvalId": approval, "approved": answer[0]}
+        return [request, response | ({"reason": answer[1]} if len(answer) > 1 else {})]
+
+    stream: list[Any] = [
+        {"type": "start", "messageId": "m1", "messageMetadata": {"attempts": 1}},
+        {"type": "start-step"},
+        {"type": "reasoning-start", "id": "r"},
+        {"type": "reasoning-delta", "id": "r", "delta": "Plan. "},
+        {"type": "reasoning-end", "id": "r"},
+        {"type": "text-start", "id": "t"},
+        {"type": "text-delta", "id": "t", "delta": "Checking. "},
+        {"type": "text-end", "id": "t"},
+        {"type": "source-url", "sourceId": "s1", "url": "https://example.com/a", "title": "A"},
+        {
+            "type": "source-document",
+            "sourceId": "s2",
+            "mediaType": "text/markdown",
+            "title": "S",
+            "filename": "s.md",
+        },
+        {"type": "file", "mediaType": "image/png", "url": "data:image/png;base64,AAAA"},
+        {"type": "data-value", "id": "value", "data": {"k": [1, 2]}},
+        {"type": "tool-input-start", "toolCallId": "c1", "toolName": "refund"},
+        {"type": "tool-input-delta", "toolCallId": "c1", "inputTextDelta": '{"o": "c1"}'},
+        *call("c1", "refund", *asked("c1", "p1:c1", True, descriptor={"tool": "refund"})),
+        {"type": "tool-output-available", "toolCallId": "c1", "output": "refunded"},
+        *call("c2", "refund", *asked("c2", "p1:c2", False, "not B")),
+        {"type": "tool-output-denied", "toolCallId": "c2"},
+        *call("c3", "look", {"type": "tool-output-error", "toolCallId": "c3", "errorText": "it failed"}),
+        {"type": "start-step"},
+        *call("c4", "refund", *asked("c4", "p2:c4", True)),  # approval-responded
+        *call("c5", "refund", *asked("c5", "p2:c5")),  # approval-requested
+        *call("c6", "look"),  # input-available
+        {"type": "tool-input-start", "toolCallId": "c7", "toolName": "look"},
+        {"type": "tool-input-delta", "toolCallId": "c7", "inputTextDelta": '{"o": "c'},  # input-streaming
+        {"type": "text-start", "id": "t2"},
+        {"type": "text-delta", "id": "t2", "delta": "Then"},  # still streaming
+        {"type": "finish"},
+        DONE,
+    ]
+    encoder = VercelUI("m1", thinking=True, tool_details=True, hold=False, structured=False)
+
+    def body(chunks: list[Any]) -> bytes:
+        return b"".join(encoder.frame(chunk).encode() for chunk in chunks)
+
+    request = {"id": "chat", "messages": [], "trigger": "submit-message"}
+    outputs: list[str] = []
+    [(status, errors)] = replay("vercel_client.mjs", request, [body(stream)], tmp_path, outputs)
+    assert status == 0, errors
+    [message] = json.loads(outputs[0])
+    states = [(p["type"], p.get("state")) for p in message["parts"]]
+    assert states == [
+        ("step-start", None),
+        ("reasoning", "done"),
+        ("text", "done"),
+        ("source-url", None),
+        ("source-document", None),
+        ("file", None),
+        ("data-value", None),
+        ("tool-refund", "output-available"),
+        ("tool-refund", "output-denied"),
+        ("tool-look", "output-error"),
+        ("step-start", None),
+        ("tool-refund", "approval-responded"),
+        ("tool-refund", "approval-requested"),
+        ("tool-look", "input-available"),
+        ("tool-look", "input-streaming"),
+        ("text", "streaming"),
+    ]
+    again: list[str] = []
+    [(status, errors)] = replay(
+        "vercel_client.mjs",
+        request,
+        [body([*rebuilt("m1", message), {"type": "finish"}, DONE])],
+        tmp_path,
+        again,
+    )
+    assert status == 0, errors
+    assert json.loads(again[0]) == [message]
+
+
 # --- a stop at every point of a stream, checked by the clients -----------------------------------------
 
 
@@ -602,11 +704,15 @@ class Desk:
 
 
 def replay(
-    script: str, request: dict[str, Any] | list[dict[str, Any]], bodies: list[bytes], tmp_path: Path
+    script: str,
+    request: dict[str, Any] | list[dict[str, Any]],
+    bodies: list[bytes],
+    tmp_path: Path,
+    outputs: list[str] | None = None,
 ) -> list[tuple[int, str]]:
     """Run a client against each of `bodies`, served as they are by a throwaway HTTP server (the
     clients run at once; `request` is what each sends, or one per body): each run's exit status and
-    error output."""
+    error output (and its output appended to `outputs`, if given)."""
 
     class Canned(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -631,14 +737,16 @@ def replay(
         runs = [
             subprocess.Popen(
                 ["node", str(NODE / script), f"{base}/{index}", f"@{tmp_path / f'request-{index}.json'}"],
-                stdout=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL if outputs is None else subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
             )
             for index in range(len(bodies))
         ]
-        done = [run.communicate(timeout=120)[1] for run in runs]  # closes each run's pipe
-        return [(run.returncode, errors) for run, errors in zip(runs, done, strict=True)]
+        done = [run.communicate(timeout=120) for run in runs]  # closes each run's pipes
+        if outputs is not None:
+            outputs += [out for out, _ in done]
+        return [(run.returncode, errors) for run, (_, errors) in zip(runs, done, strict=True)]
     finally:
         server.shutdown()
         server.server_close()
