@@ -128,6 +128,9 @@ class Encoder:
     headers: Mapping[str, str] = {}
     sep = "\r\n"
     """The line separator (sse-starlette's default; AG-UI's reader splits on `\n\n` only)."""
+    replay: Sequence[Chunk] = ()
+    """The first of `opened`'s chunks, in a run's log only for a reader from the log's start (a
+    resume's replay): the response that started the run reads from after them."""
 
     def frame(self, chunk: Any) -> ServerSentEvent:
         """A chunk as an SSE event: its JSON as the data (`[DONE]` as it is)."""
@@ -296,6 +299,93 @@ def _agui_sources(contents: Sequence[Content]) -> list[Chunk]:
     return [{k: v for k, v in part.items() if k not in ("type", "mediaType")} for part in parts]
 
 
+def rebuilt(message_id: str, message: Mapping[str, Any]) -> list[Chunk]:
+    """The UI message stream chunks that make the Vercel AI SDK's client build a client's assistant
+    `message` (a UIMessage as JSON) from nothing: `start` (with its metadata), then each part as
+    the stream made it: text and reasoning (`-start`, `-delta`, `-end` unless it is still
+    streaming), sources, files, data parts, step starts, and tool parts (their input, the approval
+    asked and its answer, their output, denial or error). A part of another kind, or malformed, is
+    left out, as is provider metadata (this module's streams send none)."""
+    start: Chunk = {"type": "start", "messageId": message_id}
+    if message.get("metadata") is not None:
+        start["messageMetadata"] = message["metadata"]
+    out = [start]
+    parts = message.get("parts")
+    for number, part in enumerate(parts if isinstance(parts, list) else ()):
+        if isinstance(part, dict) and isinstance(part.get("type"), str):
+            out += _rebuilt_part(f"part_{number}", part)
+    return out
+
+
+def _rebuilt_part(part_id: str, part: dict[str, Any]) -> list[Chunk]:
+    kind: str = part["type"]
+    if kind in ("text", "reasoning"):
+        text = part.get("text")
+        if not isinstance(text, str):
+            return []
+        if isinstance(part.get("id"), str):  # a reasoning part keeps its id
+            part_id = part["id"]
+        out: list[Chunk] = [
+            {"type": f"{kind}-start", "id": part_id},
+            {"type": f"{kind}-delta", "id": part_id, "delta": text},
+        ]
+        if part.get("state") != "streaming":
+            out.append({"type": f"{kind}-end", "id": part_id})
+        return out
+    if kind == "step-start":
+        return [{"type": "start-step"}]
+    if kind == "source-document" or kind == "source-url" or kind == "file" or kind.startswith("data-"):
+        fields = _PART_FIELDS.get(kind, ("id", "data"))
+        chunk = {"type": kind, **{key: part[key] for key in fields if part.get(key) is not None}}
+        return [chunk] if all(key in chunk for key in _PART_REQUIRED.get(kind, ("data",))) else []
+    call = part.get("toolCallId")
+    if not kind.startswith("tool-") or not isinstance(call, str):
+        return []
+    if part.get("state") == "input-streaming":
+        out = [{"type": "tool-input-start", "toolCallId": call, "toolName": kind[5:]}]
+        if isinstance(part.get("rawInput"), str):
+            out.append({"type": "tool-input-delta", "toolCallId": call, "inputTextDelta": part["rawInput"]})
+        return out
+    out = [
+        {"type": "tool-input-available", "toolCallId": call, "toolName": kind[5:], "input": part.get("input")}
+    ]
+    approval = part.get("approval")
+    if isinstance(approval, dict) and isinstance(approval.get("id"), str):
+        asked: Chunk = {"type": "tool-approval-request", "approvalId": approval["id"], "toolCallId": call}
+        if "descriptor" in approval:
+            asked["approvalDescriptor"] = approval["descriptor"]
+        out.append(asked)
+        if isinstance(approval.get("approved"), bool):
+            answered: Chunk = {
+                "type": "tool-approval-response",
+                "approvalId": approval["id"],
+                "approved": approval["approved"],
+            }
+            if isinstance(approval.get("reason"), str):
+                answered["reason"] = approval["reason"]
+            out.append(answered)
+    state = part.get("state")
+    if state == "output-available":
+        out.append({"type": "tool-output-available", "toolCallId": call, "output": part.get("output")})
+    elif state == "output-denied":
+        out.append({"type": "tool-output-denied", "toolCallId": call})
+    elif state == "output-error" and isinstance(part.get("errorText"), str):
+        out.append({"type": "tool-output-error", "toolCallId": call, "errorText": part["errorText"]})
+    return out
+
+
+_PART_FIELDS: Final = {
+    "source-document": ("sourceId", "mediaType", "title", "filename"),
+    "source-url": ("sourceId", "url", "title"),
+    "file": ("mediaType", "url"),
+}
+_PART_REQUIRED: Final = {
+    "source-document": ("sourceId", "mediaType", "title"),
+    "source-url": ("sourceId", "url"),
+    "file": ("mediaType", "url"),
+}
+
+
 class VercelUI(Encoder):
     """The Vercel AI SDK UI message stream (`x-vercel-ai-ui-message-stream: v1`)."""
 
@@ -303,7 +393,17 @@ class VercelUI(Encoder):
     headers: Mapping[str, str] = {"x-vercel-ai-ui-message-stream": "v1", "x-accel-buffering": "no"}
     sep = "\n"
 
-    __slots__ = ("_hold", "_ids", "_parts", "_reasoning", "_structured", "_text", "details", "message_id")
+    __slots__ = (
+        "_hold",
+        "_ids",
+        "_parts",
+        "_reasoning",
+        "_structured",
+        "_text",
+        "details",
+        "message_id",
+        "replay",
+    )
 
     def __init__(
         self, message_id: str, *, thinking: bool, tool_details: bool, hold: bool, structured: bool
@@ -316,9 +416,10 @@ class VercelUI(Encoder):
         self._text: str | None = None
         self._parts = 0
         self._ids = _ToolIds()
+        self.replay: Sequence[Chunk] = ()
 
     def opened(self) -> list[Chunk]:
-        return [{"type": "start", "messageId": self.message_id}]
+        return [*self.replay, {"type": "start", "messageId": self.message_id}]
 
     def _close(self, out: list[Chunk]) -> None:
         if self._text:
@@ -461,6 +562,16 @@ class VercelUI(Encoder):
         """This stream continues a message whose tool parts have ids `used`; `wires` maps each
         resumed call's id to its part's."""
         self._ids.resume(used, wires)
+
+    def replaying(self, message: Mapping[str, Any]) -> None:
+        """This stream, the run of an approval's answer, continues the client's assistant `message`
+        (as the answer's request carried it): its run's log begins with the chunks that rebuild it
+        (see `rebuilt`). The SDK's resume (`useChat({resume: true})`) replays a run from its first
+        `start` and starts the message again there: the answer's run alone would leave it without
+        the parts before the answer (the call the answer approved among them). The message is the
+        client's own, and a resume is its conversation owner's only: what the client had is what
+        it gets back, even when the runs that made it have expired."""
+        self.replay = rebuilt(self.message_id, message)
 
     def failed(self, error: Chunk) -> list[Chunk]:
         out: list[Chunk] = []

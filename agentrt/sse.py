@@ -577,6 +577,11 @@ def _respond(
         reading = False  # between two events of the stream: a detached run's may be handed over
         try:
             out = encoder.opened()
+            if tee is not None and encoder.replay:
+                # The log's start rebuilds the message a resumed run continues (Vercel): a resume
+                # replays it; this client has the message already.
+                tee.put(out[: len(encoder.replay)])
+                out = out[len(encoder.replay) :]
             if stream is not None:
                 reading = True
                 async for event in stream.events():
@@ -844,6 +849,9 @@ def endpoint(
       lastAssistantMessageIsCompleteWithApprovalResponses`) ends with the assistant message whose
       tool parts are `approval-responded`: only their `approval` (`id`, `approved`, `reason`) is
       read, approve or deny (this protocol has no edit); the resumed stream continues that message.
+      With `runs` it is a run of its own, whose log begins with that message as the request
+      carried it, rebuilt in chunks (`useChat`'s resume replays a run from its first `start`, where
+      the SDK starts the message again); the request's own response reads from after them.
     - `"ag-ui"`: `RUN_FINISHED` with outcome `{"type": "interrupt", "interrupts": [...]}`, one
       interrupt per waiting call (`id` `"<run id>:<call id>"`, `reason` `"tool_approval"`,
       `toolCallId`, `responseSchema`, `expiresAt`, `metadata` `{"tool", "arguments"}`). The next
@@ -1098,6 +1106,8 @@ def endpoint(
             )
             if resuming is not None:
                 vercel.resume(resuming.used, dict(resuming.wires))
+                if runs is not None:  # a resume replays the message from its start
+                    vercel.replaying(envelope.v_messages[-1])
         elif protocol == "ag-ui":
             assert thread is not None
             assert run_id is not None

@@ -481,6 +481,221 @@ def test_ag_ui_s_client_ends_a_run_with_an_interrupt_and_resumes_it(
     assert history[-1] == {"role": "assistant", "text": second["result"]["text"]}
 
 
+def approval_resume_clients(
+    app: str, runs: list[tuple[str, str, list[dict[str, Any]], float, str]]
+) -> list[Any]:
+    """Run vercel_approval_resume.mjs once per `(chat, question, decisions, cut, mode)`, all at
+    once: each one's report."""
+    started = [
+        subprocess.Popen(
+            [
+                "node",
+                str(NODE / "vercel_approval_resume.mjs"),
+                f"{app}/runs/vercel",
+                chat,
+                question,
+                json.dumps(decisions),
+                str(cut),
+                mode,
+                f"{app}/open?ticket={chat}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for chat, question, decisions, cut, mode in runs
+    ]
+    reports = []
+    for (chat, _, _, cut, mode), process in zip(runs, started, strict=True):
+        out, errors = process.communicate(timeout=120)
+        assert process.returncode == 0, f"{chat} (cut after {cut} events, {mode}): {errors}"
+        reports.append(json.loads(out))
+    return reports
+
+
+def as_assembled(message: dict[str, Any]) -> Any:
+    """An assistant message's parts, with each approval's id (`<pending run>:<call>`) as its call's."""
+    parts = json.loads(json.dumps(message["parts"]))
+    for part in parts:
+        if "approval" in part:
+            part["approval"]["id"] = part["approval"]["id"].rsplit(":", 1)[1]
+    return parts
+
+
+APPROVED = {"refund": {"approved": True}}
+
+
+@pytest.mark.parametrize(
+    ("twice", "cuts"),
+    [
+        # the continuation: start, the refund's output, "Then C. " (3 events), the look-up (4),
+        # then it waits until the resume reads it
+        (False, [0, 0.5, 1, 1.5, 2, 3.5, 5, 7.5, 8, 8.5]),
+        # a second approval (a denial) in the first continuation: the second one is cut
+        (True, [0, 1, 2, 4.5, 8.5]),
+    ],
+    ids=["one-approval", "two-approvals"],
+)
+@pytest.mark.parametrize("mode", ["drop", "reload"])
+def test_use_chat_resumes_an_approval_s_continuation_cut_at_any_event_into_the_uncut_message(
+    clients: Path, approval_app: str, twice: bool, cuts: list[float], mode: str
+) -> None:
+    # The answer to an approval continues the assistant's message in a run of its own; the client
+    # drops during it and resumes (GET /runs/vercel/{chat}/stream): the SDK replays the resumed
+    # stream from its first `start`, resetting the message. It must end with the message a client
+    # that never dropped has, and the conversation stored as it is without a drop.
+    decisions = [APPROVED, {"refund": {"approved": False, "reason": "not C"}}] if twice else [APPROVED]
+    suffix = " twice" if twice else ""
+    key = f"{'two' if twice else 'one'}-{mode}"
+    before = refunds(approval_app)
+    runs = [(f"ar-{key}-uncut", f"Hold ar-{key}-uncut{suffix}", decisions, -1.0, mode)]
+    runs += [
+        (f"ar-{key}-{i:05}", f"Hold ar-{key}-{i:05}{suffix}", decisions, cut, mode)
+        for i, cut in enumerate(cuts)
+    ]
+    reference, *reports = approval_resume_clients(approval_app, runs)
+    assert reference["status"] == "ready" and reference["errors"] == []
+    [_, uncut] = reference["final"]
+    expected = as_assembled(uncut)
+    # The uncut message: every round's parts, each approval's answer, the held answer at the end.
+    assert [(p["type"], p.get("state")) for p in expected] == [
+        ("text", "done"),
+        ("tool-refund", "output-available"),
+        ("tool-look", "output-available"),
+        ("text", "done"),
+        *(
+            [("tool-refund", "output-denied"), ("text", "done"), ("tool-look", "output-available")]
+            if twice
+            else [("tool-look", "output-available")]
+        ),
+        ("text", "done"),
+    ]
+    assert expected[1]["approval"]["approved"] is True
+    reference_history = stored(approval_app, f"anonymous:{runs[0][0]}")
+    for (chat, _, _, cut, _), report in zip(runs[1:], reports, strict=True):
+        where = f"{chat}: cut after {cut} events ({mode})"
+        assert report["cutStatus"] == "error" and report["errors"] == ["network error"], where
+        assert report["chunks"] == int(cut), where
+        assert [(m, u.rsplit("/runs/", 1)[1], s) for m, u, s in report["requests"]] == [
+            *[("POST", "vercel", 200)] * (len(decisions) + 1),
+            ("GET", f"vercel/{chat}/stream", 200),
+        ], where
+        assert (report["status"], report["error"]) == ("ready", None), where
+        [user, message] = report["final"]
+        assert user["parts"] == [{"type": "text", "text": f"Hold {chat}{suffix}"}], where
+        assert message["id"] == report["first"][1]["id"], where  # the message the first response began
+        assert as_assembled(message) == expected, where
+        assert message["metadata"].keys() == uncut["metadata"].keys(), where
+        history = stored(approval_app, f"anonymous:{chat}")
+        assert [(m["role"], m["text"].replace(chat, "*")) for m in history] == [
+            (m["role"], m["text"].replace(runs[0][0], "*")) for m in reference_history
+        ], where
+    ran = refunds(approval_app)[len(before) :]
+    assert sorted(ran) == [["A", 1.0]] * len(runs)  # each chat's refund once; C's was denied
+
+
+def test_the_chunks_that_rebuild_a_message_give_use_chat_s_reader_the_message_it_had(
+    clients: Path, tmp_path: Path
+) -> None:
+    # What a continuation's log begins with (a resume's replay starts the message again): the
+    # client's message, rebuilt part by part. A message with a part of each kind the SDK builds
+    # from a stream, in each state: read by the SDK, rebuilt, read again, it is the same message.
+    from agentrt._frontends import DONE, VercelUI, rebuilt
+
+    def call(call: str, tool: str, *after: dict[str, Any]) -> list[dict[str, Any]]:
+        available = {
+            "type": "tool-input-available",
+            "toolCallId": call,
+            "toolName": tool,
+            "input": {"o": call},
+        }
+        return [available, *after]
+
+    def asked(call: str, approval: str, *answer: Any, **extra: Any) -> list[dict[str, Any]]:
+        request = {"type": "tool-approval-request", "approvalId": approval, "toolCallId": call, **extra}
+        if not answer:
+            return [request]
+        response = {"type": "tool-approval-response", "approvalId": approval, "approved": answer[0]}
+        return [request, response | ({"reason": answer[1]} if len(answer) > 1 else {})]
+
+    stream: list[Any] = [
+        {"type": "start", "messageId": "m1", "messageMetadata": {"attempts": 1}},
+        {"type": "start-step"},
+        {"type": "reasoning-start", "id": "r"},
+        {"type": "reasoning-delta", "id": "r", "delta": "Plan. "},
+        {"type": "reasoning-end", "id": "r"},
+        {"type": "text-start", "id": "t"},
+        {"type": "text-delta", "id": "t", "delta": "Checking. "},
+        {"type": "text-end", "id": "t"},
+        {"type": "source-url", "sourceId": "s1", "url": "https://example.com/a", "title": "A"},
+        {
+            "type": "source-document",
+            "sourceId": "s2",
+            "mediaType": "text/markdown",
+            "title": "S",
+            "filename": "s.md",
+        },
+        {"type": "file", "mediaType": "image/png", "url": "data:image/png;base64,AAAA"},
+        {"type": "data-value", "id": "value", "data": {"k": [1, 2]}},
+        {"type": "tool-input-start", "toolCallId": "c1", "toolName": "refund"},
+        {"type": "tool-input-delta", "toolCallId": "c1", "inputTextDelta": '{"o": "c1"}'},
+        *call("c1", "refund", *asked("c1", "p1:c1", True, descriptor={"tool": "refund"})),
+        {"type": "tool-output-available", "toolCallId": "c1", "output": "refunded"},
+        *call("c2", "refund", *asked("c2", "p1:c2", False, "not B")),
+        {"type": "tool-output-denied", "toolCallId": "c2"},
+        *call("c3", "look", {"type": "tool-output-error", "toolCallId": "c3", "errorText": "it failed"}),
+        {"type": "start-step"},
+        *call("c4", "refund", *asked("c4", "p2:c4", True)),  # approval-responded
+        *call("c5", "refund", *asked("c5", "p2:c5")),  # approval-requested
+        *call("c6", "look"),  # input-available
+        {"type": "tool-input-start", "toolCallId": "c7", "toolName": "look"},
+        {"type": "tool-input-delta", "toolCallId": "c7", "inputTextDelta": '{"o": "c'},  # input-streaming
+        {"type": "text-start", "id": "t2"},
+        {"type": "text-delta", "id": "t2", "delta": "Then"},  # still streaming
+        {"type": "finish"},
+        DONE,
+    ]
+    encoder = VercelUI("m1", thinking=True, tool_details=True, hold=False, structured=False)
+
+    def body(chunks: list[Any]) -> bytes:
+        return b"".join(encoder.frame(chunk).encode() for chunk in chunks)
+
+    request = {"id": "chat", "messages": [], "trigger": "submit-message"}
+    outputs: list[str] = []
+    [(status, errors)] = replay("vercel_client.mjs", request, [body(stream)], tmp_path, outputs)
+    assert status == 0, errors
+    [message] = json.loads(outputs[0])
+    states = [(p["type"], p.get("state")) for p in message["parts"]]
+    assert states == [
+        ("step-start", None),
+        ("reasoning", "done"),
+        ("text", "done"),
+        ("source-url", None),
+        ("source-document", None),
+        ("file", None),
+        ("data-value", None),
+        ("tool-refund", "output-available"),
+        ("tool-refund", "output-denied"),
+        ("tool-look", "output-error"),
+        ("step-start", None),
+        ("tool-refund", "approval-responded"),
+        ("tool-refund", "approval-requested"),
+        ("tool-look", "input-available"),
+        ("tool-look", "input-streaming"),
+        ("text", "streaming"),
+    ]
+    again: list[str] = []
+    [(status, errors)] = replay(
+        "vercel_client.mjs",
+        request,
+        [body([*rebuilt("m1", message), {"type": "finish"}, DONE])],
+        tmp_path,
+        again,
+    )
+    assert status == 0, errors
+    assert json.loads(again[0]) == [message]
+
+
 # --- a stop at every point of a stream, checked by the clients -----------------------------------------
 
 
@@ -489,11 +704,15 @@ class Desk:
 
 
 def replay(
-    script: str, request: dict[str, Any] | list[dict[str, Any]], bodies: list[bytes], tmp_path: Path
+    script: str,
+    request: dict[str, Any] | list[dict[str, Any]],
+    bodies: list[bytes],
+    tmp_path: Path,
+    outputs: list[str] | None = None,
 ) -> list[tuple[int, str]]:
     """Run a client against each of `bodies`, served as they are by a throwaway HTTP server (the
     clients run at once; `request` is what each sends, or one per body): each run's exit status and
-    error output."""
+    error output (and its output appended to `outputs`, if given)."""
 
     class Canned(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -518,14 +737,16 @@ def replay(
         runs = [
             subprocess.Popen(
                 ["node", str(NODE / script), f"{base}/{index}", f"@{tmp_path / f'request-{index}.json'}"],
-                stdout=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL if outputs is None else subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
             )
             for index in range(len(bodies))
         ]
-        done = [run.communicate(timeout=120)[1] for run in runs]  # closes each run's pipe
-        return [(run.returncode, errors) for run, errors in zip(runs, done, strict=True)]
+        done = [run.communicate(timeout=120) for run in runs]  # closes each run's pipes
+        if outputs is not None:
+            outputs += [out for out, _ in done]
+        return [(run.returncode, errors) for run, (_, errors) in zip(runs, done, strict=True)]
     finally:
         server.shutdown()
         server.server_close()

@@ -9,6 +9,7 @@ its log). The clients' own libraries read these streams in tests/test_frontends_
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 from servers.frontends_app import Orders, answer, polite, user_and_thread
@@ -66,9 +67,9 @@ class CutClient(Client):
     """A client whose connection drops once it got at least `cut` events (0: as the response
     starts; a response writes what the run's log holds at once, so a cut falls after a write)."""
 
-    def __init__(self, body: bytes, cut: int) -> None:
+    def __init__(self, body: bytes, cut: int, path: str = "/agui") -> None:
         super().__init__(body, user=b"ada")
-        self.scope = {**self.scope, "path": "/agui", "raw_path": b"/agui"}
+        self.scope = {**self.scope, "path": path, "raw_path": path.encode()}
         self.cut = cut
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -188,10 +189,16 @@ async def test_vercel_an_approval_answer_continues_the_message_in_a_run_of_its_o
         run = went_on.headers["agentrt-run-id"]
         rest = frames(went_on.text)
         # The continuation is its own run (its own ids); its stream continues the client's message.
+        # Its log begins with the message as the answer carried it (what a resume's replay starts
+        # the message again with); the client that sent the answer has it, and reads from after it.
+        replay = answer_replay(message_id, approval_id)
         assert run != message_id
-        assert [e["id"] for e in rest] == [f"{run}:{n}" for n in range(1, len(rest) + 1)]
+        skipped = len(replay)
+        assert [e["id"] for e in rest] == [f"{run}:{n}" for n in range(skipped + 1, skipped + len(rest) + 1)]
         assert rest[0]["data"] == {"type": "start", "messageId": message_id}
         assert rest[-2]["data"]["type"] == "finish"
+        whole = await http.get("/chat/chat-1/stream", headers={"x-user": "ada", "last-event-id": f"{run}:0"})
+        assert [e["data"] for e in frames(whole.text)] == replay + [e["data"] for e in rest]
         # The message's first run keeps its log: it can still be read, as it was sent.
         again = await http.get(
             "/chat/chat-1/stream", headers={"x-user": "ada", "last-event-id": f"{message_id}:0"}
@@ -202,3 +209,120 @@ async def test_vercel_an_approval_answer_continues_the_message_in_a_run_of_its_o
     assert shop.refunds == [("A", 1.0)]
     stored = await agentrt.memory.access(svc).read("ada:chat-1")
     assert stored[-1].text == "Refunded A."
+
+
+def answer_replay(message_id: str, approval_id: str) -> list[dict[str, Any]]:
+    """The chunks that rebuild the message `test_frontends_approval.answered` carries (the refund
+    approved): what the log of the run that continues it begins with."""
+    return [
+        {"type": "start", "messageId": message_id},
+        {"type": "text-start", "id": "part_0"},
+        {"type": "text-delta", "id": "part_0", "delta": "Checking. "},
+        {"type": "text-end", "id": "part_0"},
+        {"type": "tool-input-available", "toolCallId": "c1", "toolName": "refund", "input": {"order": "A"}},
+        {"type": "tool-approval-request", "approvalId": approval_id, "toolCallId": "c1"},
+        {"type": "tool-approval-response", "approvalId": approval_id, "approved": True},
+        {"type": "tool-input-available", "toolCallId": "c2", "toolName": "look", "input": {"order": "B"}},
+        {"type": "tool-output-available", "toolCallId": "c2", "output": "B: shipped"},
+    ]
+
+
+async def test_vercel_a_resume_of_an_approval_s_continuation_replays_the_whole_message() -> None:
+    # useChat's resume (GET {api}/{chat}/stream) replays a run from its first `start`, and the SDK
+    # starts the message again there: the replay of the run that continues a message must hold the
+    # message's parts from before the answer (tests/test_frontends_node.py: the SDK itself).
+    import anyio
+    from servers.approval_tools import Desk as Shopfront
+    from servers.approval_tools import Shop
+    from test_frontends_approval import USER, answered, by_thread, vercel
+
+    from agentrt import ModelRequest
+    from agentrt.testing import CallTool
+
+    gate = anyio.Event()
+
+    async def rounds(request: ModelRequest) -> Any:
+        called = sum(1 for m in request.messages if m.role == "assistant" and m.tool_calls)
+        if called == 0:
+            return [
+                "Checking. ",
+                CallTool("refund", {"order": "A"}, id="c1"),
+                CallTool("look", {"order": "B"}, id="c2"),
+            ]
+        if called == 1:
+            return ["Then C. ", CallTool("look", {"order": "C"}, id="c3")]
+        await gate.wait()  # the continuation goes on once the resume reads it
+        return ["Refunded A."]
+
+    shop = Shop()
+    svc = agentrt.build(Shopfront, model=FunctionModel(rounds), tools=[shop], memory=agentrt.memory.window())
+    runs = Runs()
+    handler = agentrt.sse.endpoint(
+        svc.chat,
+        memory_id=by_thread,
+        protocol="vercel-ui",
+        tool_details=True,
+        runs=runs,
+        on_disconnect="detach",
+    )
+
+    async def resume_then_open(request: Any) -> Any:
+        response = await handler.resume(request)
+        gate.set()
+        return response
+
+    app = Starlette(
+        routes=[
+            Route("/chat", handler, methods=["POST"]),
+            Route("/chat/{id}/stream", resume_then_open, methods=["GET"]),
+        ]
+    )
+    async with runs, asgi(app) as http:
+        asked = await http.post("/chat", json=vercel(USER), headers={"x-user": "ada"})
+        first = frames(asked.text)
+        message_id = first[0]["data"]["messageId"]
+        approval_id = next(e["data"]["approvalId"] for e in first if "approvalId" in e["data"])
+        # The answer's response is dropped as it starts; its run goes on (detach) to the gate.
+        body = vercel(USER, answered(message_id, approval_id, True))
+        client = CutClient(json.dumps(body).encode(), cut=0, path="/chat")
+        await run_client(app, client)
+        assert client.status == 200
+        run = client.headers["agentrt-run-id"]
+        resumed = await http.get("/chat/chat-1/stream", headers={"x-user": "ada"})
+    assert resumed.status_code == 200 and resumed.headers["agentrt-run-id"] == run
+    replayed = frames(resumed.text)
+    replay = answer_replay(message_id, approval_id)
+    skipped = len(replay)
+    assert [e["id"] for e in replayed] == [f"{run}:{n}" for n in range(1, len(replayed) + 1)]
+    assert [e["data"] for e in replayed[:skipped]] == replay
+    # Then the continuation's own stream, as its client would have read it: `start` (the same
+    # message: the SDK does not start it again), the refund's output, the next round, the answer.
+    went_on = [e["data"] for e in replayed[skipped:]]
+    assert went_on[0] == {"type": "start", "messageId": message_id}
+    assert went_on[-1] == "[DONE]"
+    assert [c["type"] for c in went_on[1:-1]] == [
+        "tool-output-available",
+        "text-start",
+        "text-delta",
+        "text-end",
+        "tool-input-start",
+        "tool-input-delta",
+        "tool-input-available",
+        "tool-output-available",
+        "text-start",
+        "text-delta",
+        "text-end",
+        "finish",
+    ]
+    assert went_on[1] == {"type": "tool-output-available", "toolCallId": "c1", "output": "refunded 1.0 on A"}
+    assert shop.refunds == [("A", 1.0)]
+    stored = await agentrt.memory.access(svc).read("ada:chat-1")
+    assert [(m.role, m.text) for m in stored] == [
+        ("user", "Refund A"),
+        ("assistant", "Checking. "),
+        ("tool", "refunded 1.0 on A"),
+        ("tool", "B: shipped"),
+        ("assistant", "Then C. "),
+        ("tool", "C: shipped"),
+        ("assistant", "Refunded A."),
+    ]

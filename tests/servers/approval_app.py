@@ -3,14 +3,22 @@ needs a human's approval and a look-up that does not, asked for in one round, be
 and an `ag-ui` endpoint (memory per `x-user` and conversation id) and an agentrt one at `/chat`
 (memory per `x-user`). `/refunds` is the refund tool's
 side-effect counter (each refund that ran), `/stored?id=` a conversation's history. Served by
-uvicorn on the socket given as the first argument."""
+uvicorn on the socket given as the first argument.
+
+Under `/runs/vercel` the `vercel-ui` endpoint runs in a run manager (`agentrt.runs.Runs`, detached
+from its connection; resumed with `GET /runs/vercel/{id}/stream`). A question "Hold <ticket>" (or
+"Hold <ticket> twice") is answered in rounds: the refund (waits for approval) and the look-up, then a
+look-up of C (with "twice": a refund of C, which waits for approval too, then a look-up of D), then
+an answer that waits until `POST /open?ticket=<ticket>` (a run still going when a client resumes it)."""
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 from typing import Any
 
+import anyio
 import uvicorn
 from approval_tools import Desk, Shop
 from starlette.applications import Starlette
@@ -19,13 +27,29 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import agentrt
+import agentrt.runs
 import agentrt.sse
 from agentrt import ModelRequest
 from agentrt.testing import CallTool, FunctionModel
 
+GATES: dict[str, anyio.Event] = {}
+"""A "Hold <ticket>" question's answer waits for its gate (`POST /open?ticket=`)."""
 
-def answer(request: ModelRequest) -> Any:
-    """A round that asks for both calls; after it, an answer that repeats what the tools said."""
+
+async def answer(request: ModelRequest) -> Any:
+    """A round that asks for both calls; after it, an answer that repeats what the tools said
+    (a "Hold" question: one more round first, and the answer waits for its gate)."""
+    turn = max(i for i, m in enumerate(request.messages) if m.role == "user")
+    held = re.fullmatch(r"Hold (\S+)( twice)?", request.messages[turn].text)
+    if held is not None and request.messages[-1].role == "tool":
+        rounds = sum(1 for m in request.messages[turn:] if m.role == "assistant" and m.tool_calls)
+        if rounds == 1:
+            second = "refund" if held[2] else "look"
+            return ["Then C. ", CallTool(second, {"order": "C"}, id="call_3")]
+        if rounds == 2 and held[2]:
+            return ["Then D. ", CallTool("look", {"order": "D"}, id="call_4")]
+        # (a model that has not answered holds the response back: the gate is after a round)
+        await GATES.setdefault(held[1], anyio.Event()).wait()
     results = []
     for message in reversed(request.messages):
         if message.role != "tool":
@@ -55,6 +79,14 @@ def app() -> Starlette:
     vercel = agentrt.sse.endpoint(service.chat, protocol="vercel-ui", **options)
     agui = agentrt.sse.endpoint(service.chat, protocol="ag-ui", **options)
     native = agentrt.sse.endpoint(service.chat, memory_id=user, tool_details=True, ping=1)
+    runs = agentrt.runs.Runs()
+    vercel_runs = agentrt.sse.endpoint(
+        service.chat, protocol="vercel-ui", runs=runs, on_disconnect="detach", **options
+    )
+
+    async def open_gate(request: Request) -> JSONResponse:
+        GATES.setdefault(request.query_params["ticket"], anyio.Event()).set()
+        return JSONResponse({"opened": request.query_params["ticket"]})
 
     async def refunds(request: Request) -> JSONResponse:
         return JSONResponse(shop.refunds)
@@ -70,11 +102,18 @@ def app() -> Starlette:
             Route("/chat", native, methods=["POST"]),
             Route("/refunds", refunds),
             Route("/stored", stored),
-        ]
+            Route("/runs/vercel", vercel_runs, methods=["POST"]),
+            Route("/runs/vercel/{id}/stream", vercel_runs.resume, methods=["GET"]),
+            Route("/open", open_gate, methods=["POST"]),
+        ],
+        lifespan=runs.lifespan,
     )
 
 
 if __name__ == "__main__":
     listener = socket.socket(fileno=int(sys.argv[1]))
-    config = uvicorn.Config(app(), log_level="warning", lifespan="off")
+    # A client's connection may sit idle in its pool for seconds between requests on a loaded
+    # machine: closed by the server meanwhile (uvicorn's default: after 5 s), the client's next
+    # request on it races the close (ECONNRESET).
+    config = uvicorn.Config(app(), log_level="warning", lifespan="on", timeout_keep_alive=60)
     uvicorn.Server(config).run(sockets=[listener])
