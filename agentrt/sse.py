@@ -569,6 +569,14 @@ def _respond(
 
     put = encode if tee is None else tee.put
 
+    def ended() -> None:
+        """The run ended (its answer, an approval, an error): a stop no longer reaches it, neither
+        the endpoint's nor its manager's (here or from another worker)."""
+        if forget is not None:
+            forget()
+        if tee is not None:
+            tee.runs.release(tee.run, tee.stop)
+
     async def frames() -> AsyncIterator[bytes]:
         out: Sequence[Any]
         written = 0  # frames written since the event loop last had a turn
@@ -583,13 +591,11 @@ def _respond(
                         written = 0  # the event was waited for: the loop had its turns meanwhile
                     kind = type(event)
                     if kind is Completed:
-                        if forget is not None:
-                            forget()  # done: a stop now would come too late
+                        ended()  # done: a stop now would come too late
                         result = event.result  # type: ignore[union-attr]
                         out = [*out, *encoder.completed(result, result_json(result))]
                     elif kind is ApprovalRequested:
-                        if forget is not None:
-                            forget()  # the run ended: waiting for a human is not streaming
+                        ended()  # the run ended: waiting for a human is not streaming
                         out = [*out, *encoder.approval(event)]  # type: ignore[arg-type]
                     else:
                         out = [*out, *encoder.event(event)] if out else encoder.event(event)
@@ -635,8 +641,7 @@ def _respond(
             raise
         except Exception as error:
             reading = False
-            if forget is not None:
-                forget()
+            ended()
             logger.exception("agentrt.sse: the stream failed")
             out = [*out, *encoder.failed(_error_json(error))]  # what an error cut off, first
         finally:
