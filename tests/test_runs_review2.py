@@ -8,19 +8,22 @@ Each test pins a defect the review found: it failed on the code as reviewed. See
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+import uuid
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
 from test_frontends import AGUI_BODY, VERCEL_BODY, by_thread
-from test_runs import Chat, Client, Gate, app_with, run_client
+from test_runs import Chat, Client, Gate, TwoGates, app_with, asgi, run_client, user_of
 
 import agentrt
 import agentrt.sse
 from agentrt import AssistantMessage
-from agentrt.runs import Runs
+from agentrt.runs import RedisRunLog, Runs
 from agentrt.testing import CallTool, ScriptedModel
 
 PROTOCOLS = ("agentrt", "vercel-ui", "ag-ui")
@@ -179,3 +182,89 @@ async def test_a_stop_landing_as_a_detached_run_is_handed_over_ends_its_log_once
     assert await agentrt.memory.access(svc).read(f"ada:{THREADS[protocol]}") == []
     assert len(model.requests) == 1  # stopped: no second request
     assert not runs._live  # type: ignore[attr-defined]
+
+
+# --- a resume after the last frame a client got, while Redis has not written it yet ----------------
+
+
+@pytest.mark.parametrize("where", ["same worker", "another worker"])
+async def test_a_resume_after_the_last_frame_its_client_got_is_not_refused_before_redis_has_it(
+    redis_url: str, where: str
+) -> None:
+    # The first client's response sends each frame as soon as it is appended to the log, and
+    # RedisRunLog writes its frames to Redis in batches (after `flush_interval`, or seconds later
+    # while Redis is slow or down). A client cut there resumes after the last id it got: the check
+    # for an id past the run's end (`last_seq`) looked at Redis only, and refused it (400
+    # `bad_event_id`): the client could not resume its run at all.
+    prefix = f"test-{uuid.uuid4().hex[:12]}:"
+    gates = TwoGates()
+    model = ScriptedModel(
+        [CallTool("first_gate", {}, id="c1")], [CallTool("second_gate", {}, id="c2")], ["done"]
+    )
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gates])
+    log = RedisRunLog(redis_url, prefix=prefix)
+    writes = threading.Event()  # cleared: Redis takes the writer's writes only once it is set again
+    writes.set()
+    script = log._write  # type: ignore[attr-defined]
+
+    def slow_write(**kw: Any) -> Any:
+        writes.wait(10)
+        return script(**kw)
+
+    log._write = slow_write  # type: ignore[attr-defined]
+    runs = Runs(log)
+    app = app_with(runs, agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach"))
+    if where == "same worker":
+        other_log, other_runs, other_app = log, runs, app
+    else:
+        other_log = RedisRunLog(redis_url, prefix=prefix)
+        other_runs = Runs(other_log)
+        other_app = app_with(other_runs, agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=other_runs))
+    reading = anyio.Event()
+    read_batches = other_log.read_batches
+
+    def reads(run: str, after: int) -> Any:
+        reading.set()  # the resume was accepted: it reads the log
+        return read_batches(run, after)
+
+    other_log.read_batches = reads  # type: ignore[method-assign]
+    client = Client(b'{"question": "Hi"}')
+    resumed: list[Any] = []
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(runs)
+            if other_runs is not runs:
+                await stack.enter_async_context(other_runs)
+            group = await stack.enter_async_context(anyio.create_task_group())
+            group.start_soon(run_client, app, client)
+            await client.frames.wait()  # the first tool call (frame 1)
+            run = run_id_of(client)
+            await log.flush(run)  # Redis has frame 1
+            writes.clear()  # and, for now, nothing after it
+            gates.first.set()
+            with anyio.fail_after(10):
+                while '"c2"' not in client.text:  # the second tool call (frame 3) reached the client
+                    await anyio.lowlevel.checkpoint()
+            client.hang_up()
+            last = frames(client.text)[-1][0]
+            assert last == f"{run}:3"
+
+            async def resume() -> None:
+                async with asgi(other_app) as http:
+                    resumed.append(
+                        await http.get("/chat/resume", headers={"x-user": "ada", "last-event-id": last})
+                    )
+
+            group.start_soon(resume)
+            with anyio.fail_after(10):
+                while not (reading.is_set() or resumed):
+                    await anyio.lowlevel.checkpoint()
+            writes.set()
+            gates.second.set()
+    finally:
+        writes.set()
+        await log.aclose()
+        if other_log is not log:
+            await other_log.aclose()
+    assert resumed[0].status_code == 200, resumed[0].text
+    assert [kind for _, kind in frames(resumed[0].text)] == ["tool_result", "token", "done"]
