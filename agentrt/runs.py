@@ -113,9 +113,10 @@ class RunLog(typing.Protocol):
         A log may also offer `read_batches(run, after)`, the same as `(first seq, frames)` with
         every frame it has at once (see `MemoryRunLog`): an SSE response then sends them in one
         write, where it sends a frame at a time from `read`. And `last_seq(run)`: the seq of the
-        run's last frame a reader can read now (0 before the first; `None` for a run not kept): a
-        resume after a later seq (an id the run never sent) is then refused (400 `bad_event_id`)
-        rather than left waiting past frames it would skip."""
+        run's last frame appended (0 before the first; `None` for a run not kept, or when the log
+        cannot tell: a live run whose frames another process writes, which its client may have been
+        sent before the log has them): a resume after a later seq (an id the run never sent) is then
+        refused (400 `bad_event_id`) rather than left waiting past frames it would skip."""
 
     async def request_stop(self, run: str) -> None:
         """Ask the process that runs `run` to stop it (see `serve`)."""
