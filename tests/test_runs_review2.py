@@ -268,3 +268,69 @@ async def test_a_resume_after_the_last_frame_its_client_got_is_not_refused_befor
             await other_log.aclose()
     assert resumed[0].status_code == 200, resumed[0].text
     assert [kind for _, kind in frames(resumed[0].text)] == ["tool_result", "token", "done"]
+
+
+# --- a client that stops reading (a stalled connection) under "detach" ----------------------------
+
+
+class Stalls(Client):
+    """A client whose connection stalls (no FIN: a phone that lost its network): a send of a body
+    that `stalls(body)` says never returns (the server's send times out: `send_timeout`)."""
+
+    def __init__(self, body: bytes, stalls: Any) -> None:
+        super().__init__(body)
+        self.stalls = stalls
+        self.stalled = anyio.Event()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.stalls(message.get("body", b"")):
+            self.stalled.set()
+            await anyio.sleep_forever()
+        await super().send(message)
+
+
+async def respond(app: Any, client: Client, errors: list[BaseException]) -> None:
+    try:
+        await run_client(app, client)
+    except Exception as error:  # a send that timed out leaves the app (as without a manager)
+        errors.append(error)
+
+
+@pytest.mark.virtual_clock
+@pytest.mark.parametrize("what", ["a frame", "a keep-alive ping"])
+async def test_detach_a_stalled_client_whose_send_times_out_leaves_the_run_going(what: str) -> None:
+    # Under "detach" a client that is gone must not stop the run. A send that timed out hands the
+    # run over when the send was a frame's (a GeneratorExit of the response's frames between two
+    # sends). When it was a keep-alive ping's, sse-starlette cancels the response while it waits for
+    # the stream's next event, which closes the stream: the run ended as a stopped one.
+    gates = TwoGates()
+    model = ScriptedModel(
+        [CallTool("first_gate", {}, id="c1")], [CallTool("second_gate", {}, id="c2")], ["done"]
+    )
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gates])
+    runs = Runs()
+    handler = agentrt.sse.endpoint(
+        svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach", ping=5, send_timeout=1
+    )
+    app = app_with(runs, handler)
+    if what == "a frame":
+        client = Stalls(b'{"question": "Hi"}', lambda body: b'"c2"' in body)  # the second tool call's
+    else:
+        client = Stalls(b'{"question": "Hi"}', lambda body: body.startswith(b": ping"))
+    errors: list[BaseException] = []
+    async with runs:
+        async with anyio.create_task_group() as group:
+            group.start_soon(respond, app, client, errors)
+            await client.frames.wait()  # the first tool call
+            run = run_id_of(client)
+            if what == "a frame":
+                gates.first.set()
+            await client.stalled.wait()
+            await anyio.sleep(2)  # virtual time: the send timed out
+            assert not runs.log._runs[run].ended, await logged(runs, run)  # type: ignore[attr-defined]
+            gates.first.set()
+            gates.second.set()
+        log = await logged(runs, run)
+    kinds = [kind for _, kind in log]
+    assert kinds == ["tool_call", "tool_result", "tool_call", "tool_result", "token", "done"]
+    assert (await agentrt.memory.access(svc).read("ada"))[-1] == AssistantMessage(text="done")
