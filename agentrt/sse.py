@@ -752,6 +752,22 @@ class _StreamResponse(EventSourceResponse):
                 if tee is not None:
                     await tee.finish()
 
+    async def _ping(self, send: Any) -> None:
+        # sse-starlette's keep-alive pings. One that fails or times out (`send_timeout`: a stalled
+        # connection) ends the response, which would cancel a `"detach"` run's stream while the
+        # response waits for its next event: the client is gone instead (the stream is handed to the
+        # manager at that event). Not a return either: sse-starlette ends the response when its ping
+        # task returns.
+        tee = self._agentrt_tee
+        if tee is None or tee.policy != "detach":
+            await super()._ping(send)
+            return
+        try:
+            await super()._ping(send)
+        except Exception:
+            tee.gone = True
+            await anyio.sleep_forever()
+
     async def _stopped(self, send: Any, started: bool, sent: _frontends.Sent) -> None:
         """End a stopped run's body: the model stream closed first, then the protocol's last chunks
         for what the client has."""
