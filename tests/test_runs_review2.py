@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import threading
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import anyio.lowlevel
 import pytest
+from pydantic import BaseModel
 from test_frontends import AGUI_BODY, VERCEL_BODY, by_thread
 from test_runs import Chat, Client, Gate, TwoGates, app_with, asgi, run_client, user_of
 
 import agentrt
 import agentrt.sse
-from agentrt import AssistantMessage
+from agentrt import AssistantMessage, MemoryId, PartialStream
 from agentrt.runs import RedisRunLog, Runs
 from agentrt.testing import CallTool, ScriptedModel
 
@@ -334,3 +336,94 @@ async def test_detach_a_stalled_client_whose_send_times_out_leaves_the_run_going
     kinds = [kind for _, kind in log]
     assert kinds == ["tool_call", "tool_result", "tool_call", "tool_result", "token", "done"]
     assert (await agentrt.memory.access(svc).read("ada"))[-1] == AssistantMessage(text="done")
+
+
+# --- what a resume reads equals what a client that never dropped reads ----------------------------
+
+
+class Profile(BaseModel):
+    name: str
+    tags: list[str]
+
+
+class Profiles:
+    async def profile(
+        self, conversation: Annotated[str, MemoryId], question: str
+    ) -> PartialStream[Profile]: ...
+
+
+def equal_run(protocol: str, kind: str) -> tuple[Any, Any]:
+    """A service and its endpoint's method: a tool round and a withdrawn answer (`tokens`: an
+    optimistic guardrail's reprompt; Vercel's chunked), or a structured answer repaired once
+    (`partial`)."""
+    from test_frontends import Desk, Orders, conversation
+
+    if kind == "tokens":
+        svc = agentrt.build(Desk, model=conversation(), tools=[Orders()], memory=agentrt.memory.window())
+        return svc, svc.chat if protocol == "vercel-ui" else svc.eager  # Vercel cannot withdraw text
+    model = ScriptedModel(
+        [CallTool("order", {"order_id": "A"}, id="call_1")],
+        ['{"name": "Bob", "tags": ["x"', "], oops"],
+        ['{"name": "Ada", ', '"tags": ["math", ', '"engines"', "]}"],
+    )
+    svc = agentrt.build(
+        Profiles, model=model, tools=[Orders()], memory=agentrt.memory.window(), output_mode="instructions"
+    )
+    return svc, svc.profile
+
+
+class CutsAfter(Client):
+    """A client that hangs up once it got `cut` frames (`None`: never)."""
+
+    def __init__(self, body: bytes, cut: int | None) -> None:
+        super().__init__(body)
+        self.cut = cut
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await super().send(message)
+        if self.cut is not None and not self.gone.is_set() and len(frames(self.text)) >= self.cut:
+            self.hang_up()
+
+
+def normalized(text: bytes, run: str) -> str:
+    out = text.decode().replace(run, "RUN")
+    return re.sub(r'"invocation_id": ?"[0-9a-f]+"', '"invocation_id":"..."', out)
+
+
+@pytest.mark.parametrize("kind", ["tokens", "partial"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_detach_a_run_cut_at_any_frame_logs_what_a_client_that_never_dropped_got(
+    protocol: str, kind: str
+) -> None:
+    body = {**BODIES[protocol]}
+    if protocol == "agentrt":
+        body = {"question": "Where?"}
+
+    async def one(cut: int | None) -> tuple[str, str, list[Any]]:
+        svc, method = equal_run(protocol, kind)
+        runs = Runs()
+        handler = agentrt.sse.endpoint(
+            method,
+            memory_id=by_thread,
+            runs=runs,
+            protocol=protocol,  # type: ignore[arg-type]
+            on_disconnect="detach",
+            tool_details=True,
+        )
+        client = CutsAfter(json.dumps(body).encode(), cut)
+        async with runs:
+            await run_client(app_with(runs, handler), client)
+            run = run_id_of(client)
+            log = b"".join([frame async for _, frame in runs.log.read(run, 0)])
+        stored = await agentrt.memory.access(svc).read(f"ada:{THREADS[protocol]}")
+        return normalized(client.text.encode(), run), normalized(log, run), stored
+
+    reference, logged_whole, stored_whole = await one(None)
+    assert logged_whole == reference
+    assert stored_whole
+    count = len(frames(reference))
+    for cut in range(count):
+        got, log, stored = await one(cut)
+        assert log == reference, cut
+        assert reference.startswith(got) or cut == 0, cut
+        assert stored == stored_whole, cut
