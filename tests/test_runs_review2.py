@@ -427,3 +427,73 @@ async def test_detach_a_run_cut_at_any_frame_logs_what_a_client_that_never_dropp
         assert log == reference, cut
         assert reference.startswith(got) or cut == 0, cut
         assert stored == stored_whole, cut
+
+
+# --- the manager's shutdown while responses read runs and the manager reads adopted ones -----------
+
+
+@pytest.mark.parametrize("log_kind", ["memory", "redis"])
+async def test_leaving_the_manager_ends_every_run_s_log_with_the_stopped_end(
+    request: pytest.FixtureRequest, log_kind: str
+) -> None:
+    # Three runs when the app shuts down: one read by its client's response under "cancel", one
+    # under "detach", one whose client hung up (the manager reads it). Each waits in a tool.
+    prefix = f"test-{uuid.uuid4().hex[:12]}:"
+    log: Any = (
+        RedisRunLog(request.getfixturevalue("redis_url"), prefix=prefix) if log_kind == "redis" else None
+    )
+    runs = Runs(log)
+    apps = {}
+    gates = {}
+    services = {}
+    for name, policy in (("cancel", "cancel"), ("detach", "detach"), ("adopted", "detach")):
+        gate = TwoGates()
+        model = ScriptedModel(
+            [CallTool("first_gate", {}, id="c1")], [CallTool("second_gate", {}, id="c2")], ["done"]
+        )
+        svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gate])
+        handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect=policy)  # type: ignore[arg-type]
+        apps[name], gates[name], services[name] = app_with(runs, handler), gate, svc
+    clients = {name: Client(b'{"question": "Hi"}') for name in apps}
+    try:
+        async with anyio.create_task_group() as group:
+            async with runs:
+                for name in apps:
+                    group.start_soon(run_client, apps[name], clients[name])
+                    await clients[name].frames.wait()
+                adopted = clients["adopted"]
+                adopted.hang_up()
+                await anyio.wait_all_tasks_blocked()
+                gates["adopted"].first.set()  # handed over: the manager waits at the second gate
+                with anyio.fail_after(10):
+                    while '"c2"' not in (await logged_so_far(runs, run_id_of(adopted))):
+                        await anyio.lowlevel.checkpoint()
+            # the app shut down
+        for name, client in clients.items():
+            run = run_id_of(client)
+            log_frames = await logged(runs, run)
+            kinds = [kind for _, kind in log_frames]
+            assert kinds[-1] == "stopped", (name, kinds)
+            assert kinds.count("stopped") == 1, (name, kinds)
+            assert [seq for seq, _ in log_frames] == [f"{run}:{n}" for n in range(1, len(kinds) + 1)]
+            assert await agentrt.memory.access(services[name]).read("ada") == [], name
+        for name in ("cancel", "detach"):
+            assert [kind for _, kind in frames(clients[name].text)] == ["tool_call", "stopped"], name
+        assert not runs._live  # type: ignore[attr-defined]
+    finally:
+        if log is not None:
+            await log.aclose()
+
+
+async def logged_so_far(runs: Runs, run: str) -> str:
+    """The run's log as it is now (memory, or what Redis has after a flush)."""
+    await runs.log.flush(run)
+    last = await runs.log.last_seq(run)  # type: ignore[attr-defined]
+    got: list[bytes] = []
+    if last:
+        async with contextlib.aclosing(runs.log.read_batches(run, 0)) as reading:  # type: ignore[attr-defined]
+            async for first, batch in reading:
+                got += batch
+                if first + len(batch) > last:
+                    break
+    return b"".join(got).decode()
