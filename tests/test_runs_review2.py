@@ -9,6 +9,7 @@ Each test pins a defect the review found: it failed on the code as reviewed. See
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import re
 import threading
@@ -19,12 +20,13 @@ import anyio
 import anyio.lowlevel
 import pytest
 from pydantic import BaseModel
+from starlette.requests import Request
 from test_frontends import AGUI_BODY, VERCEL_BODY, by_thread
 from test_runs import Chat, Client, Gate, TwoGates, app_with, asgi, run_client, user_of
 
 import agentrt
 import agentrt.sse
-from agentrt import AssistantMessage, MemoryId, PartialStream
+from agentrt import AssistantMessage, MemoryId, PartialStream, _sse_runs
 from agentrt.runs import RedisRunLog, Runs
 from agentrt.testing import CallTool, ScriptedModel
 
@@ -497,3 +499,45 @@ async def logged_so_far(runs: Runs, run: str) -> str:
                 if first + len(batch) > last:
                     break
     return b"".join(got).decode()
+
+
+# --- nothing keeps a hung-up response alive once the manager has its run ---------------------------
+
+
+def alive(kind: type) -> int:
+    gc.collect()
+    return sum(1 for thing in gc.get_objects() if type(thing) is kind)
+
+
+async def test_detach_once_the_manager_has_the_run_nothing_keeps_the_response_alive() -> None:
+    gates = TwoGates()
+    model = ScriptedModel(
+        [CallTool("first_gate", {}, id="c1")], [CallTool("second_gate", {}, id="c2")], ["done"]
+    )
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gates])
+    runs = Runs()
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach")
+    app = app_with(runs, handler)
+    client = Client(b'{"question": "Hi"}')
+    responded = anyio.Event()
+
+    async def respond() -> None:
+        await run_client(app, client)
+        responded.set()
+
+    async with runs, anyio.create_task_group() as group:
+        group.start_soon(respond)
+        await client.frames.wait()
+        client.hang_up()
+        await anyio.wait_all_tasks_blocked()
+        gates.first.set()
+        with anyio.fail_after(10):
+            await responded.wait()
+        await anyio.wait_all_tasks_blocked()
+        assert alive(agentrt.sse._StreamResponse) == 0  # the manager reads on at the second gate
+        assert alive(Request) == 0
+        assert alive(agentrt.sse._Run) == 1
+        gates.second.set()
+    assert alive(agentrt.sse._Run) == 0
+    assert alive(_sse_runs.Tee) == 0
+    assert not runs._live  # type: ignore[attr-defined]
