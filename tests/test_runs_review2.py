@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from test_frontends import AGUI_BODY, VERCEL_BODY, by_thread
 from test_runs import Chat, Client, Gate, TwoGates, app_with, asgi, run_client, user_of
+from test_sse_endpoint import parse_sse
 
 import agentrt
 import agentrt.sse
@@ -356,13 +357,17 @@ class Profiles:
 
 def equal_run(protocol: str, kind: str) -> tuple[Any, Any]:
     """A service and its endpoint's method: a tool round and a withdrawn answer (`tokens`: an
-    optimistic guardrail's reprompt; Vercel's chunked), or a structured answer repaired once
-    (`partial`)."""
+    optimistic guardrail's reprompt; Vercel's chunked), a structured answer repaired once
+    (`partial`), or a model that fails after a tool round (`error`)."""
     from test_frontends import Desk, Orders, conversation
 
     if kind == "tokens":
         svc = agentrt.build(Desk, model=conversation(), tools=[Orders()], memory=agentrt.memory.window())
         return svc, svc.chat if protocol == "vercel-ui" else svc.eager  # Vercel cannot withdraw text
+    if kind == "error":  # the model fails after a tool round (its script runs out)
+        model = ScriptedModel(["Looking. ", CallTool("order", {"order_id": "A"}, id="call_1")])
+        svc = agentrt.build(Chat, model=model, tools=[Orders()], memory=agentrt.memory.window())
+        return svc, svc.chat
     model = ScriptedModel(
         [CallTool("order", {"order_id": "A"}, id="call_1")],
         ['{"name": "Bob", "tags": ["x"', "], oops"],
@@ -392,7 +397,7 @@ def normalized(text: bytes, run: str) -> str:
     return re.sub(r'"invocation_id": ?"[0-9a-f]+"', '"invocation_id":"..."', out)
 
 
-@pytest.mark.parametrize("kind", ["tokens", "partial"])
+@pytest.mark.parametrize("kind", ["tokens", "partial", "error"])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 async def test_detach_a_run_cut_at_any_frame_logs_what_a_client_that_never_dropped_got(
     protocol: str, kind: str
@@ -422,7 +427,7 @@ async def test_detach_a_run_cut_at_any_frame_logs_what_a_client_that_never_dropp
 
     reference, logged_whole, stored_whole = await one(None)
     assert logged_whole == reference
-    assert stored_whole
+    assert bool(stored_whole) is (kind != "error")
     count = len(frames(reference))
     for cut in range(count):
         got, log, stored = await one(cut)
@@ -541,3 +546,39 @@ async def test_detach_once_the_manager_has_the_run_nothing_keeps_the_response_al
     assert alive(agentrt.sse._Run) == 0
     assert alive(_sse_runs.Tee) == 0
     assert not runs._live  # type: ignore[attr-defined]
+
+
+async def test_detach_an_approval_asked_after_the_manager_took_the_run_is_in_its_log_and_resumes() -> None:
+    from servers.approval_tools import Shop
+
+    gate = Gate()
+    shop = Shop()
+    model = ScriptedModel(
+        [CallTool("wait_for_gate", {}, id="c0")], [CallTool("refund", {"order": "A"}, id="c1")], ["Refunded."]
+    )
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gate, shop])
+    runs = Runs()
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach")
+    app = app_with(runs, handler)
+    client = Client(b'{"question": "Refund A"}')
+    async with runs:
+        async with anyio.create_task_group() as group:
+            group.start_soon(run_client, app, client)
+            await client.frames.wait()
+            client.hang_up()
+            await anyio.wait_all_tasks_blocked()
+            gate.open.set()
+        run = run_id_of(client)
+        async with asgi(app) as http:
+            resumed = await http.get("/chat/resume", params={"run": run}, headers={"x-user": "ada"})
+            events = parse_sse(resumed.text)
+            assert [e["event"] for e in events][-2:] == ["tool_call", "approval_required"]
+            pending = events[-1]["data"]
+            decided = await http.post(
+                "/chat",
+                json={"approval": {"run_id": pending["run_id"], "decisions": {"c1": {"approve": True}}}},
+                headers={"x-user": "ada"},
+            )
+    assert [e["event"] for e in parse_sse(decided.text)][-1] == "done"
+    assert shop.refunds == [("A", 1.0)]
+    assert (await agentrt.memory.access(svc).read("ada"))[-1] == AssistantMessage(text="Refunded.")
