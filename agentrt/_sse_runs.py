@@ -197,7 +197,8 @@ def adopt(
 ) -> bool:
     """Hand a `"detach"` run's stream to its manager (its client hung up): it reads the rest into
     the log. `run` is the endpoint's run (`scope`, `stopped`): a stop reaches the manager's reading.
-    False if the manager is closed (the run then ends as a stopped one)."""
+    False if the run was stopped or the manager is closed (the response then ends it as a stopped
+    one)."""
 
     async def adopted() -> None:
         snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
