@@ -28,7 +28,7 @@ from test_sse_endpoint import parse_sse
 import agentrt
 import agentrt.sse
 from agentrt import AssistantMessage, MemoryId, PartialStream, _sse_runs
-from agentrt.runs import RedisRunLog, Runs
+from agentrt.runs import MemoryRunLog, RedisRunLog, RunRecord, Runs
 from agentrt.testing import CallTool, ScriptedModel
 
 PROTOCOLS = ("agentrt", "vercel-ui", "ag-ui")
@@ -582,3 +582,29 @@ async def test_detach_an_approval_asked_after_the_manager_took_the_run_is_in_its
     assert [e["event"] for e in parse_sse(decided.text)][-1] == "done"
     assert shop.refunds == [("A", 1.0)]
     assert (await agentrt.memory.access(svc).read("ada"))[-1] == AssistantMessage(text="Refunded.")
+
+
+# --- MemoryRunLog.read closed early ---------------------------------------------------------------
+
+
+async def test_a_memory_log_reader_closed_early_closes_its_batches_at_once() -> None:
+    # `read` reads `read_batches`: closed at one of its frames, it left that generator to the
+    # garbage collector (trio warns: "Async generator ... was garbage collected before it had been
+    # exhausted"), where RedisRunLog.read closes it.
+    log = MemoryRunLog()
+    await log.open(RunRecord("r", None))
+    for seq in (1, 2, 3):
+        log.append("r", seq, b"%d" % seq)
+    batches: list[Any] = []
+    read_batches = log.read_batches
+
+    def tracked(run: str, after: int) -> Any:
+        batches.append(read_batches(run, after))
+        return batches[-1]
+
+    log.read_batches = tracked  # type: ignore[method-assign]
+    async with contextlib.aclosing(log.read("r", 0)) as reading:
+        async for seq, _ in reading:
+            if seq == 2:
+                break
+    assert batches[0].ag_frame is None  # closed
