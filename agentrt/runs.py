@@ -36,7 +36,7 @@ import anyio.abc
 from . import _backend
 
 if typing.TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Coroutine
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 
     from ._runs_redis import RedisRunLog
 
@@ -316,12 +316,13 @@ class MemoryRunLog:
         return going[-1] if going else None
 
     async def read(self, run: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
-        async for first, frames in self.read_batches(run, after):
-            for frame in frames:
-                yield first, frame
-                first += 1
+        async with contextlib.aclosing(self.read_batches(run, after)) as batches:
+            async for first, frames in batches:
+                for frame in frames:
+                    yield first, frame
+                    first += 1
 
-    async def read_batches(self, run: str, after: int) -> AsyncIterator[tuple[int, list[bytes]]]:
+    async def read_batches(self, run: str, after: int) -> AsyncGenerator[tuple[int, list[bytes]], None]:
         """`read`, a batch at a time: `(seq of the first, frames)` with every frame there is (at
         most `_BATCH`), waiting only when there is none. What an SSE response reads: it sends a
         batch in one write, and is woken once for all the frames appended meanwhile."""
