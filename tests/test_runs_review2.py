@@ -28,6 +28,7 @@ from test_sse_endpoint import parse_sse
 import agentrt
 import agentrt.sse
 from agentrt import AssistantMessage, MemoryId, PartialStream, _sse_runs
+from agentrt.memory import InMemoryStore
 from agentrt.runs import MemoryRunLog, RedisRunLog, RunRecord, Runs
 from agentrt.testing import CallTool, ScriptedModel
 
@@ -616,3 +617,46 @@ async def test_a_memory_log_reader_closed_early_closes_its_batches_at_once() -> 
             if seq == 2:
                 break
     assert batches[0].ag_frame is None  # closed
+
+
+class SlowPending(InMemoryStore):
+    """A store whose write of a waiting turn (an approval's) waits for `saved` (a store across the
+    network: the client may hang up meanwhile)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saving = anyio.Event()
+        self.saved = anyio.Event()
+
+    async def save_pending(self, key: str, run: str, data: bytes, *, owner: str | None = None) -> None:
+        self.saving.set()
+        await self.saved.wait()
+        await super().save_pending(key, run, data, owner=owner)
+
+
+async def test_detach_an_approval_that_ends_the_run_after_its_client_hung_up_is_not_followed_by_a_stop() -> (
+    None
+):
+    # The client hangs up while the approval is being stored; the approval ends the stream. Handed to
+    # the manager there, the run could be stopped again (the endpoint had let it go: "the run ended")
+    # and its log said `stopped` after `approval_required`, though the approval was stored.
+    from servers.approval_tools import Shop
+
+    store = SlowPending()
+    model = ScriptedModel([CallTool("refund", {"order": "A"}, id="c1")], ["Refunded."])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(store=store), tools=[Shop()])
+    runs = Runs()
+    stop_on_hand_over(runs)
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach")
+    app = app_with(runs, handler)
+    client = Client(b'{"question": "Refund A"}')
+    async with runs:
+        async with anyio.create_task_group() as group:
+            group.start_soon(run_client, app, client)
+            await store.saving.wait()
+            client.hang_up()
+            await anyio.wait_all_tasks_blocked()  # the response heard of it
+            store.saved.set()
+        run = run_id_of(client)
+        log = await logged(runs, run)
+    assert [kind for _, kind in log] == ["tool_call", "approval_required"]
