@@ -628,7 +628,9 @@ def _respond(
                         written = 0
                         if hold:
                             tee.release()  # type: ignore[union-attr]
-                    elif tee is not None and tee.gone:  # a `"detach"` run's client hung up
+                    elif tee is not None and tee.gone and kind is not ApprovalRequested:
+                        # A `"detach"` run's client hung up: the manager reads on (an approval ended
+                        # the stream: it was stored, and the run is no longer stoppable).
                         if _sse_runs.adopt(tee, stream, run, result_json, _error_json):
                             return
                 reading = False
