@@ -19,9 +19,11 @@ from typing import Annotated, Any
 import anyio
 import anyio.lowlevel
 import pytest
+import redis
 from pydantic import BaseModel
 from starlette.requests import Request
 from test_frontends import AGUI_BODY, VERCEL_BODY, by_thread
+from test_run_logs import poll
 from test_runs import Chat, Client, Gate, TwoGates, app_with, asgi, run_client, user_of
 from test_sse_endpoint import parse_sse
 
@@ -660,3 +662,50 @@ async def test_detach_an_approval_that_ends_the_run_after_its_client_hung_up_is_
         run = run_id_of(client)
         log = await logged(runs, run)
     assert [kind for _, kind in log] == ["tool_call", "approval_required"]
+
+
+# --- a stop from another worker reaches a run its manager took over --------------------------------
+
+
+async def test_a_stop_from_another_worker_stops_a_run_the_manager_took_over(redis_url: str) -> None:
+    prefix = f"test-{uuid.uuid4().hex[:12]}:"
+    gates = TwoGates()
+    model = ScriptedModel(
+        [CallTool("first_gate", {}, id="c1")], [CallTool("second_gate", {}, id="c2")], ["done"]
+    )
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gates])
+    log, other_log = RedisRunLog(redis_url, prefix=prefix), RedisRunLog(redis_url, prefix=prefix)
+    runs, other = Runs(log), Runs(other_log)
+    app = app_with(runs, agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach"))
+    other_app = app_with(other, agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=other))
+    raw = redis.Redis.from_url(redis_url)
+    client = Client(b'{"question": "Hi"}')
+    responded = anyio.Event()
+
+    async def respond() -> None:
+        await run_client(app, client)
+        responded.set()
+
+    try:
+        async with runs, other, anyio.create_task_group() as group:
+            channel = f"{prefix}runs:stop"
+            await poll(lambda: dict(raw.pubsub_numsub(channel)).get(channel.encode(), 0) >= 2)
+            group.start_soon(respond)
+            await client.frames.wait()
+            client.hang_up()
+            await anyio.wait_all_tasks_blocked()
+            gates.first.set()  # handed over: the manager waits at the second gate
+            with anyio.fail_after(10):
+                await responded.wait()
+            run = run_id_of(client)
+            async with asgi(other_app) as http:
+                stopped = await http.post("/chat/stop", json={"runId": run}, headers={"x-user": "ada"})
+            assert stopped.status_code == 202
+            log_frames = await logged(runs, run)  # ends once the stop reached the run
+    finally:
+        raw.close()
+        await log.aclose()
+        await other_log.aclose()
+    assert [kind for _, kind in log_frames] == ["tool_call", "tool_result", "tool_call", "stopped"]
+    assert await agentrt.memory.access(svc).read("ada") == []
+    assert not gates.second.is_set() and len(model.requests) == 2
