@@ -2,8 +2,11 @@
 the first client's response read its run's stream itself (`agentrt.sse._respond` with a `Tee`) and
 hands a detached run to the manager at its client's hang-up (`agentrt._sse_runs.adopt`).
 
-Each test pins a defect the review found: it failed on the code as reviewed. See
-/work/notes/review27b.md for the findings (reproduction, cause, fix). asyncio and trio.
+The tests that pin a defect the review found failed on the code as reviewed (see
+/work/notes/review27b.md: reproduction, cause, fix); the others ("held" in their commits) pin what
+the review probed and found right: a detached run cut at any frame logs what a client that never
+dropped got, the manager's shutdown ends every run's log once, nothing keeps a hung-up response
+alive. asyncio and trio; the Redis tests use a real redis-server (tests/redis_server.py).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import re
 import threading
 import uuid
+import weakref
 from typing import Annotated, Any
 
 import anyio
@@ -525,7 +529,19 @@ def alive(kind: type) -> int:
     return sum(1 for thing in gc.get_objects() if type(thing) is kind)
 
 
-async def test_detach_once_the_manager_has_the_run_nothing_keeps_the_response_alive() -> None:
+async def test_detach_once_the_manager_has_the_run_nothing_keeps_the_response_alive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[weakref.ref[Any]] = []  # the responses and requests of this test
+    for kind in (agentrt.sse._StreamResponse, Request):
+        init = kind.__init__
+
+        def tracking(self: Any, *args: Any, __init: Any = init, **kwargs: Any) -> None:
+            __init(self, *args, **kwargs)
+            made.append(weakref.ref(self))
+
+        monkeypatch.setattr(kind, "__init__", tracking)
+    runs_before, tees_before = alive(agentrt.sse._Run), alive(_sse_runs.Tee)  # other tests' leftovers
     gates = TwoGates()
     model = ScriptedModel(
         [CallTool("first_gate", {}, id="c1")], [CallTool("second_gate", {}, id="c2")], ["done"]
@@ -550,12 +566,12 @@ async def test_detach_once_the_manager_has_the_run_nothing_keeps_the_response_al
         with anyio.fail_after(10):
             await responded.wait()
         await anyio.wait_all_tasks_blocked()
-        assert alive(agentrt.sse._StreamResponse) == 0  # the manager reads on at the second gate
-        assert alive(Request) == 0
-        assert alive(agentrt.sse._Run) == 1
+        gc.collect()
+        assert made and [r() for r in made] == [None] * len(made)  # the manager reads on (second gate)
+        assert alive(agentrt.sse._Run) == runs_before + 1
         gates.second.set()
-    assert alive(agentrt.sse._Run) == 0
-    assert alive(_sse_runs.Tee) == 0
+    assert alive(agentrt.sse._Run) == runs_before
+    assert alive(_sse_runs.Tee) == tees_before
     assert not runs._live  # type: ignore[attr-defined]
 
 
@@ -636,9 +652,7 @@ class SlowPending(InMemoryStore):
         await super().save_pending(key, run, data, owner=owner)
 
 
-async def test_detach_an_approval_that_ends_the_run_after_its_client_hung_up_is_not_followed_by_a_stop() -> (
-    None
-):
+async def test_detach_an_approval_after_its_client_hung_up_is_not_followed_by_a_stop() -> None:
     # The client hangs up while the approval is being stored; the approval ends the stream. Handed to
     # the manager there, the run could be stopped again (the endpoint had let it go: "the run ended")
     # and its log said `stopped` after `approval_required`, though the approval was stored.
