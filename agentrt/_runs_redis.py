@@ -547,14 +547,24 @@ class RedisRunLog:
         return RunRecord(run, _text(owner), _text(thread))
 
     async def last_seq(self, run: str) -> int | None:
-        """The seq of the run's last frame written to Redis (what its readers can read; 0 before the
-        first), `None` for a run not kept."""
+        """The seq of the run's last frame (0 before the first), `None` for a run not kept, or for
+        a live run another process writes: its frames reach Redis in batches after its client was
+        sent them (`flush_interval`, longer while Redis is slow or down), so an id past what Redis
+        has may be one that client got. For a run this process writes, its frames not written yet
+        count."""
 
-        def get() -> bytes | None:
-            return cast("bytes | None", self._client.hget(self._record(run), "seq"))
+        def get() -> list[bytes | None]:
+            return cast("list[bytes | None]", self._client.hmget(self._record(run), ["seq", "ended"]))
 
-        seq = await anyio.to_thread.run_sync(get)
-        return None if seq is None else int(seq)
+        seq, ended = await anyio.to_thread.run_sync(get)
+        if seq is None:
+            return None
+        writing = self._writing.get(run)
+        if writing is not None:
+            return max(int(seq), writing.first + len(writing.frames) - 1)
+        if ended is None:
+            return None
+        return int(seq)
 
     async def active(self, owner: str | None, thread: str) -> str | None:
         keys = [self._index(owner, thread)]

@@ -171,37 +171,45 @@ def adopt(
 ) -> bool:
     """Hand a `"detach"` run's stream to its manager (its client hung up): it reads the rest into
     the log. `run` is the endpoint's run (`scope`, `stopped`): a stop reaches the manager's reading.
-    False if the manager is closed (the run then ends as a stopped one)."""
+    False if the run was stopped or the manager is closed (the response then ends it as a stopped
+    one)."""
 
     async def adopted() -> None:
         snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
         encoder = tee.encoder
         try:
-            with anyio.CancelScope() as scope:
-                run.scope = scope
-                if run.stopped:  # stopped while it was handed over
-                    scope.cancel()
-                try:
-                    async for event in stream.events():
-                        tee.put(_frontends.chunks_of(event, encoder, snapshots, result_json))
-                except Exception as error:
-                    logger.exception("agentrt.sse: the stream failed")
-                    tee.put(encoder.failed(error_json(error)))
-                if encoder.done_marker:
-                    tee.put([_frontends.DONE])
-                tee.clean = True
-            if run.scope is scope:
-                run.scope = None
+            # Stopped while it was handed over: its stream is not read (its events may all come
+            # without a checkpoint, where a cancelled scope would not stop it); `finish` ends the log.
+            if not run.stopped:
+                with anyio.CancelScope() as scope:
+                    run.scope = scope
+                    try:
+                        async for event in stream.events():
+                            tee.put(_frontends.chunks_of(event, encoder, snapshots, result_json))
+                    except Exception as error:
+                        logger.exception("agentrt.sse: the stream failed")
+                        tee.put(encoder.failed(error_json(error)))
+                    if encoder.done_marker:
+                        tee.put([_frontends.DONE])
+                    tee.clean = True
+                if run.scope is scope:
+                    run.scope = None
         finally:
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
             await tee.finish()
 
+    if run.stopped:  # the response's stop ends it
+        return False
     try:
         tee.runs.start(tee.run, adopted, tee.stop)
     except RuntimeError:
         return False
     tee.adopted = True
+    # From here a stop is the manager's reading's, which may not have begun: it sets `run.stopped`
+    # only (see `adopted`), and no longer cancels the response, which is ending and must not close
+    # the stream or end the log the manager has now.
+    run.scope = None
     return True
 
 

@@ -36,7 +36,7 @@ import anyio.abc
 from . import _backend
 
 if typing.TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Coroutine
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 
     from ._runs_redis import RedisRunLog
 
@@ -113,9 +113,10 @@ class RunLog(typing.Protocol):
         A log may also offer `read_batches(run, after)`, the same as `(first seq, frames)` with
         every frame it has at once (see `MemoryRunLog`): an SSE response then sends them in one
         write, where it sends a frame at a time from `read`. And `last_seq(run)`: the seq of the
-        run's last frame a reader can read now (0 before the first; `None` for a run not kept): a
-        resume after a later seq (an id the run never sent) is then refused (400 `bad_event_id`)
-        rather than left waiting past frames it would skip."""
+        run's last frame appended (0 before the first; `None` for a run not kept, or when the log
+        cannot tell: a live run whose frames another process writes, which its client may have been
+        sent before the log has them): a resume after a later seq (an id the run never sent) is then
+        refused (400 `bad_event_id`) rather than left waiting past frames it would skip."""
 
     async def request_stop(self, run: str) -> None:
         """Ask the process that runs `run` to stop it (see `serve`)."""
@@ -315,12 +316,13 @@ class MemoryRunLog:
         return going[-1] if going else None
 
     async def read(self, run: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
-        async for first, frames in self.read_batches(run, after):
-            for frame in frames:
-                yield first, frame
-                first += 1
+        async with contextlib.aclosing(self.read_batches(run, after)) as batches:
+            async for first, frames in batches:
+                for frame in frames:
+                    yield first, frame
+                    first += 1
 
-    async def read_batches(self, run: str, after: int) -> AsyncIterator[tuple[int, list[bytes]]]:
+    async def read_batches(self, run: str, after: int) -> AsyncGenerator[tuple[int, list[bytes]], None]:
         """`read`, a batch at a time: `(seq of the first, frames)` with every frame there is (at
         most `_BATCH`), waiting only when there is none. What an SSE response reads: it sends a
         batch in one write, and is woken once for all the frames appended meanwhile."""

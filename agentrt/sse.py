@@ -570,6 +570,14 @@ def _respond(
 
     put = encode if tee is None else tee.put
 
+    def ended() -> None:
+        """The run ended (its answer, an approval, an error): a stop no longer reaches it, neither
+        the endpoint's nor its manager's (here or from another worker)."""
+        if forget is not None:
+            forget()
+        if tee is not None:
+            tee.runs.release(tee.run, tee.stop)
+
     async def frames() -> AsyncIterator[bytes]:
         out: Sequence[Any]
         written = 0  # frames written since the event loop last had a turn
@@ -588,8 +596,8 @@ def _respond(
                     if clock() - resumed > _WAITED:
                         written = 0  # the event was waited for: the loop had its turns meanwhile
                     kind = type(event)
-                    if (kind is Completed or kind is ApprovalRequested) and forget is not None:
-                        forget()  # the run ended (or waits for a human): a stop comes too late
+                    if kind is Completed or kind is ApprovalRequested:
+                        ended()  # the run ended (or waits for a human): a stop comes too late
                     chunks = chunks_of(event, encoder, snapshots, result_json)
                     batch, out = ([*out, *chunks] if out else chunks), ()
                     # Into the log first (whole: a close between two sends loses none of it); the
@@ -613,7 +621,9 @@ def _respond(
                         written = 0
                         if hold:
                             tee.release()  # type: ignore[union-attr]
-                    elif tee is not None and tee.gone:  # a `"detach"` run's client hung up
+                    elif tee is not None and tee.gone and kind is not ApprovalRequested:
+                        # A `"detach"` run's client hung up: the manager reads on (an approval ended
+                        # the stream: it was stored, and the run is no longer stoppable).
                         if _sse_runs.adopt(tee, stream, run, result_json, _error_json):
                             return
                 reading = False
@@ -626,8 +636,7 @@ def _respond(
             raise
         except Exception as error:
             reading = False
-            if forget is not None:
-                forget()
+            ended()
             logger.exception("agentrt.sse: the stream failed")
             out = [*out, *encoder.failed(_error_json(error))]  # what an error cut off, first
         finally:
@@ -737,6 +746,22 @@ class _StreamResponse(EventSourceResponse):
                         await self._agentrt_stream.aclose()
                 if tee is not None:
                     await tee.finish()
+
+    async def _ping(self, send: Any) -> None:
+        # sse-starlette's keep-alive pings. One that fails or times out (`send_timeout`: a stalled
+        # connection) ends the response, which would cancel a `"detach"` run's stream while the
+        # response waits for its next event: the client is gone instead (the stream is handed to the
+        # manager at that event). Not a return either: sse-starlette ends the response when its ping
+        # task returns.
+        tee = self._agentrt_tee
+        if tee is None or tee.policy != "detach":
+            await super()._ping(send)
+            return
+        try:
+            await super()._ping(send)
+        except Exception:
+            tee.gone = True
+            await anyio.sleep_forever()
 
     async def _stopped(self, send: Any, started: bool, sent: _frontends.Sent) -> None:
         """End a stopped run's body: the model stream closed first, then the protocol's last chunks
