@@ -732,7 +732,12 @@ class _StreamResponse(EventSourceResponse):
                 receive = _sse_runs.Detaching(receive, tee)
             with anyio.CancelScope() as stopping:
                 run.scope = stopping
-                await super().__call__(scope, receive, sending)
+                try:
+                    await super().__call__(scope, receive, sending)
+                except TimeoutError:  # sse-starlette's `send_timeout`: the client stalled
+                    if tee is None or not tee.adopted:
+                        raise
+                    # A detached run goes on in its manager: nothing failed (no error to log).
             if run.scope is stopping:  # (a manager that took the run over has its own)
                 run.scope = None
             if stopping.cancelled_caught:
