@@ -9,6 +9,7 @@ loop waits for it.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +27,15 @@ def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "virtual_clock: run on virtual time (instant sleeps and deadlines)")
+    # pytest-xdist's own mark, named here too so that a run without xdist (`-p no:xdist`) accepts it.
+    config.addinivalue_line("markers", "xdist_group(name): on the group's one worker (--dist loadgroup)")
+
+
+@pytest.fixture(scope="session")
+def mypy_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """mypy's cache directory for the session's type checks (tests/typecheck.py); under xdist each
+    worker has its own session, so no two processes write one cache."""
+    return tmp_path_factory.mktemp("mypy-cache")
 
 
 @pytest.fixture
