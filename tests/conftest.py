@@ -5,6 +5,13 @@ Tests marked `virtual_clock` run on virtual time, as users' tests do with
 loop whose clock jumps to the next timer whenever no I/O is ready. Sleeps and deadlines then take no
 real time. Do not combine the mark with real network I/O that takes time: the clock jumps while the
 loop waits for it.
+
+`make test` runs the suite on several pytest-xdist workers (`--dist loadgroup`), each a pytest session
+of its own: session fixtures (a redis-server, mypy's cache) are per worker, temporary paths are the
+worker's, servers listen on sockets the worker opened. Tests marked `xdist_group("real-time")` (a
+server's event loop blocked while 200 clients hang up, tests/test_sse_cancel_rule.py; uvicorn workers
+killed mid-run with a 1 s lease, tests/test_runs_processes.py) run one after another on one worker,
+never beside each other.
 """
 
 from __future__ import annotations
