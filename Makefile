@@ -1,9 +1,9 @@
 # Everything runs in a project virtualenv created from $(PYTHON): .venv for the machine's python3,
 # .venv-X.Y for another interpreter (`make test PYTHON=python3.12`). Installs are redone only when
 # pyproject.toml changes (stamp files track it). `make test-all` runs the suite on every supported
-# Python found on the machine (.ci/pythons says which). `make test` runs the suite on $(TEST_JOBS)
-# pytest-xdist workers (the number of cores; TEST_JOBS=0 runs it in one process); the slowest 20
-# tests are listed at the end.
+# Python found on the machine (.ci/pythons says which). `make test` runs the suite on TEST_JOBS
+# pytest-xdist workers (one per core; TEST_JOBS=0 runs it in one process); the 20 slowest tests are
+# listed at the end.
 
 PYTHON ?= python3
 ifeq ($(PYTHON),python3)
@@ -97,6 +97,8 @@ test-all:
 		$(MAKE) --no-print-directory test PYTHON=$$py VENV=.venv-$$version || exit 1; \
 	done
 
+# In one process: the tier's one local model server (a session fixture) would be started again by
+# every xdist worker, and its inference already takes both cores.
 test-e2e: $(LOCAL)
 	$(BIN)/python -m pytest -q -m e2e tests/e2e
 
