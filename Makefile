@@ -1,7 +1,9 @@
 # Everything runs in a project virtualenv created from $(PYTHON): .venv for the machine's python3,
 # .venv-X.Y for another interpreter (`make test PYTHON=python3.12`). Installs are redone only when
 # pyproject.toml changes (stamp files track it). `make test-all` runs the suite on every supported
-# Python found on the machine (.ci/pythons says which).
+# Python found on the machine (.ci/pythons says which). `make test` runs the suite on TEST_JOBS
+# pytest-xdist workers (one per core; TEST_JOBS=0 runs it in one process); the 20 slowest tests are
+# listed at the end.
 
 PYTHON ?= python3
 ifeq ($(PYTHON),python3)
@@ -14,6 +16,7 @@ STAMP  := $(VENV)/.installed-dev
 LOCAL  := $(VENV)/.installed-local
 DOCS   := $(VENV)/.installed-docs
 NPROC  := $(shell nproc 2>/dev/null || echo 2)
+TEST_JOBS ?= $(NPROC)
 
 .PHONY: install install-local demo demo-web test test-all test-e2e check lint format typecheck bench \
         docs local-model-start local-model-stop clean
@@ -78,8 +81,10 @@ demo-web: $(STAMP)
 	@if [ -z "$$OPENAI_BASE_URL" ]; then $(MAKE) --no-print-directory install-local; fi
 	$(BIN)/python -m examples.web.app
 
+# --dist loadgroup: tests spread over the workers one by one, except that those marked
+# xdist_group(name) run on one worker together (tests that share a cache, or must not overlap).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadgroup
 
 # The suite on every supported Python present (under CI, a missing one fails: see .ci/pythons);
 # EXCEPT="3.11" leaves out the versions it names (.ci/run: the one `make test` has just run).
@@ -92,6 +97,8 @@ test-all:
 		$(MAKE) --no-print-directory test PYTHON=$$py VENV=.venv-$$version || exit 1; \
 	done
 
+# In one process: the tier's one local model server (a session fixture) would be started again by
+# every xdist worker, and its inference already takes both cores.
 test-e2e: $(LOCAL)
 	$(BIN)/python -m pytest -q -m e2e tests/e2e
 

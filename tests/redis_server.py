@@ -19,7 +19,10 @@ from pathlib import Path
 import pytest
 
 STARTUP_SECONDS = 10.0
-ATTEMPTS = 5  # another process may take the free port between choosing it and the server binding it
+# Another process may take the free port between choosing it and the server binding it: another
+# test session's redis-server too (pytest-xdist workers each start one), so a server that answers on
+# the port must be ours (its process id), not a neighbour's.
+ATTEMPTS = 5
 
 
 def _free_port() -> int:
@@ -29,11 +32,18 @@ def _free_port() -> int:
         return port
 
 
-def _answers_ping(port: int) -> bool:
+def _answers(port: int, pid: int) -> bool:
+    """Whether the redis-server of process `pid` answers on `port` (its INFO names its process)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1.0) as conn:
-            conn.sendall(b"PING\r\n")
-            return conn.recv(64).startswith(b"+PONG")
+            conn.sendall(b"INFO server\r\n")
+            reply = b""
+            while b"process_id:" not in reply or not reply.endswith(b"\r\n"):
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return False
+                reply += chunk
+            return f"\r\nprocess_id:{pid}\r\n".encode() in reply
     except OSError:
         return False
 
@@ -49,7 +59,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def _start(executable: str, directory: Path) -> tuple[subprocess.Popen[bytes], int] | None:
-    """Start a server on a free port and wait until it answers PING; `None` when it exited first
+    """Start a server on a free port and wait until it answers there; `None` when it exited first
     (most likely the port was taken meanwhile). Raise when it neither answers nor exits in time."""
     port = _free_port()
     log = directory / "redis.log"
@@ -58,14 +68,14 @@ def _start(executable: str, directory: Path) -> tuple[subprocess.Popen[bytes], i
     process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + STARTUP_SECONDS
     while time.monotonic() < deadline:
-        if _answers_ping(port):
+        if _answers(port, process.pid):
             return process, port
         if process.poll() is not None:
             return None
         time.sleep(0.05)
     _stop(process)
     output = log.read_text(errors="replace") if log.exists() else "(no log)"
-    raise RuntimeError(f"redis-server did not answer PING within {STARTUP_SECONDS} s:\n{output}")
+    raise RuntimeError(f"redis-server did not answer within {STARTUP_SECONDS} s:\n{output}")
 
 
 def redis_server() -> Iterator[str]:

@@ -7,6 +7,7 @@ assembles must equal what the service stored. (No asyncio/trio split: the tests 
 
 from __future__ import annotations
 
+import fcntl
 import http.server
 import json
 import os
@@ -37,8 +38,15 @@ def clients() -> Path:
         if os.environ.get("CI") == "true":
             pytest.fail(f"{reason}: CI must run the frontend clients' tests", pytrace=False)
         pytest.skip(reason)
-    if not (NODE / "node_modules" / ".package-lock.json").exists():
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE, check=True, timeout=600)
+    # One `npm ci` at a time (a lock on tests/node itself): pytest-xdist's workers, or two runs,
+    # share the folder; one that waited finds the clients installed.
+    folder = os.open(NODE, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        if not (NODE / "node_modules" / ".package-lock.json").exists():
+            subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=NODE, check=True, timeout=600)
+    finally:
+        os.close(folder)  # and with it the lock
     return NODE
 
 

@@ -2,6 +2,10 @@
 
 Only the store's own lock (a lease in SQLite or Redis) serializes the two processes. The store must
 end with all 200 turns, whole, each seeing every turn before it: none lost, none interleaved.
+
+The workers run one on asyncio, one on trio, whatever the test runs on; the test itself only starts
+them and reads the store once, which the stores' own tests do on both backends. So it runs on
+asyncio alone (a trio run repeated the same worker runs: 7-8 s each).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import anyio
+import pytest
 
 from agentrt import AssistantMessage, ChatMessage, UserMessage
 from agentrt.memory import ChatMemoryStore, RedisStore, SQLiteStore
@@ -18,6 +23,8 @@ from agentrt.memory import ChatMemoryStore, RedisStore, SQLiteStore
 WORKER = Path(__file__).with_name("memory_worker.py")
 TURNS = 100  # per worker
 KEY = 'scale-out:"c"'
+
+pytestmark = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 
 async def _run_workers(arguments: list[str]) -> None:

@@ -16,7 +16,7 @@ import httpx
 import orjson
 import pytest
 from cassettes import Parts, load
-from mypy import api as mypy_api
+from typecheck import mypy
 
 import agentrt
 from agentrt import (
@@ -43,7 +43,6 @@ from agentrt.moderation.openai import OpenAIModerationModel
 from agentrt.rag.ollama import OllamaEmbeddingModel
 from agentrt.rag.openai import OpenAIEmbeddingModel
 
-ROOT = Path(__file__).resolve().parent.parent
 REQUEST = ModelRequest(messages=(UserMessage.of("hi"),))
 KEY = "sk-proj-SECRET-4f9a2b7c1d"
 FIRST = b'data: {"id":"c1","model":"m","choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\n'
@@ -518,7 +517,8 @@ def test_a_misspelled_connection_option_is_refused(name: str) -> None:
         ADAPTERS[name].make(base_url="https://llm.test", tmeout=5)
 
 
-def test_the_connection_options_type_check_as_keywords(tmp_path: Path) -> None:
+@pytest.mark.xdist_group("mypy")  # the type checks share a worker, and so mypy's cache (tests/typecheck.py)
+def test_the_connection_options_type_check_as_keywords(tmp_path: Path, mypy_cache: Path) -> None:
     source = textwrap.dedent(
         """
         from agentrt.models import AnthropicChatModel, OpenAIChatModel, RetryPolicy
@@ -534,9 +534,7 @@ def test_the_connection_options_type_check_as_keywords(tmp_path: Path) -> None:
     )
     target = tmp_path / "use_adapters.py"
     target.write_text(source)
-    stdout, _, status = mypy_api.run(
-        [str(target), "--strict", "--no-incremental", "--config-file", str(ROOT / "pyproject.toml")]
-    )
+    stdout, status = mypy(target, mypy_cache)
     errors = [line for line in stdout.splitlines() if ": error:" in line]
     assert status == 1
     assert len(errors) == 2, stdout

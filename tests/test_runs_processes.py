@@ -37,7 +37,7 @@ import pytest
 from agentrt import AssistantMessage
 from agentrt.memory import RedisStore
 
-pytestmark = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+pytestmark = [pytest.mark.parametrize("anyio_backend", ["asyncio"]), pytest.mark.xdist_group("real-time")]
 
 SERVERS = Path(__file__).parent / "servers"
 ROOT = SERVERS.parent.parent

@@ -38,6 +38,7 @@ from served import serve
 SERVERS = Path(__file__).parent / "servers"
 PROTOCOLS = ("agentrt", "vercel-ui", "ag-ui")
 PATHS = ("plain", "runs")
+pytestmark = pytest.mark.xdist_group("real-time")  # one worker for the real-time tests (tests/conftest.py)
 
 
 class Server:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from mypy import api
+import pytest
+from typecheck import mypy
 
-ROOT = Path(__file__).resolve().parent.parent
 
-
-def test_built_service_methods_type_check_against_their_stubs(tmp_path: Path) -> None:
+@pytest.mark.xdist_group("mypy")  # one cache: the first run analyses agentrt, the others reuse it
+def test_built_service_methods_type_check_against_their_stubs(tmp_path: Path, mypy_cache: Path) -> None:
     source = textwrap.dedent(
         """
         from __future__ import annotations
@@ -35,9 +35,7 @@ def test_built_service_methods_type_check_against_their_stubs(tmp_path: Path) ->
     target = tmp_path / "use_support.py"
     target.write_text(source)
 
-    stdout, _, status = api.run(
-        [str(target), "--strict", "--no-incremental", "--config-file", str(ROOT / "pyproject.toml")]
-    )
+    stdout, status = mypy(target, mypy_cache)
 
     errors = [line for line in stdout.splitlines() if ": error:" in line]
     assert status == 1
@@ -46,7 +44,8 @@ def test_built_service_methods_type_check_against_their_stubs(tmp_path: Path) ->
     assert ':18: error: Missing positional argument "question"' in errors[1]
 
 
-def test_every_callback_that_may_be_async_type_checks_as_async(tmp_path: Path) -> None:
+@pytest.mark.xdist_group("mypy")  # one cache: the first run analyses agentrt, the others reuse it
+def test_every_callback_that_may_be_async_type_checks_as_async(tmp_path: Path, mypy_cache: Path) -> None:
     source = textwrap.dedent(
         """
         from __future__ import annotations
@@ -93,14 +92,15 @@ def test_every_callback_that_may_be_async_type_checks_as_async(tmp_path: Path) -
     target = tmp_path / "use_callbacks.py"
     target.write_text(source)
 
-    stdout, _, status = api.run(
-        [str(target), "--strict", "--no-incremental", "--config-file", str(ROOT / "pyproject.toml")]
-    )
+    stdout, status = mypy(target, mypy_cache)
 
     assert status == 0, stdout
 
 
-def test_a_model_of_name_capabilities_and_stream_is_a_chat_model_with_declared_fields(tmp_path: Path) -> None:
+@pytest.mark.xdist_group("mypy")  # one cache: the first run analyses agentrt, the others reuse it
+def test_a_model_of_name_capabilities_and_stream_is_a_chat_model_with_declared_fields(
+    tmp_path: Path, mypy_cache: Path
+) -> None:
     # A user's model needs these three members only; what it says of itself is typed data in its
     # capabilities (the pipeline reads no optional attribute).
     source = textwrap.dedent(
@@ -138,9 +138,7 @@ def test_a_model_of_name_capabilities_and_stream_is_a_chat_model_with_declared_f
     target = tmp_path / "use_model.py"
     target.write_text(source)
 
-    stdout, _, status = api.run(
-        [str(target), "--strict", "--no-incremental", "--config-file", str(ROOT / "pyproject.toml")]
-    )
+    stdout, status = mypy(target, mypy_cache)
 
     errors = [line for line in stdout.splitlines() if ": error:" in line]
     assert status == 1
