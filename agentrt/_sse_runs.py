@@ -49,13 +49,15 @@ class Tee:
     written (`hold`, `release`); the log's end, with the protocol's end for a stopped run if the run
     did not end by itself (`finish`).
 
-    `sent` is what the log holds of the run's parts (its stopped end closes them); `gone` says the
+    `sent` is what the log holds of the run's parts (its stopped end closes them, for the client
+    too); `began`, that the response's body began (its start was sent); `gone` says the
     client that started a `"detach"` run hung up (the response hands the stream to the manager at the
     next event); `adopted`, that the manager reads it now."""
 
     __slots__ = (
         "adopted",
         "append",
+        "began",
         "clean",
         "encoder",
         "gone",
@@ -93,6 +95,7 @@ class Tee:
         self.clean = False
         self.gone = False
         self.adopted = False
+        self.began = False
 
     def put(self, chunks: Sequence[Any]) -> list[bytes]:
         """`chunks` as frames with ids, appended to the log: what the response sends."""

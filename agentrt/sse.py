@@ -561,7 +561,8 @@ def _respond(
     event, or when the response is closed between two sends."""
     snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
     frame = encoder.frame
-    sent = run.sent if run is not None else None
+    # What the client got, chunk by chunk (a stop's end is made from it); a run's log has its own.
+    sent = run.sent if run is not None and tee is None else None
     chunks_of = _frontends.chunks_of
     hold = tee is not None and tee.policy == "cancel"
 
@@ -584,6 +585,8 @@ def _respond(
         resumed = 0.0  # when the last batch was written
         reading = False  # between two events of the stream: a detached run's may be handed over
         try:
+            if tee is not None:
+                tee.began = True  # sse-starlette sent the response's start before it asked
             out = encoder.opened()
             if tee is not None and encoder.replay:
                 # The log's start rebuilds the message a resumed run continues (Vercel): a resume
@@ -733,7 +736,7 @@ class _StreamResponse(EventSourceResponse):
             with anyio.CancelScope() as stopping:
                 run.scope = stopping
                 try:
-                    await super().__call__(scope, receive, sending)
+                    await super().__call__(scope, receive, sending if tee is None else send)
                 except TimeoutError:  # sse-starlette's `send_timeout`: the client stalled
                     if tee is None or not tee.adopted:
                         raise
@@ -741,7 +744,7 @@ class _StreamResponse(EventSourceResponse):
             if run.scope is stopping:  # (a manager that took the run over has its own)
                 run.scope = None
             if stopping.cancelled_caught:
-                await self._stopped(send, started, sent)
+                await self._stopped(send, started if tee is None else tee.began, sent)
         finally:
             if self._agentrt_forget is not None:
                 self._agentrt_forget()
