@@ -33,7 +33,6 @@ Redis Cluster is not supported.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import logging
@@ -46,7 +45,7 @@ import anyio.from_thread
 import anyio.to_thread
 
 from ._errors import ConfigurationError
-from .runs import RunGone, RunRecord
+from .runs import RunGone, RunRecord, _frames_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -581,12 +580,8 @@ class RedisRunLog:
         keys, args = [self._record(run)], [self._lost_ms]
         return int(await anyio.to_thread.run_sync(lambda: self._state(keys=keys, args=args)))
 
-    async def read(self, run: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
-        async with contextlib.aclosing(self.read_batches(run, after)) as batches:
-            async for first, frames in batches:
-                for frame in frames:
-                    yield first, frame
-                    first += 1
+    def read(self, run: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
+        return _frames_of(self.read_batches(run, after))
 
     async def read_batches(self, run: str, after: int) -> AsyncGenerator[tuple[int, list[bytes]], None]:
         """`read`, a batch at a time: `(seq of the first, frames)`, every frame an XREAD got (at

@@ -128,6 +128,17 @@ class RunLog(typing.Protocol):
         that needs none may return at once."""
 
 
+async def _frames_of(
+    batches: AsyncGenerator[tuple[int, list[bytes]], None],
+) -> AsyncIterator[tuple[int, bytes]]:
+    """A log's `read` made of its `read_batches`: a frame at a time (closed, it closes them)."""
+    async with contextlib.aclosing(batches) as reading:
+        async for first, frames in reading:
+            for frame in frames:
+                yield first, frame
+                first += 1
+
+
 _MAX_BYTES: Final = 8 * 1024 * 1024
 _MAX_TOTAL_BYTES: Final = 256 * 1024 * 1024
 _TTL: Final = 300.0
@@ -315,12 +326,8 @@ class MemoryRunLog:
         going = self._active.get((owner, thread))
         return going[-1] if going else None
 
-    async def read(self, run: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
-        async with contextlib.aclosing(self.read_batches(run, after)) as batches:
-            async for first, frames in batches:
-                for frame in frames:
-                    yield first, frame
-                    first += 1
+    def read(self, run: str, after: int) -> AsyncIterator[tuple[int, bytes]]:
+        return _frames_of(self.read_batches(run, after))
 
     async def read_batches(self, run: str, after: int) -> AsyncGenerator[tuple[int, list[bytes]], None]:
         """`read`, a batch at a time: `(seq of the first, frames)` with every frame there is (at
