@@ -1,9 +1,10 @@
 # Everything runs in a project virtualenv created from $(PYTHON): .venv for the machine's python3,
 # .venv-X.Y for another interpreter (`make test PYTHON=python3.12`). Installs are redone only when
 # pyproject.toml changes (stamp files track it). `make test-all` runs the suite on every supported
-# Python found on the machine (.ci/pythons says which). `make test` runs the suite on TEST_JOBS
-# pytest-xdist workers (one per core; TEST_JOBS=0 runs it in one process); the 20 slowest tests are
-# listed at the end.
+# Python found on the machine (.ci/pythons says which). `make test` runs the suite in one process by
+# default; TEST_JOBS=N spreads it over N pytest-xdist workers (TEST_JOBS=auto: one per core). Not yet
+# the default: one parallel run on 3.11 hung in tests/test_models_pool.py (an idle loop waiting on a
+# worker thread) on a loaded machine, and the cause is not known. The 20 slowest tests are listed.
 
 PYTHON ?= python3
 ifeq ($(PYTHON),python3)
@@ -16,7 +17,7 @@ STAMP  := $(VENV)/.installed-dev
 LOCAL  := $(VENV)/.installed-local
 DOCS   := $(VENV)/.installed-docs
 NPROC  := $(shell nproc 2>/dev/null || echo 2)
-TEST_JOBS ?= $(NPROC)
+TEST_JOBS ?= 0
 
 .PHONY: install install-local demo demo-web test test-all test-e2e check lint format typecheck bench \
         docs local-model-start local-model-stop clean
