@@ -90,17 +90,32 @@ def _close_later(events: AsyncGenerator[Event, None], schedule: Schedule | None)
 
 
 class _ResetToken(str):
+    """A one-of-a-kind `str`: equal only to itself (so `token == RESET`, `RESET in tokens` and a
+    `match` on it never confuse it with an empty text delta), empty as text (so `"".join(tokens)`
+    still gives what was streamed), and the same object after `copy`, `deepcopy` and `pickle`."""
+
     __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
+
+    __hash__ = object.__hash__
 
     def __repr__(self) -> str:
         return "agentrt.RESET"
 
+    def __reduce__(self) -> str:
+        return "RESET"  # pickled by name: the module's one instance
+
 
 RESET: Final[str] = _ResetToken()
 """The token a `TokenStream` yields for a `Reset` event: discard the text shown so far (since the
-previous reset); the text after it replaces it. Compare with `is`. Its value is the empty string.
-Only streams whose output guardrails release text early (`release="chunked"` or `"optimistic"`)
-yield it."""
+previous reset); the text after it replaces it. It is equal only to itself (`token == RESET` or
+`token is RESET`; never to an empty text delta); as text it is empty. Only streams whose output
+guardrails release text early (`release="chunked"` or `"optimistic"`) yield it."""
 
 
 def _stopped(approval: ApprovalRequested) -> Result[Any]:

@@ -606,3 +606,24 @@ async def test_a_guardrail_may_return_a_result_of_a_subclass_or_an_awaitable_of_
     await assert_consistent(svc, tokens, result)
     partial = [check for check in guardrail.checks if check[1]]
     assert (len(partial) > 0) is (release == "chunked")
+
+
+def test_reset_is_equal_only_to_itself_and_empty_as_text() -> None:
+    """`RESET` is never mistaken for an empty text delta (by `==`, `in`, a dict or a `match`), joins
+    as nothing, and stays the one object through copies and pickling."""
+    import copy
+    import pickle
+
+    assert RESET == RESET and RESET is agentrt.RESET
+    assert RESET != "" and "" != RESET and not (RESET == "")
+    assert "" not in [RESET] and RESET not in ["", "a"] and RESET in ["", RESET]
+    assert {RESET: "reset"}.get("") is None and {"": "empty"}.get(RESET) is None
+    assert "".join(["a", RESET, "b"]) == "ab" and isinstance(RESET, str) and repr(RESET) == "agentrt.RESET"
+    assert copy.copy(RESET) is RESET and copy.deepcopy(RESET) is RESET
+    assert pickle.loads(pickle.dumps(RESET)) is RESET
+    match "":
+        case agentrt.RESET:
+            matched = "reset"
+        case _:
+            matched = "text"
+    assert matched == "text"
