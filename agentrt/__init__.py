@@ -97,8 +97,10 @@ from ._resume import resume
 from ._service import build
 from ._spec import MemoryId, TemplateName, system_message, user_message
 from ._stream import RESET, PartialStream, TokenStream
-from .models import Capabilities, ChatModel, ModelRequest, ModelSettings
-from .tools import Description, LoopLimit, ToolContext, ToolReturn, ToolSettings, tool
+from ._wire import ModelRequest, ModelSettings
+from .models._protocol import Capabilities, ChatModel
+from .tools._declare import Description, ToolContext, tool
+from .tools._run import LoopLimit, ToolReturn, ToolSettings
 
 __version__ = "0.1.0.dev0"
 

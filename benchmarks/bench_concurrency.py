@@ -31,8 +31,8 @@ import httpx
 from bench_http import plain, serve  # benchmarks/ is on the path of a script run from it
 
 import agentrt
-from agentrt import TokenStream
-from agentrt.models import ModelSettings, OpenAIChatModel, RetryPolicy
+from agentrt import ModelSettings, TokenStream
+from agentrt.models import OpenAIChatModel, RetryPolicy
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -20,8 +20,8 @@ import anyio
 import httpx
 import orjson
 
-from agentrt import UserMessage
-from agentrt.models import ModelRequest, OpenAIChatModel, RetryPolicy, TextDelta
+from agentrt import ModelRequest, TextDelta, UserMessage
+from agentrt.models import OpenAIChatModel, RetryPolicy
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Coroutine

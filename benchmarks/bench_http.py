@@ -40,9 +40,8 @@ import orjson
 from bench_pipeline import guarded_by  # benchmarks/ is on the path of a script run from it
 
 import agentrt
-from agentrt import LifecycleEvent, TokenStream
-from agentrt.models import ModelSettings, OpenAIChatModel, RetryPolicy
-from agentrt.tools import Description, tool
+from agentrt import Description, LifecycleEvent, ModelSettings, TokenStream, tool
+from agentrt.models import OpenAIChatModel, RetryPolicy
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

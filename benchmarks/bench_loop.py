@@ -29,8 +29,8 @@ import httpx
 import orjson
 from bench_http import serve  # benchmarks/ is on the path of a script run from it
 
-from agentrt import ModelTimeoutError, UserMessage
-from agentrt.models import ModelRequest, ModelSettings, OpenAIChatModel, RetryPolicy, TextDelta, complete
+from agentrt import ModelRequest, ModelSettings, ModelTimeoutError, TextDelta, UserMessage
+from agentrt.models import OpenAIChatModel, RetryPolicy, complete
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable

@@ -49,7 +49,7 @@ async def add(a: int, b: int) -> int:
     return a + b
 
 
-def answer(request: agentrt.models.ModelRequest) -> Any:
+def answer(request: agentrt.ModelRequest) -> Any:
     """Call `add` first, then answer with its result."""
     last = request.messages[-1]
     if isinstance(last, ToolResultMessage):

@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import anyio
 
 import agentrt
-from agentrt import MemoryId
+from agentrt import Capabilities, FinishReason, MemoryId, ModelRequest, TextDelta, Usage
 from agentrt.memory import ChatMemory, ChatMemoryStore, InMemoryStore, RedisStore, SQLiteStore
-from agentrt.models import Capabilities, Finish, FinishReason, ModelChunk, ModelRequest, TextDelta, Usage
+from agentrt.models import Finish, ModelChunk
 from agentrt.testing import FunctionModel
 
 if TYPE_CHECKING:

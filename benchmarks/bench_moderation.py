@@ -22,8 +22,8 @@ import anyio
 import anyio.to_thread
 
 import agentrt
-from agentrt import TokenStream
-from agentrt.models import Capabilities, Finish, FinishReason, ModelChunk, ModelRequest, TextDelta, Usage
+from agentrt import Capabilities, FinishReason, ModelRequest, TextDelta, TokenStream, Usage
+from agentrt.models import Finish, ModelChunk
 from agentrt.moderation import Moderation, moderate
 from agentrt.rag import Content, Query, Retrieval
 

@@ -21,8 +21,8 @@ from typing import Any
 import anyio
 
 import agentrt
-from agentrt import TokenStream, Usage, tool
-from agentrt.models import Finish, FinishReason, ModelChunk, ModelRequest, TextDelta
+from agentrt import FinishReason, ModelRequest, TextDelta, TokenStream, Usage, tool
+from agentrt.models import Finish, ModelChunk
 from agentrt.testing import CallTool, FunctionModel, Script
 
 try:

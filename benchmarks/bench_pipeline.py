@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 import agentrt
-from agentrt import LifecycleEvent, TokenStream
-from agentrt.models import Capabilities, Finish, FinishReason, ModelChunk, ModelRequest, TextDelta, Usage
+from agentrt import Capabilities, FinishReason, LifecycleEvent, ModelRequest, TextDelta, TokenStream, Usage
+from agentrt.models import Finish, ModelChunk
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Coroutine

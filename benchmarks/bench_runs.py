@@ -59,9 +59,9 @@ from starlette.routing import Route
 import agentrt
 import agentrt.memory
 import agentrt.sse
-from agentrt import Budget, MemoryId, TokenStream
+from agentrt import Budget, Capabilities, FinishReason, MemoryId, ModelRequest, TextDelta, TokenStream
 from agentrt.guardrails import OutputGuardrailRequest, fatal, output_guardrails, success
-from agentrt.models import Capabilities, Finish, FinishReason, ModelChunk, ModelRequest, TextDelta
+from agentrt.models import Finish, ModelChunk
 from agentrt.runs import Runs
 
 if TYPE_CHECKING:

@@ -20,10 +20,10 @@ from pathlib import Path
 import anyio
 
 import agentrt
-from agentrt import Approvals, Approve, ChatModel, ToolSettings
+from agentrt import Approvals, Approve, ChatModel, ModelSettings, ToolSettings
 from agentrt.local import LocalModelServer
 from agentrt.mcp import MCPTools, StdioServer
-from agentrt.models import ModelSettings, OpenAIChatModel
+from agentrt.models import OpenAIChatModel
 from agentrt.rag import (
     BM25Retriever,
     Document,

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 from cassettes import Parts
 
-from agentrt import UserMessage
-from agentrt.models import ModelRequest, OllamaChatModel, OpenAIChatModel, RetryPolicy, complete
+from agentrt import ModelRequest, UserMessage
+from agentrt.models import OllamaChatModel, OpenAIChatModel, RetryPolicy, complete
 
 OPENAI_URL = "http://llm.test/v1"
 OLLAMA_URL = "http://ollama.test:11434"

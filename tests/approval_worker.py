@@ -43,6 +43,7 @@ from agentrt import (
     Budget,
     Deny,
     MemoryId,
+    ModelRequest,
     Result,
     TokenStream,
     ToolResultMessage,
@@ -50,7 +51,6 @@ from agentrt import (
     tool,
 )
 from agentrt.memory import ChatMemory, ChatMemoryStore, RedisStore, SQLiteStore
-from agentrt.models import ModelRequest
 from agentrt.testing import CallTool, FunctionModel, Script
 
 NAMESPACE = "approvals"

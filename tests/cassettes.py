@@ -22,13 +22,13 @@ from agentrt import (
     AuthenticationError,
     BadRequestError,
     ContextLengthExceededError,
+    FinishReason,
     ModelError,
     ModelNotFoundError,
     OverloadedError,
     RateLimitError,
     ServerError,
 )
-from agentrt.models import FinishReason
 
 # A copy of ../shared/conformance/cassettes, kept in the repository so that a clean clone (CI) has them.
 CASSETTES = Path(__file__).resolve().parent / "conformance" / "cassettes"

@@ -14,9 +14,8 @@ from typing import Annotated
 import anyio
 
 import agentrt
-from agentrt import MemoryId, UserMessage
+from agentrt import MemoryId, ModelRequest, UserMessage
 from agentrt.memory import ChatMemory, ChatMemoryStore, RedisStore, SQLiteStore
-from agentrt.models import ModelRequest
 from agentrt.testing import FunctionModel
 
 

@@ -23,6 +23,7 @@ from agentrt import (
     LifecycleEvent,
     ModelSettings,
     Result,
+    TextDelta,
     TokenStream,
     ToolResultMessage,
     Usage,
@@ -30,7 +31,6 @@ from agentrt import (
     method_options,
     tool,
 )
-from agentrt.models import TextDelta
 from agentrt.testing import CallTool, Delay, FunctionModel, Hang, ScriptedModel
 
 

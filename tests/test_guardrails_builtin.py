@@ -6,9 +6,8 @@ import pytest
 from pydantic import BaseModel
 
 import agentrt
-from agentrt import AssistantMessage, InputGuardrailError, UserMessage
+from agentrt import AssistantMessage, Capabilities, InputGuardrailError, UserMessage
 from agentrt.guardrails.builtin import JsonExtractor, MaxLength, PromptInjection
-from agentrt.models import Capabilities
 from agentrt.testing import ScriptedModel
 
 

@@ -18,6 +18,7 @@ from agentrt import (
     GuardrailVerdict,
     InputGuardrailError,
     MemoryId,
+    ModelRequest,
     TextDelta,
     TokenStream,
 )
@@ -29,7 +30,6 @@ from agentrt.guardrails import (
     success,
     success_with,
 )
-from agentrt.models import ModelRequest
 from agentrt.testing import Delay, FunctionModel, ScriptedModel
 
 pytestmark = pytest.mark.virtual_clock  # the model's delays and fail_after take no real time

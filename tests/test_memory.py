@@ -27,10 +27,12 @@ from agentrt import (
     Budget,
     ChatMessage,
     MemoryId,
+    ModelRequest,
     SystemMessage,
     TokenStream,
     ToolCall,
     ToolResultMessage,
+    ToolSettings,
     UserMessage,
     system_message,
     tool,
@@ -38,9 +40,7 @@ from agentrt import (
 )
 from agentrt.memory import ChatMemory, InMemoryStore, SQLiteStore
 from agentrt.memory._memory import Memory
-from agentrt.models import ModelRequest
 from agentrt.testing import CallTool, FunctionModel, Hang, Raise, ScriptedModel
-from agentrt.tools import ToolSettings
 
 
 @system_message("You are a concierge for {{guest}}.")

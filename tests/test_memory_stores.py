@@ -23,6 +23,7 @@ from agentrt import (
     ChatMessage,
     ImageContent,
     MemoryId,
+    ModelRequest,
     TextContent,
     ToolCall,
     ToolResultMessage,
@@ -30,7 +31,6 @@ from agentrt import (
 )
 from agentrt.memory import ChatMemory, ChatMemoryStore, InMemoryStore, RedisStore, SQLiteStore
 from agentrt.memory._memory import Memory
-from agentrt.models import ModelRequest
 from agentrt.testing import FunctionModel
 
 Factory = Callable[[], ChatMemoryStore]

@@ -23,6 +23,7 @@ from agentrt import (
     AssistantMessage,
     ChatMessage,
     MemoryId,
+    ModelRequest,
     SystemMessage,
     ToolCall,
     ToolResultMessage,
@@ -33,7 +34,7 @@ from agentrt import (
 from agentrt.memory import ChatMemory, InMemoryStore, estimate_message_tokens
 from agentrt.memory._memory import Memory
 from agentrt.memory._window import window_start
-from agentrt.models import AnthropicChatModel, ModelRequest, RetryPolicy
+from agentrt.models import AnthropicChatModel, RetryPolicy
 from agentrt.testing import CallTool, FunctionModel, Script
 
 

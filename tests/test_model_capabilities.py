@@ -17,14 +17,18 @@ import pytest
 import agentrt
 from agentrt import (
     Budget,
+    Capabilities,
     ConfigurationError,
+    FinishReason,
     LifecycleEvent,
+    ModelRequest,
     ModelSettings,
     Started,
+    TextDelta,
     TokenStream,
     method_options,
 )
-from agentrt.models import Capabilities, Finish, FinishReason, ModelChunk, ModelRequest, TextDelta
+from agentrt.models import Finish, ModelChunk
 
 
 class Desk:

@@ -37,20 +37,26 @@ from agentrt import (
     ConfigurationError,
     ContextLengthExceededError,
     Description,
+    FinishReason,
     ImageContent,
     ModelError,
     ModelNotFoundError,
+    ModelRequest,
     ModelResponseError,
+    ModelSettings,
     OverloadedError,
     PdfContent,
     PermissionDeniedError,
     RateLimitError,
     ServerError,
     SystemMessage,
+    TextDelta,
+    ThinkingDelta,
     TokenStream,
     ToolCall,
     ToolResultMessage,
     ToolSettings,
+    Usage,
     UserMessage,
     VideoContent,
     messages_from_json,
@@ -58,20 +64,7 @@ from agentrt import (
     tool,
 )
 from agentrt._messages import ThinkingBlock
-from agentrt.models import (
-    AnthropicChatModel,
-    FinishReason,
-    JsonSchemaFormat,
-    ModelChunk,
-    ModelRequest,
-    ModelSettings,
-    RetryPolicy,
-    TextDelta,
-    ThinkingDelta,
-    ToolSpec,
-    Usage,
-    complete,
-)
+from agentrt.models import AnthropicChatModel, JsonSchemaFormat, ModelChunk, RetryPolicy, ToolSpec, complete
 from agentrt.models._failures import ErrorContext
 from agentrt.models.anthropic import (
     DEFAULT_CAPABILITIES,

@@ -34,19 +34,24 @@ from cassettes import (
     split_at,
 )
 
-from agentrt import AgentError, ModelError, RateLimitError, UserMessage
+from agentrt import (
+    AgentError,
+    ModelError,
+    ModelRequest,
+    RateLimitError,
+    TextDelta,
+    ThinkingDelta,
+    Usage,
+    UserMessage,
+)
 from agentrt.models import (
     AnthropicChatModel,
     ModelChunk,
-    ModelRequest,
     ModelResponse,
     OllamaChatModel,
     OpenAIChatModel,
     ResponseAccumulator,
     RetryPolicy,
-    TextDelta,
-    ThinkingDelta,
-    Usage,
     complete,
 )
 from agentrt.models._decoders import NDJSONChunkDecoder, SSEChunkDecoder

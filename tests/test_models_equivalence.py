@@ -20,15 +20,17 @@ import pytest
 from pydantic import BaseModel
 
 import agentrt
-from agentrt import ImageContent, Result, TokenStream, UserMessage, system_message, tool, user_message
-from agentrt.models import (
+from agentrt import (
+    ImageContent,
     ModelRequest,
-    ModelResponse,
-    OllamaChatModel,
-    OpenAIChatModel,
-    ToolSpec,
-    complete,
+    Result,
+    TokenStream,
+    UserMessage,
+    system_message,
+    tool,
+    user_message,
 )
+from agentrt.models import ModelResponse, OllamaChatModel, OpenAIChatModel, ToolSpec, complete
 
 MODEL = "llama3.2"
 PIXEL = base64.b64decode(

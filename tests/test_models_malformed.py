@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import agentrt
-from agentrt import ModelError, ModelResponseError, UserMessage
-from agentrt.models import ModelRequest, OllamaChatModel, OpenAIChatModel, RetryPolicy, complete
+from agentrt import ModelError, ModelRequest, ModelResponseError, UserMessage
+from agentrt.models import OllamaChatModel, OpenAIChatModel, RetryPolicy, complete
 from agentrt.models._failures import MAX_BODY, ErrorContext, error_from_payload, error_from_response
 
 KEY = "sk-proj-mAlf0rmed-Payload-kEy-0123456789abcdef"

@@ -14,8 +14,8 @@ import certifi
 import httpx
 import pytest
 
-from agentrt import ModelTimeoutError, UserMessage
-from agentrt.models import ModelRequest, OpenAIChatModel, RetryPolicy, complete
+from agentrt import ModelRequest, ModelTimeoutError, UserMessage
+from agentrt.models import OpenAIChatModel, RetryPolicy, complete
 from agentrt.models._admission import Admission, AdmittedTransport
 
 if TYPE_CHECKING:

@@ -231,7 +231,8 @@ async def test_the_http_loggers_are_scrubbed_while_a_model_is_open_and_left_alon
     """HTTP/2 clients log request headers (the `authorization` one too) through hpack at DEBUG; the
     user's own loggers are never touched, and nothing is once the model is closed. Exception texts
     are scrubbed too."""
-    from agentrt.models import ModelRequest, OpenAIChatModel, complete
+    from agentrt import ModelRequest
+    from agentrt.models import OpenAIChatModel, complete
     from agentrt.models._http import _SCRUBBED_LOGGERS
 
     key = f"sk-scope-{CORE}-closed"
@@ -265,7 +266,8 @@ async def test_the_http_loggers_are_scrubbed_while_a_model_is_open_and_left_alon
 
 
 async def test_a_model_dropped_unclosed_releases_its_key(caplog: pytest.LogCaptureFixture) -> None:
-    from agentrt.models import ModelRequest, OpenAIChatModel, complete
+    from agentrt import ModelRequest
+    from agentrt.models import OpenAIChatModel, complete
 
     key = f"sk-scope-{CORE}-dropped"
     caplog.set_level(logging.DEBUG)

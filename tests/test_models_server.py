@@ -13,8 +13,16 @@ import pytest
 from served import serve
 
 import agentrt
-from agentrt import AuthenticationError, ModelConnectionError, TextDelta, TokenStream, UserMessage
-from agentrt.models import FinishReason, ModelRequest, OpenAIChatModel, RetryPolicy, complete
+from agentrt import (
+    AuthenticationError,
+    FinishReason,
+    ModelConnectionError,
+    ModelRequest,
+    TextDelta,
+    TokenStream,
+    UserMessage,
+)
+from agentrt.models import OpenAIChatModel, RetryPolicy, complete
 
 APP = Path(__file__).parent / "servers" / "openai_app.py"
 KEY = "test-key"

@@ -27,6 +27,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import agentrt
 from agentrt import (
     CancelledEvent,
+    Capabilities,
     ModelSettings,
     ResponseReceived,
     Started,
@@ -36,7 +37,7 @@ from agentrt import (
     tool,
 )
 from agentrt.guardrails import output_guardrails, retry, success
-from agentrt.models import Capabilities, OpenAIChatModel, ResponseMeta
+from agentrt.models import OpenAIChatModel, ResponseMeta
 from agentrt.otel import OTelListener, instrument
 from agentrt.rag import Content, Query, Retrieval
 from agentrt.testing import CallTool, Hang, Raise, ScriptedModel

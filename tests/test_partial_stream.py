@@ -22,6 +22,7 @@ from pydantic import BaseModel, TypeAdapter
 import agentrt
 from agentrt import (
     AssistantMessage,
+    Capabilities,
     Completed,
     ConfigurationError,
     MemoryId,
@@ -35,7 +36,6 @@ from agentrt import (
     UserMessage,
 )
 from agentrt.guardrails import OutputGuardrailRequest, success
-from agentrt.models import Capabilities
 from agentrt.output import parser_for
 from agentrt.output._partial import Snapshots
 from agentrt.testing import CallTool, Hang, ScriptedModel

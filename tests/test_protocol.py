@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from agentrt import AssistantMessage, SystemMessage, ToolCall, UserMessage
-from agentrt.models import (
+from agentrt import (
+    AssistantMessage,
     Capabilities,
-    Finish,
     FinishReason,
     ModelRequest,
     ModelSettings,
-    ResponseAccumulator,
-    ResponseMeta,
+    SystemMessage,
     TextDelta,
     ThinkingDelta,
-    ToolCallDelta,
+    ToolCall,
     Usage,
-    complete,
+    UserMessage,
 )
+from agentrt.models import Finish, ResponseAccumulator, ResponseMeta, ToolCallDelta, complete
 from agentrt.testing import ScriptedModel
 
 REQUEST = ModelRequest(messages=(SystemMessage(text="s"), UserMessage.of("hello there")))

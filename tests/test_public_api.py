@@ -83,6 +83,21 @@ async def test_all_is_sorted_and_lists_every_public_name(module: types.ModuleTyp
         assert getattr(module, name) is not None
 
 
+def test_every_public_name_has_one_home() -> None:
+    """A public object is exported by one public module: the top level for what users of services
+    touch (events, the model and tool declarations), a subpackage for the rest."""
+    modules = [agentrt, agentrt.guardrails, agentrt.mcp, agentrt.memory, agentrt.models, agentrt.moderation]
+    modules += [agentrt.rag, agentrt.output, agentrt.testing, agentrt.tools, agentrt.sse, agentrt.runs]
+    homes: dict[int, list[str]] = {}
+    for module in modules:
+        for name in module.__all__:
+            value = getattr(module, name)
+            if isinstance(value, types.ModuleType):
+                continue
+            homes.setdefault(id(value), []).append(f"{module.__name__}.{name}")
+    assert [where for where in homes.values() if len(where) > 1] == []
+
+
 def test_internals_are_not_public() -> None:
     internals = {"ToolLoop", "arguments_hash", "define_tool", "collect_tools", "result_text", "local"}
     assert internals.isdisjoint(agentrt.tools.__all__)

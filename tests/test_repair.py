@@ -122,9 +122,7 @@ async def test_the_error_names_the_fields_that_were_wrong() -> None:
 
 
 async def test_a_wrapped_scalar_is_repaired_with_what_was_expected() -> None:
-    model = ScriptedModel(
-        '{"value": "many"}', "3", capabilities=agentrt.models.Capabilities(json_object=True)
-    )
+    model = ScriptedModel('{"value": "many"}', "3", capabilities=agentrt.Capabilities(json_object=True))
     svc = agentrt.build(Desk, model=model)
     assert await svc.count("r") == 3
     repair = model.requests[1].messages[-1]

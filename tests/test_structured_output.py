@@ -22,8 +22,8 @@ from pydantic import BaseModel, Field, TypeAdapter
 from typing_extensions import TypedDict
 
 import agentrt
-from agentrt import OutputParsingError, PartialStream, Result, TokenStream
-from agentrt.models import Capabilities, JsonObjectFormat, JsonSchemaFormat, ToolCallDelta
+from agentrt import Capabilities, OutputParsingError, PartialStream, Result, TokenStream
+from agentrt.models import JsonObjectFormat, JsonSchemaFormat, ToolCallDelta
 from agentrt.output import ANSWER_TOOL, extract_json, parser_for
 from agentrt.testing import ScriptedModel
 

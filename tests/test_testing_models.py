@@ -8,8 +8,8 @@ import anyio
 import pytest
 
 import agentrt
-from agentrt import ModelRequest, TokenStream, ToolCall
-from agentrt.models import Capabilities, Finish, FinishReason, TextDelta, complete
+from agentrt import Capabilities, FinishReason, ModelRequest, TextDelta, TokenStream, ToolCall
+from agentrt.models import Finish, complete
 from agentrt.testing import (
     CallTool,
     Delay,

@@ -16,6 +16,7 @@ import pytest
 import agentrt
 from agentrt import (
     AssistantMessage,
+    Capabilities,
     ImageContent,
     MemoryId,
     ModelRequest,
@@ -27,7 +28,7 @@ from agentrt import (
     tool,
 )
 from agentrt.memory import InMemoryStore, access, window
-from agentrt.models import Capabilities, OpenAIChatModel
+from agentrt.models import OpenAIChatModel
 from agentrt.models.anthropic import AnthropicChatModel
 from agentrt.models.ollama import OllamaChatModel
 from agentrt.testing import CallTool, ScriptedModel

@@ -20,6 +20,7 @@ import agentrt
 from agentrt import (
     AssistantMessage,
     Budget,
+    Capabilities,
     ConfigurationError,
     MemoryId,
     PartialStream,
@@ -31,7 +32,7 @@ from agentrt import (
     method_options,
     tool,
 )
-from agentrt.models import Capabilities, OpenAIChatModel, RetryPolicy, ToolCallDelta
+from agentrt.models import OpenAIChatModel, RetryPolicy, ToolCallDelta
 from agentrt.output import ANSWER_TOOL
 from agentrt.testing import CallTool, ScriptedModel
 

@@ -15,6 +15,7 @@ import agentrt
 from agentrt import (
     AssistantMessage,
     Completed,
+    LoopLimit,
     MemoryId,
     RequestIssued,
     ResponseReceived,
@@ -42,7 +43,7 @@ from agentrt import (
     tool,
 )
 from agentrt.testing import CallTool, FunctionModel, ScriptedModel
-from agentrt.tools import LoopLimit, ToolFailure
+from agentrt.tools import ToolFailure
 
 REQUEST_CONTEXT: contextvars.ContextVar[str] = contextvars.ContextVar("request", default="-")
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Any
 
-from agentrt import MemoryId, ToolCall, ToolContext, ToolOutcome, ToolSettings, tool
-from agentrt.tools import LoopLimit
+from agentrt import LoopLimit, MemoryId, ToolCall, ToolContext, ToolOutcome, ToolSettings, tool
 from agentrt.tools._declare import collect_tools, define_tool
 from agentrt.tools._run import ThreadLimiter, ToolLoop, arguments_hash
 

@@ -10,6 +10,7 @@ import agentrt
 from agentrt import (
     ImageContent,
     MemoryId,
+    ModelSettings,
     SystemMessage,
     TemplateName,
     TextContent,
@@ -17,7 +18,7 @@ from agentrt import (
     system_message,
     user_message,
 )
-from agentrt.models import JsonSchemaFormat, ModelSettings
+from agentrt.models import JsonSchemaFormat
 from agentrt.testing import ScriptedModel
 
 

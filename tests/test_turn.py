@@ -13,10 +13,9 @@ import pytest
 from pydantic import BaseModel
 
 import agentrt
-from agentrt import AssistantMessage, ToolResultMessage, UserMessage, tool
+from agentrt import AssistantMessage, Capabilities, ToolResultMessage, UserMessage, tool
 from agentrt._pipeline import _finish
 from agentrt._pipeline._turn import Turn
-from agentrt.models import Capabilities
 from agentrt.testing import CallTool, ScriptedModel
 
 

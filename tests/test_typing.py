@@ -54,7 +54,8 @@ def test_every_callback_that_may_be_async_type_checks_as_async(tmp_path: Path, m
 
         import agentrt
         from agentrt.testing import ScriptedModel
-        from agentrt.tools import ToolFailure, ToolSettings
+        from agentrt.tools import ToolFailure
+        from agentrt import ToolSettings
 
 
         class Chat:
@@ -110,14 +111,14 @@ def test_a_model_of_name_capabilities_and_stream_is_a_chat_model_with_declared_f
         from collections.abc import AsyncIterator
 
         import agentrt
-        from agentrt.models import Capabilities, ChatModel, ModelChunk, ModelRequest, TextDelta
+        from agentrt import Capabilities, ChatModel, ModelRequest, TextDelta
 
 
         class Mine:
             name = "mine"
             capabilities = Capabilities(handles_deadline=True, provider="acme", min_max_tokens=16)
 
-            async def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+            async def stream(self, request: ModelRequest) -> AsyncIterator[agentrt.models.ModelChunk]:
                 yield TextDelta("hi")
 
 

@@ -1,23 +1,17 @@
-"""Tools: declare them with `@tool`, pass them to `build(..., tools=[...])`.
+"""Tools: declare them with `agentrt.tool`, pass them to `build(..., tools=[...])`; what a failing
+tool does is a `FailurePolicy` (in `agentrt.ToolSettings`).
 
 class OrderTools:
-    @tool("Look up the shipping status of an order. Read-only.")
-    async def order_status(self, order_id: Annotated[str, Description("order number, e.g. SO-1")]) -> str:
+    @agentrt.tool("Look up the shipping status of an order. Read-only.")
+    async def order_status(self, order_id: Annotated[str, agentrt.Description("e.g. SO-1")]) -> str:
         ...
 """
 
 from __future__ import annotations
 
-from ._declare import Description, ToolContext, tool
-from ._run import FailurePolicy, LoopLimit, ToolFailure, ToolReturn, ToolSettings
+from ._run import FailurePolicy, ToolFailure
 
 __all__ = [
-    "Description",
     "FailurePolicy",
-    "LoopLimit",
-    "ToolContext",
     "ToolFailure",
-    "ToolReturn",
-    "ToolSettings",
-    "tool",
 ]

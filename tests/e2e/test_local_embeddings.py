@@ -15,9 +15,9 @@ import math
 
 import pytest
 
-from agentrt import UserMessage
+from agentrt import ModelRequest, ModelSettings, UserMessage
 from agentrt.local import EMBEDDING_ALIAS, local_chat_model, local_embedding_model
-from agentrt.models import ModelRequest, ModelSettings, complete
+from agentrt.models import complete
 from agentrt.rag.openai import OpenAIEmbeddingModel
 
 from .conftest import LocalServer

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, StringConstraints
 import agentrt
 from agentrt import (
     Description,
+    ModelSettings,
     PartialStream,
     Result,
     ServerError,
@@ -30,7 +31,7 @@ from agentrt import (
     user_message,
 )
 from agentrt.local import LOCAL_CAPABILITIES, local_chat_model
-from agentrt.models import ModelSettings, OpenAIChatModel, RetryPolicy
+from agentrt.models import OpenAIChatModel, RetryPolicy
 
 from .conftest import LocalServer
 

@@ -64,10 +64,20 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import agentrt
 import agentrt.sse
-from agentrt import CancelledEvent, Completed, FailedEvent, MemoryId, TokenStream
+from agentrt import (
+    CancelledEvent,
+    Capabilities,
+    Completed,
+    FailedEvent,
+    FinishReason,
+    MemoryId,
+    ModelRequest,
+    TextDelta,
+    TokenStream,
+)
 from agentrt.guardrails import OutputGuardrailRequest, output_guardrails, success
 from agentrt.memory import InMemoryStore
-from agentrt.models import Capabilities, Finish, FinishReason, ModelChunk, ModelRequest, TextDelta
+from agentrt.models import Finish, ModelChunk
 from agentrt.runs import Runs
 
 FINAL = (b"event: done", b'"type":"finish"', b'"type":"RUN_FINISHED"')

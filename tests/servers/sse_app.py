@@ -22,17 +22,8 @@ from starlette.routing import Route
 
 import agentrt
 import agentrt.sse
-from agentrt import TokenStream
-from agentrt.models import (
-    Capabilities,
-    Finish,
-    FinishReason,
-    ModelChunk,
-    ModelRequest,
-    OpenAIChatModel,
-    RetryPolicy,
-    TextDelta,
-)
+from agentrt import Capabilities, FinishReason, ModelRequest, TextDelta, TokenStream
+from agentrt.models import Finish, ModelChunk, OpenAIChatModel, RetryPolicy
 
 
 class Desk:
