@@ -243,7 +243,10 @@ def test_two_hundred_clients_fifty_hanging_up_at_random_points_on_a_blocked_loop
                 received += await stream.receive()
 
     async def main() -> None:
-        async with httpx.AsyncClient(base_url=server.base, timeout=30) as http:
+        # No keep-alive: a pooled connection idle past uvicorn's keep-alive timeout (5 s; the 200
+        # clients can take longer on a loaded machine) may be closed by the server as it is reused.
+        fresh = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=server.base, timeout=30, limits=fresh) as http:
             assert (await http.post("/blocks", json={"every": 0.003, "for": 0.001})).status_code == 200
             try:
                 with anyio.fail_after(60):
