@@ -19,7 +19,7 @@ DOCS   := $(VENV)/.installed-docs
 NPROC  := $(shell nproc 2>/dev/null || echo 2)
 TEST_JOBS ?= 0
 
-.PHONY: install install-local demo demo-web test test-all test-e2e check lint format typecheck bench \
+.PHONY: install install-local demo demo-web test test-all test-deep test-e2e check lint format typecheck bench \
         docs local-model-start local-model-stop clean
 
 install: $(STAMP)
@@ -97,6 +97,11 @@ test-all:
 		echo "== $$py"; \
 		$(MAKE) --no-print-directory test PYTHON=$$py VENV=.venv-$$version || exit 1; \
 	done
+
+# The exhaustive sweeps (`@pytest.mark.exhaustive`: every split offset, every property example), which
+# `make test` runs thinned (tests/depth.py). .ci/run runs them once, on the machine's Python.
+test-deep: $(STAMP)
+	AGENTRT_TEST_DEPTH=full $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadgroup -m exhaustive
 
 # In one process: the tier's one local model server (a session fixture) would be started again by
 # every xdist worker, and its inference already takes both cores.

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import anthropic_like as like
 import anyio
+import depth
 import httpx
 import orjson
 import pytest
@@ -838,13 +839,14 @@ def decode(body: bytes, parts: list[bytes]) -> tuple[list[ModelChunk], str | Non
     return chunks, None if error is None else f"{type(error).__name__}: {error}"
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("cassette", STREAMED, ids=repr)
 def test_every_streamed_cassette_split_at_every_byte_decodes_the_same(cassette: Cassette) -> None:
     body = cassette.body
     whole = decode(body, [body])
     assert whole[0]
     assert whole[1] is None
-    for offset in range(len(body) + 1):
+    for offset in depth.offsets(body):
         assert decode(body, split_at(body, offset)) == whole, offset
 
 

@@ -12,6 +12,7 @@ import json
 import random
 from typing import Any
 
+import depth
 import httpx
 import pytest
 from cassettes import (
@@ -259,15 +260,17 @@ def decode(cassette: Cassette, parts: list[bytes]) -> tuple[list[ModelChunk], st
     return chunks, None if error is None else f"{type(error).__name__}: {error}"
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("cassette", SMALL_STREAMING, ids=repr)
 def test_stream_split_in_two_at_every_offset_decodes_the_same(cassette: Cassette) -> None:
     body = cassette.body
     whole = decode(cassette, [body])
     assert whole[0]
-    for offset in range(len(body) + 1):
+    for offset in depth.offsets(body):
         assert decode(cassette, split_at(body, offset)) == whole, offset
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("cassette", LARGE_STREAMING, ids=repr)
 def test_large_stream_split_in_two_at_every_offset_frames_the_same(cassette: Cassette) -> None:
     # The payloads a split body frames into are exactly the same at every offset; the mapper only ever
@@ -276,7 +279,7 @@ def test_large_stream_split_in_two_at_every_offset_frames_the_same(cassette: Cas
     framer = NDJSONDecoder if cassette.number in OLLAMA else SSEDecoder
     first = framer()
     whole = first.feed(body) + first.close()
-    for offset in range(len(body) + 1):
+    for offset in depth.offsets(body):
         decoder = framer()
         framed = decoder.feed(body[:offset])
         framed += decoder.feed(body[offset:])

@@ -6,6 +6,7 @@ import re
 import tracemalloc
 from typing import Any
 
+import depth
 import orjson
 import pytest
 from cassettes import Cassette, load_all, one_byte_parts
@@ -286,7 +287,8 @@ _BLOCK = st.one_of(
 )
 
 
-@settings(max_examples=3000, deadline=None)
+@pytest.mark.exhaustive
+@settings(max_examples=depth.examples(3000), deadline=None)
 @given(
     bom=st.booleans(),
     blocks=st.lists(_BLOCK, max_size=16),
@@ -305,7 +307,8 @@ def test_the_plain_fast_path_reads_like_the_full_decoder(
     assert_fast_path_reads_like_the_full_decoder(parts)
 
 
-@settings(max_examples=1000, deadline=None)
+@pytest.mark.exhaustive
+@settings(max_examples=depth.examples(1000), deadline=None)
 @given(body=st.binary(max_size=200), data=st.data())
 def test_the_plain_fast_path_reads_any_bytes_like_the_full_decoder(body: bytes, data: st.DataObject) -> None:
     body = b"data: {}\n\n" + body  # started, so that the fast path is tried from the second read on
@@ -504,7 +507,8 @@ _EVENT = st.one_of(
 )
 
 
-@settings(max_examples=2000, deadline=None)
+@pytest.mark.exhaustive
+@settings(max_examples=depth.examples(2000), deadline=None)
 @given(events=st.lists(_EVENT, max_size=12), done=st.booleans(), data=st.data())
 @example(events=[b'data: {"a":0}\n\n', b'data: {"a":1}\r: keep-alive\n\n'], done=True, data=None)
 def test_the_chunk_decoder_reads_like_the_sse_decoder_however_split(
