@@ -17,6 +17,7 @@ from contextlib import closing
 from pathlib import Path
 
 import anyio
+import depth
 import pytest
 
 from agentrt._errors import ConfigurationError
@@ -198,7 +199,7 @@ from agentrt.memory import SQLiteStore
 
 async def main() -> None:
     store = SQLiteStore(sys.argv[1], lease_seconds=0.1)
-    for round_ in range(60):
+    for round_ in range(int(sys.argv[2])):
         for index in range(300):
             await store.try_lock(f"k{index}", "me")  # turns hold their conversations
         await anyio.sleep(0.03 + (round_ % 7) * 0.002)  # while the renewer renews them
@@ -214,11 +215,14 @@ anyio.run(main)
 
 # On asyncio only: the child runs its own event loop (asyncio, `anyio.run`) whatever the test runs on;
 # this process only waits for it, so a trio run would repeat the asyncio one (19 s each).
+# A race hunted by repetition: 60 rounds under `make test-deep`, 12 in `make test`.
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_closing_while_the_renewer_works_does_not_crash_the_process(tmp_path: Path) -> None:
     # Closing a connection another thread is using crashes the process (SIGSEGV): run it in a child.
+    rounds = "60" if depth.FULL else "12"
     result = await anyio.run_process(
-        [sys.executable, "-c", CLOSE_WHILE_RENEWING, str(tmp_path / "chat.db")], check=False
+        [sys.executable, "-c", CLOSE_WHILE_RENEWING, str(tmp_path / "chat.db"), rounds], check=False
     )
     assert result.returncode == 0, (result.returncode, result.stderr.decode(errors="replace")[-2000:])
     assert result.stdout.decode().strip() == "survived"
