@@ -34,7 +34,8 @@ from ._stubs import is_stub
 from ._templates import Template, format_value
 from .models._protocol import ModelSettings
 from .output import OutputParser, TextParser, parser_for
-from .output._parsers import SchemaError, TypeParser, type_name
+from .output._parsers import SchemaError, TypeParser
+from .output._typeinfo import type_name
 
 if typing.TYPE_CHECKING:
     from .models._protocol import Capabilities
