@@ -41,10 +41,22 @@ import uuid
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import anyio
-import anyio.from_thread
 import anyio.to_thread
 
 from ._errors import ConfigurationError
+from ._runs_redis_wire import (
+    ACTIVE,
+    BEAT,
+    OPEN,
+    RETRY_SECONDS,
+    STATE,
+    WRITE,
+    Writing,
+    relay_stops,
+    take_batch,
+    text,
+    xread_entries,
+)
 from .runs import RunGone, RunRecord, _frames_of
 
 if TYPE_CHECKING:
@@ -60,132 +72,8 @@ logger = logging.getLogger("agentrt.runs")
 _DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
 _BATCH: Final = 1000  # entries a reader takes per XREAD
 _SEND: Final = 64  # frames `read_batches` gives at most at once (a response's write; as MemoryRunLog)
-_WRITE_FRAMES: Final = 2000  # frames written by one script, at most
-_WRITE_BYTES: Final = 1 << 20  # and about as many bytes
-_RETRY_SECONDS: Final = 1.0  # after a failed write or subscription, before the next attempt
 _MAX_BUFFERED_BYTES: Final = 8 * 1024 * 1024
 _MAX_TOTAL_BUFFERED_BYTES: Final = 256 * 1024 * 1024
-
-_NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
-
-# KEYS: record, index. ARGV: writer, live ms, run id, has owner, owner, has thread, thread.
-_OPEN = (
-    _NOW
-    + """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  if redis.call('HGET', KEYS[1], 'writer') == ARGV[1] then return 1 end
-  return 0
-end
-redis.call('HSET', KEYS[1], 'writer', ARGV[1], 'seq', 0, 'beat', now)
-if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'owner', ARGV[5]) end
-if ARGV[6] == '1' then
-  redis.call('HSET', KEYS[1], 'thread', ARGV[7])
-  redis.call('ZADD', KEYS[2], tonumber(t[1]) * 1000000 + tonumber(t[2]), ARGV[3])
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-)
-
-# Every run with frames to write (or to end), in one script. KEYS: per run its record, stream and
-# index. ARGV: max entries, live ms, ttl ms; then per run: its first frame's seq, the number of
-# frames, `1` to end it, its id, and the frames. Frames Redis has (a retried write) are skipped. A run
-# whose record is gone (expired) is answered 0, its frames dropped.
-_WRITE = (
-    _NOW
-    + """
-local maxlen, live, ttl = ARGV[1], ARGV[2], ARGV[3]
-local a = 4
-local out = {}
-for r = 1, #KEYS, 3 do
-  local rec, log, idx = KEYS[r], KEYS[r + 1], KEYS[r + 2]
-  local first, count, ending, id = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2], ARGV[a + 3]
-  a = a + 4
-  local state = redis.call('HMGET', rec, 'seq', 'ended')
-  if not state[1] then
-    out[#out + 1] = 0
-  else
-    local last = tonumber(state[1])
-    for i = 0, count - 1 do
-      local seq = first + i
-      if seq > last then
-        redis.call('XADD', log, 'MAXLEN', '~', maxlen, string.format('0-%d', seq), 'f', ARGV[a + i])
-        last = seq
-      end
-    end
-    if state[2] == '1' then
-      out[#out + 1] = 1
-    elseif ending == '1' then
-      redis.call('XADD', log, 'MAXLEN', '~', maxlen, string.format('0-%d', last + 1), 'end', '1')
-      redis.call('HSET', rec, 'seq', last, 'ended', '1', 'beat', now)
-      redis.call('ZREM', idx, id)
-      redis.call('PEXPIRE', rec, ttl)
-      redis.call('PEXPIRE', log, ttl)
-      out[#out + 1] = 1
-    else
-      redis.call('HSET', rec, 'seq', last, 'beat', now)
-      redis.call('PEXPIRE', rec, live)
-      redis.call('PEXPIRE', log, live)
-      out[#out + 1] = 1
-    end
-  end
-  a = a + count
-end
-return out
-"""
-)
-
-# The writer's heartbeat for its runs. KEYS: per run its record and stream, then the indexes.
-# ARGV: live ms, the number of runs.
-_BEAT = (
-    _NOW
-    + """
-local runs = tonumber(ARGV[2])
-for r = 1, runs * 2, 2 do
-  local state = redis.call('HMGET', KEYS[r], 'beat', 'ended')
-  if state[1] and state[2] ~= '1' then
-    redis.call('HSET', KEYS[r], 'beat', now)
-    redis.call('PEXPIRE', KEYS[r], ARGV[1])
-    redis.call('PEXPIRE', KEYS[r + 1], ARGV[1])
-  end
-end
-for i = runs * 2 + 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
-return 1
-"""
-)
-
-# What a reader that waited for nothing needs to know. KEYS: record. ARGV: lost ms.
-# 0: no such run (expired), 1: ended, 2: lost (no heartbeat for lost ms), 3: going.
-_STATE = (
-    _NOW
-    + """
-local state = redis.call('HMGET', KEYS[1], 'ended', 'beat')
-if not state[2] then return 0 end
-if state[1] == '1' then return 1 end
-if now - tonumber(state[2]) > tonumber(ARGV[1]) then return 2 end
-return 3
-"""
-)
-
-# The latest run of a conversation that has not ended and whose writer is alive. KEYS: index.
-# ARGV: the records' key prefix, lost ms, has owner, owner.
-_ACTIVE = (
-    _NOW
-    + """
-local lost = tonumber(ARGV[2])
-for _, id in ipairs(redis.call('ZREVRANGE', KEYS[1], 0, -1)) do
-  local state = redis.call('HMGET', ARGV[1] .. id, 'ended', 'beat', 'owner')
-  if not state[2] then
-    redis.call('ZREM', KEYS[1], id)
-  elseif state[1] ~= '1' and now - tonumber(state[2]) <= lost
-      and ((ARGV[3] == '0' and not state[3]) or state[3] == ARGV[4]) then
-    return id
-  end
-end
-return false
-"""
-)
 
 
 def _import_redis() -> Any:
@@ -207,24 +95,6 @@ def _seconds(value: object, name: str, *, positive: bool = True) -> float:
         bound = "> 0" if positive else ">= 0"
         raise ValueError(f"RedisRunLog: {name} must be a number of seconds {bound}, got {value!r}")
     return float(value)
-
-
-class _Writing:
-    """A run this log writes: its frames not yet written (`first` is the seq of `frames[0]`, `size`
-    their bytes)."""
-
-    __slots__ = ("ending", "first", "frames", "id", "index", "log", "queued", "record", "size")
-
-    def __init__(self, run: str, record: str, log: str, index: str) -> None:
-        self.id = run
-        self.record = record
-        self.log = log
-        self.index = index
-        self.frames: list[bytes] = []
-        self.first = 1
-        self.size = 0
-        self.queued = False
-        self.ending = False
 
 
 class RedisRunLog:
@@ -317,13 +187,13 @@ class RedisRunLog:
         self._ttl_ms = round(self.ttl * 1000)
         self._lost_ms = max(1, round(self.lost_after * 1000))
         self._block_ms = max(1, round(min(1.0, self.lost_after / 4) * 1000))
-        self._open: Script = client.register_script(_OPEN)
-        self._write: Script = client.register_script(_WRITE)
-        self._beat: Script = client.register_script(_BEAT)
-        self._state: Script = client.register_script(_STATE)
-        self._active: Script = client.register_script(_ACTIVE)
-        self._writing: dict[str, _Writing] = {}
-        self._queue: list[_Writing] = []
+        self._open: Script = client.register_script(OPEN)
+        self._write: Script = client.register_script(WRITE)
+        self._beat: Script = client.register_script(BEAT)
+        self._state: Script = client.register_script(STATE)
+        self._active: Script = client.register_script(ACTIVE)
+        self._writing: dict[str, Writing] = {}
+        self._queue: list[Writing] = []
         self._wake: anyio.Event | None = None
         self._sending: anyio.Lock | None = None
         self._readers: anyio.CapacityLimiter | None = None
@@ -362,7 +232,7 @@ class RedisRunLog:
         opened = await anyio.to_thread.run_sync(lambda: self._open(keys=keys, args=args))
         if not opened:
             raise ValueError(f"run {run!r} is in the log already")
-        self._writing[run] = _Writing(run, keys[0], self._log(run), keys[1])
+        self._writing[run] = Writing(run, keys[0], self._log(run), keys[1])
 
     def append(self, run: str, seq: int, frame: bytes) -> None:
         writing = self._writing.get(run)
@@ -383,7 +253,7 @@ class RedisRunLog:
             if self._wake is not None:
                 self._wake.set()
 
-    def _overflow(self, writing: _Writing) -> None:
+    def _overflow(self, writing: Writing) -> None:
         """A run whose frames could not be written (Redis is down) past `max_buffered_bytes` (or all
         runs' past `max_total_buffered_bytes`): dropped from the log. No heartbeat for it: its
         readers find it lost."""
@@ -399,7 +269,7 @@ class RedisRunLog:
         )
         self._forget(writing)
 
-    def _forget(self, writing: _Writing) -> None:
+    def _forget(self, writing: Writing) -> None:
         """The log writes `writing` no more: its buffered frames go."""
         if self._writing.get(writing.id) is writing:
             del self._writing[writing.id]
@@ -419,16 +289,18 @@ class RedisRunLog:
         writing.ending = True
         await self._send([writing])
 
-    async def _send(self, runs: list[_Writing]) -> bool:
+    async def _send(self, runs: list[Writing]) -> bool:
         """Write the runs' buffered frames (and the end of those `ending`): one script per batch of
-        at most `_WRITE_FRAMES` frames or about `_WRITE_BYTES` (a script holds Redis while it runs).
+        at most `WRITE_FRAMES` frames or about about 1 MiB (a script holds Redis while it runs).
         On failure the frames go back to their buffers and the runs to the queue (`serve` tries
         again), and the answer is `False`."""
         if self._sending is None:
             self._sending = anyio.Lock()
         async with self._sending:
             while True:
-                taken, keys, args = self._batch(runs)
+                head: list[str | int] = [self.max_frames, self._live_ms, self._ttl_ms]
+                taken, keys, args, size = take_batch(runs, self._writing, head)
+                self._buffered -= size
                 if not taken:
                     return True
                 try:
@@ -465,43 +337,6 @@ class RedisRunLog:
                     if ending or not done:
                         self._forget(writing)
 
-    def _batch(
-        self, runs: list[_Writing]
-    ) -> tuple[list[tuple[_Writing, int, list[bytes], bool]], list[str], list[str | int | bytes]]:
-        """Take the next batch of the runs' frames from their buffers: the runs taken from (with the
-        seq of their first frame taken, the frames, and whether the batch ends the run), and the
-        write script's keys and arguments."""
-        taken: list[tuple[_Writing, int, list[bytes], bool]] = []
-        keys: list[str] = []
-        args: list[str | int | bytes] = [self.max_frames, self._live_ms, self._ttl_ms]
-        room, size = _WRITE_FRAMES, 0
-        for writing in runs:
-            if room <= 0 or size >= _WRITE_BYTES:
-                break
-            frames = writing.frames
-            if writing.id not in self._writing or not (frames or writing.ending):
-                continue
-            count = took = 0
-            while count < len(frames) and count < room and size + took < _WRITE_BYTES:
-                took += len(frames[count])
-                count += 1
-            size += took
-            writing.size -= took
-            self._buffered -= took
-            if count == len(frames):
-                writing.frames = []
-            else:
-                writing.frames = frames[count:]
-                frames = frames[:count]
-            room -= count
-            first = writing.first
-            writing.first += count
-            ending = writing.ending and not writing.frames
-            taken.append((writing, first, frames, ending))
-            keys += [writing.record, writing.log, writing.index]
-            args += [first, count, "1" if ending else "0", writing.id, *frames]
-        return taken, keys, args
-
     async def _flushing(self) -> None:
         while True:
             wake = self._wake = anyio.Event()
@@ -511,7 +346,7 @@ class RedisRunLog:
             for writing in queue:
                 writing.queued = False
             sent = await self._send(queue)
-            await anyio.sleep(self.flush_interval if sent else _RETRY_SECONDS)
+            await anyio.sleep(self.flush_interval if sent else RETRY_SECONDS)
 
     async def _beating(self) -> None:
         while True:
@@ -543,7 +378,7 @@ class RedisRunLog:
         beat, owner, thread = await anyio.to_thread.run_sync(get)
         if beat is None:
             return None
-        return RunRecord(run, _text(owner), _text(thread))
+        return RunRecord(run, text(owner), text(thread))
 
     async def last_seq(self, run: str) -> int | None:
         """The seq of the run's last frame (0 before the first), `None` for a run not kept, or for
@@ -601,7 +436,7 @@ class RedisRunLog:
 
         while True:
             reply = await anyio.to_thread.run_sync(xread, abandon_on_cancel=True, limiter=self._readers)
-            entries = _entries(reply)
+            entries = xread_entries(reply)
             if not entries:
                 if ended:
                     return  # it ended before `after` (an id past its end)
@@ -656,30 +491,7 @@ class RedisRunLog:
 
     async def _listen(self, stop: Callable[[str], None]) -> None:
         stopping = threading.Event()
-        client, channel = self._client, self._channel
-
-        def listen() -> None:
-            while not stopping.is_set():
-                try:
-                    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-                    try:
-                        pubsub.subscribe(channel)
-                        while not stopping.is_set():
-                            message = pubsub.get_message(timeout=0.2)
-                            if message is not None and message.get("type") == "message":
-                                anyio.from_thread.run_sync(stop, _text(message["data"]))
-                    finally:
-                        pubsub.close()
-                except Exception as error:
-                    if stopping.is_set():
-                        return
-                    logger.warning(
-                        "agentrt.runs: the subscription to stop requests failed (%s: %s); subscribing again",
-                        type(error).__name__,
-                        error,
-                    )
-                    stopping.wait(_RETRY_SECONDS)
-
+        listen = functools.partial(relay_stops, self._client, self._channel, stop, stopping)
         try:
             await anyio.to_thread.run_sync(listen, abandon_on_cancel=True, limiter=anyio.CapacityLimiter(1))
         finally:
@@ -689,18 +501,3 @@ class RedisRunLog:
         """Close the connections, if the log made them from a `url`."""
         if self._owns_client:
             await anyio.to_thread.run_sync(self._client.close)
-
-
-def _text(value: Any) -> Any:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
-    """The entries of an XREAD reply on one stream (RESP2: `[[key, entries]]`; RESP3: `{key:
-    [entries]}`)."""
-    if not reply:
-        return []
-    if isinstance(reply, dict):
-        (streams,) = reply.values()
-        return cast("list[tuple[bytes, dict[bytes, bytes]]]", streams[0])
-    return cast("list[tuple[bytes, dict[bytes, bytes]]]", reply[0][1])

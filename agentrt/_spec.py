@@ -9,32 +9,38 @@ from __future__ import annotations
 
 import collections.abc
 import inspect
-import types
 import typing
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Final, TypeVar, get_args, get_origin
+from typing import Any, Final, TypeVar, get_args, get_origin
 
 from ._budget import Budget
 from ._errors import ConfigurationError
 from ._events import Result
 from ._messages import (
-    AudioContent,
-    ImageContent,
-    PdfContent,
     TextContent,
     UserContent,
     UserMessage,
-    VideoContent,
 )
-from ._options import CallOptions, method_options_of
+from ._options import CallOptions
+from ._spec_params import (
+    CAPABILITY_FOR,
+    CONTENT_CLASSES,
+    ContentParam,
+    binder,
+    content_type,
+    method_options,
+    option_kind,
+    unwrap,
+)
 from ._stream import PartialStream, TokenStream
 from ._stubs import is_stub
 from ._templates import Template, format_value
 from .models._protocol import ModelSettings
 from .output import OutputParser, TextParser, parser_for
-from .output._parsers import SchemaError, TypeParser, type_name
+from .output._parsers import SchemaError, TypeParser
+from .output._typeinfo import type_name
 
 if typing.TYPE_CHECKING:
     from .models._protocol import Capabilities
@@ -110,50 +116,6 @@ def user_message(template: str, /) -> Callable[[_T], _T]:
 
 # --- method specs ------------------------------------------------------------------------------
 
-_CONTENT_CLASSES: Final[dict[type[Any], str]] = {
-    TextContent: "text",
-    ImageContent: "image",
-    AudioContent: "audio",
-    VideoContent: "video",
-    PdfContent: "pdf",
-}
-_SEQUENCES: Final = (list, tuple, collections.abc.Sequence)
-_CAPABILITY_FOR: Final = {
-    "image": "image_input",
-    "audio": "audio_input",
-    "video": "video_input",
-    "pdf": "pdf_input",
-}
-
-
-def _content_type(annotation: Any) -> tuple[tuple[type[Any], ...], bool] | None:
-    """(content classes, is_sequence) when the annotation declares a content parameter."""
-    annotation, _ = _unwrap(annotation)
-    origin, args = get_origin(annotation), get_args(annotation)
-    if origin in _SEQUENCES and args:
-        inner = _content_type(args[0])
-        return (inner[0], True) if inner is not None and not inner[1] else None
-    if origin in (typing.Union, types.UnionType):
-        found: list[type[Any]] = []
-        for member in args:
-            if member is type(None):
-                continue
-            inner = _content_type(member)
-            if inner is None or inner[1]:
-                return None
-            found.extend(inner[0])
-        return (tuple(found), False) if found else None
-    if isinstance(annotation, type) and annotation in _CONTENT_CLASSES:
-        return (annotation,), False
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class ContentParam:
-    name: str
-    classes: tuple[type[Any], ...]
-    many: bool
-
 
 class OutputKind:
     VALUE: Final = "value"
@@ -184,7 +146,7 @@ class MethodSpec:
     unbound: tuple[tuple[str, str], ...]
     """Parameters no template uses (reported by `check`, after unknown template variables)."""
     binder: Callable[..., dict[str, Any]] = dict
-    """The stub's parameters as a function that returns them by name (see `_binder`)."""
+    """The stub's parameters as a function that returns them by name (see `_spec_params.binder`)."""
     option_params: tuple[tuple[str, str], ...] = ()
     """(parameter, "budget" or "settings") for parameters that carry the call's options."""
     options: CallOptions | None = None
@@ -197,7 +159,7 @@ class MethodSpec:
         for param, kind in self.option_params:
             value = arguments[param]
             if value is None or value is defaults[param].default:
-                continue  # a stub's default is the method's option (see `_method_options`)
+                continue  # a stub's default is the method's option (see `_spec_params.method_options`)
             if kind == "budget":
                 if not isinstance(value, Budget):
                     raise TypeError(f"{self.qualname}(): {param!r} must be a Budget, got {value!r}")
@@ -236,7 +198,7 @@ class MethodSpec:
             )
         for content in self.contents:
             for cls in content.classes:
-                flag = _CAPABILITY_FOR.get(_CONTENT_CLASSES[cls])
+                flag = CAPABILITY_FOR.get(CONTENT_CLASSES[cls])
                 if flag and not getattr(capabilities, flag):
                     raise ConfigurationError(
                         f"{self.qualname}: parameter {content.name!r} takes {cls.__name__}, but "
@@ -295,86 +257,6 @@ class ServiceSpec:
     methods: Mapping[str, MethodSpec]
 
 
-def _method_options(
-    qualname: str, function: Callable[..., Any], signature: inspect.Signature, params: list[tuple[str, str]]
-) -> CallOptions | None:
-    """The method's own options: the defaults of its option parameters, under `@method_options`.
-
-    A default written in the stub belongs to the method, not to each call: an enclosing
-    `call_options(...)` block overrides it.
-    """
-    budget = settings = None
-    for param, kind in params:
-        default = signature.parameters[param].default
-        if default is inspect.Parameter.empty or default is None:
-            continue
-        if kind == "budget" and isinstance(default, Budget):
-            budget = default
-        elif kind == "settings" and isinstance(default, ModelSettings):
-            settings = default
-        else:
-            raise ConfigurationError(f"{qualname}: parameter {param!r} has a default of the wrong type")
-    decorated = method_options_of(function)
-    if budget is None and settings is None:
-        return decorated
-    own = CallOptions(budget, settings)
-    return decorated.over(own) if decorated is not None else own
-
-
-def _binder(parameters: list[inspect.Parameter]) -> Callable[..., dict[str, Any]]:
-    """A function with the stub's parameters (after `self`) that returns the arguments by name.
-
-    Python binds a call's arguments several times faster than `inspect.Signature.bind`; on a
-    `TypeError` the caller binds again with `inspect` for its message. Names are identifiers and
-    defaults are the stub's own objects, passed in, never written into the source.
-    """
-    params: list[str] = []
-    defaults: dict[str, Any] = {}
-    marker = None
-    for parameter in parameters:
-        name = parameter.name
-        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and marker is None:
-            params.append("*")
-            marker = "*"
-        text = name
-        if parameter.default is not inspect.Parameter.empty:
-            defaults[f"_default_{name}"] = parameter.default
-            text = f"{name}=_default_{name}"
-        params.append(text)
-        if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
-            last_positional_only = len(params)
-    positional_only = [p for p in parameters if p.kind is inspect.Parameter.POSITIONAL_ONLY]
-    if positional_only:
-        params.insert(last_positional_only, "/")
-    names = ", ".join(f"{p.name!r}: {p.name}" for p in parameters)
-    source = f"def bind({', '.join(params)}):\n    return {{{names}}}\n"
-    namespace: dict[str, Any] = dict(defaults)
-    exec(compile(source, "<agentrt binder>", "exec"), namespace)
-    binder: Callable[..., dict[str, Any]] = namespace["bind"]
-    return binder
-
-
-def _option_kind(annotation: Any) -> str | None:
-    """ "budget" or "settings" for a parameter typed `Budget` / `ModelSettings` (or optional)."""
-    if get_origin(annotation) in (typing.Union, types.UnionType):
-        members = [m for m in get_args(annotation) if m is not type(None)]
-        if len(members) != 1:
-            return None
-        annotation = members[0]
-    if annotation is Budget:
-        return "budget"
-    if annotation is ModelSettings:
-        return "settings"
-    return None
-
-
-def _unwrap(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
-    if get_origin(annotation) is Annotated:
-        base, *metadata = get_args(annotation)
-        return base, tuple(metadata)
-    return annotation, ()
-
-
 def _output(qualname: str, hints: Mapping[str, Any]) -> tuple[str, OutputParser]:
     try:
         return _output_kind(qualname, hints)
@@ -385,7 +267,7 @@ def _output(qualname: str, hints: Mapping[str, Any]) -> tuple[str, OutputParser]
 def _output_kind(qualname: str, hints: Mapping[str, Any]) -> tuple[str, OutputParser]:
     if "return" not in hints:
         raise ConfigurationError(f"{qualname}: declare a return type (str, a pydantic model, ...)")
-    annotation, _ = _unwrap(hints["return"])
+    annotation, _ = unwrap(hints["return"])
     origin, args = get_origin(annotation), get_args(annotation)
     if annotation is TokenStream or (
         origin in (collections.abc.AsyncIterator, collections.abc.AsyncIterable) and args == (str,)
@@ -401,7 +283,7 @@ def _output_kind(qualname: str, hints: Mapping[str, Any]) -> tuple[str, OutputPa
                 f"{qualname}: say what it streams: PartialStream[Ticket], TokenStream, ..."
             )
         item = args[0]
-        if item is str or _unwrap(item)[0] is str:
+        if item is str or unwrap(item)[0] is str:
             raise ConfigurationError(f"{qualname}: a stream of str is a TokenStream (or AsyncIterator[str])")
         _check_value_type(qualname, item)
         parser = parser_for(item)
@@ -472,11 +354,11 @@ def _method_spec(cls: type[Any], function: Callable[..., Any]) -> MethodSpec:
             raise ConfigurationError(
                 f"{qualname}: parameter {name!r}: *args and **kwargs cannot bind to a prompt"
             )
-        base, metadata = _unwrap(hints.get(name, Any))
+        base, metadata = unwrap(hints.get(name, Any))
         is_memory = any(m is MemoryId for m in metadata)
         aliases = [m.name for m in metadata if isinstance(m, TemplateName)]
-        content = _content_type(base)
-        option = _option_kind(base)
+        content = content_type(base)
+        option = option_kind(base)
         if option is not None:
             if is_memory or aliases:
                 raise ConfigurationError(
@@ -562,8 +444,8 @@ def _method_spec(cls: type[Any], function: Callable[..., Any]) -> MethodSpec:
         parser=parser,
         unbound=unbound,
         option_params=tuple(options),
-        options=_method_options(qualname, function, signature, options),
-        binder=_binder(parameters),
+        options=method_options(qualname, function, signature, options),
+        binder=binder(parameters),
     )
 
 

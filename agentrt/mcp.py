@@ -25,14 +25,10 @@ tool round, so they run in parallel, under its deadline, and a cancelled call se
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
-import subprocess
-import sys
 import typing
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Any, Final, Literal, TextIO
@@ -42,34 +38,19 @@ import anyio
 import anyio.abc
 import httpx2
 import mcp_types
-from jsonschema import SchemaError  # type: ignore[import-untyped]
-from jsonschema.validators import validator_for  # type: ignore[import-untyped]
 from mcp import Client, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import (
-    AudioContent,
-    BlobResourceContents,
-    CallToolResult,
-    EmbeddedResource,
-    ImageContent,
-    Implementation,
-    ResourceLink,
-    TextContent,
-    Tool,
-    ToolListChangedNotification,
-)
-from referencing import Registry
+from mcp_types import Tool
 
 from ._errors import AgentError, ConfigurationError
-from ._messages import ImageContent as _Image
+from ._mcp_convert import as_text, return_value, schema_refusal, tool_definition
+from ._mcp_link import Link, stderr
 from .tools._declare import NeedsApproval as _NeedsApproval
-from .tools._declare import ToolDefinition, ToolSource, check_needs_approval, schema_tool
-from .tools._run import ToolReturn
+from .tools._declare import ToolDefinition, ToolSource, check_needs_approval
 
 if typing.TYPE_CHECKING:
-    from jsonschema.protocols import Validator  # type: ignore[import-untyped]
-    from mcp.shared.message import SessionMessage
+    from contextlib import AsyncExitStack
 
     from ._pipeline import ToolRequest
 
@@ -78,10 +59,7 @@ __all__ = ["HTTPServer", "MCPServerError", "MCPTool", "MCPToolError", "MCPTools"
 logger = logging.getLogger("agentrt.mcp")
 
 _NAME: Final = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-_COMBINATORS: Final = ("anyOf", "oneOf", "allOf", "not", "enum", "const")
 _MAX_PAGES: Final = 100
-_CLOSE_GRACE: Final = 5.0
-_CLIENT: Final = Implementation(name="agentrt", version="0.1")
 
 _Approval = _NeedsApproval | Literal["destructive"]
 
@@ -182,20 +160,7 @@ class StdioServer(_Server):
             env=dict(self.env) if self.env is not None else None,
             cwd=self.cwd,
         )
-        return stdio_client(parameters, errlog=self.errlog or _stderr())
-
-
-def _stderr() -> TextIO:
-    """This process's stderr for a server's, when it is a file (not when a test or a notebook
-    replaced it with an object that has no file descriptor: then the original one)."""
-    for stream in (sys.stderr, sys.__stderr__):
-        try:
-            if stream is not None:
-                stream.fileno()
-                return stream
-        except (AttributeError, OSError, ValueError):
-            continue
-    return typing.cast("TextIO", subprocess.DEVNULL)
+        return stdio_client(parameters, errlog=self.errlog or stderr())
 
 
 @dataclass(frozen=True)
@@ -247,223 +212,7 @@ class MCPTool:
         return not self.read_only and self.annotations.get("destructiveHint") is not False
 
 
-# --- one connection -------------------------------------------------------------------------------
-
-
-class _Watched:
-    """The transport's read stream, telling its link when the server closed it (a stdio server's
-    process exited): the next call connects again instead of failing."""
-
-    def __init__(self, stream: Any, link: _Link) -> None:
-        self._stream = stream
-        self._link = link
-
-    @property
-    def last_context(self) -> Any:
-        return getattr(self._stream, "last_context", None)
-
-    async def receive(self) -> SessionMessage | Exception:
-        try:
-            item: SessionMessage | Exception = await self._stream.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            self._link.close()
-            raise
-        return item
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-    def __aiter__(self) -> _Watched:
-        return self
-
-    async def __anext__(self) -> SessionMessage | Exception:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
-    async def __aenter__(self) -> _Watched:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-
-class _Link:
-    """One connection to a server: the SDK's client, entered and left in one task of the source's
-    task group, which waits until the link is closed."""
-
-    def __init__(self, state: _State) -> None:
-        self.state = state
-        self.client: Client | None = None
-        self.error: BaseException | None = None
-        self.gone = anyio.Event()
-        """Set once the link cannot carry another call: closed, failed, or its server closed it."""
-        self._stop = anyio.Event()
-
-    @property
-    def closed(self) -> bool:
-        return self.gone.is_set()
-
-    def close(self) -> None:
-        """Close the link (its task leaves the client: a stdio server's process is stopped)."""
-        self.gone.set()
-        self._stop.set()
-
-    @asynccontextmanager
-    async def _watched(self, transport: Any) -> AsyncIterator[tuple[_Watched, Any]]:
-        async with transport as (read, write):
-            yield _Watched(read, self), write
-
-    async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Connect, report (`task_status.started()`, with `error` set when connecting failed), then
-        hold the connection until `close()`. Never raises but cancellation: a server that fails
-        must not take the source's task group, and the application in it, down."""
-        server = self.state.server
-        started = False
-        # One scope around the whole connection (its transport's task groups are entered inside
-        # it): its deadline bounds connecting, then it is lifted.
-        with anyio.CancelScope(deadline=anyio.current_time() + server.connect_timeout) as scope:
-            try:
-                async with AsyncExitStack() as stack:
-                    transport = self._watched(server._transport(stack))
-                    client = Client(
-                        transport,
-                        mode=server.mode,
-                        message_handler=self._on_message,
-                        client_info=_CLIENT,
-                        cache=None,
-                    )
-                    await stack.enter_async_context(client)
-                    self.client = client
-                    group = await stack.enter_async_context(anyio.create_task_group())
-                    if client.protocol_version in mcp_types.version.MODERN_PROTOCOL_VERSIONS:
-                        # Change notifications come on a `subscriptions/listen` stream only.
-                        await group.start(self._listen, client)
-                    scope.deadline = math.inf
-                    started = True
-                    task_status.started()
-                    await self._stop.wait()
-                    group.cancel_scope.cancel()
-                    # Leaving may wait on the server (an HTTP session is ended with a request): a
-                    # while, not forever (a stdio process is stopped in any case, shielded).
-                    scope.deadline = anyio.current_time() + _CLOSE_GRACE
-            except Exception as exc:
-                self.error = exc
-                if started:
-                    logger.warning("MCP server %r: the connection failed: %r", server.label, exc)
-            finally:
-                self.client = None
-                self.gone.set()
-        if scope.cancelled_caught and not started:  # (cancelled by its deadline: not another's)
-            self.error = TimeoutError(f"no connection within {server.connect_timeout:g} s")
-        if not started:
-            task_status.started()
-
-    async def _listen(self, client: Client, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        """Hold a `subscriptions/listen` stream for tool list changes (2026-07-28 and later)."""
-        listening = False
-        try:
-            async with client.listen(tools_list_changed=True) as subscription:
-                listening = True
-                task_status.started()
-                async for _ in subscription:
-                    pass  # each change also reaches `_on_message`, which marks the list stale
-        except Exception as exc:
-            logger.info("MCP server %r: no tool list changes: %r", self.state.server.label, exc)
-        if not listening:
-            task_status.started()
-
-    async def _on_message(self, message: Any) -> None:
-        if isinstance(message, ToolListChangedNotification):
-            self.state.changed()
-        elif isinstance(message, Exception):
-            logger.debug("MCP server %r: transport: %r", self.state.server.label, message)
-
-
 # --- one server -----------------------------------------------------------------------------------
-
-
-def _check_arguments(validator: Validator) -> Callable[[dict[str, Any]], None]:
-    """`ValueError` saying where the arguments break the schema, without their values (a message
-    may reach the model, and values may be data it should not see)."""
-
-    def check(arguments: dict[str, Any]) -> None:
-        problems = []
-        for error in sorted(validator.iter_errors(arguments), key=lambda e: list(map(str, e.path)))[:5]:
-            where = ".".join(map(str, error.absolute_path))
-            if error.validator in ("required", "additionalProperties", "dependentRequired"):
-                problem = error.message  # (names only)
-            else:
-                problem = f"does not match {{{error.validator!r}: {error.validator_value!r}}}"
-            problems.append(f"{where}: {problem}" if where else problem)
-        if problems:
-            raise ValueError("; ".join(problems))
-
-    return check
-
-
-def _refused(schema: Any) -> str | None:
-    """Why a model provider would refuse `schema` as a tool's parameters, or `None`."""
-    if not isinstance(schema, Mapping):
-        return "its input schema is not a JSON object"
-    try:
-        validator_for(schema).check_schema(schema)
-    except SchemaError as exc:
-        return f"its input schema is not a valid JSON Schema: {exc.message}"
-    if schema.get("type") != "object":
-        return 'its input schema must have "type": "object" at the top (model providers refuse others)'
-    top = [key for key in _COMBINATORS if key in schema]
-    if top:
-        return f"its input schema has {', '.join(top)} at the top (model providers refuse that)"
-    return None
-
-
-_SENDABLE: Final = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
-"""The image types every provider agentrt speaks to takes. Others (SVG, TIFF, no type at all) are
-named in the text: stored in a conversation, one would make each later request of it fail."""
-
-
-def _sendable(content: object) -> bool:
-    return isinstance(content, ImageContent) and content.mime_type.lower() in _SENDABLE
-
-
-def _returned(result: CallToolResult) -> Any:
-    """What a successful call returns to the loop: its structured content when there is one, else
-    its text; with the images it holds as a `ToolReturn` (they go to the model as images)."""
-    images = tuple(
-        _Image(data=content.data, media_type=content.mime_type.lower())
-        for content in result.content
-        if isinstance(content, ImageContent) and _sendable(content)
-    )
-    if result.structured_content is not None:
-        value: Any = result.structured_content
-    else:
-        value = _text(result, images_apart=True) if result.content else None
-    return ToolReturn(value, images) if images else value
-
-
-def _text(result: CallToolResult, *, images_apart: bool = False) -> str:
-    """The contents of a result as text: text as is, embedded text resources by their text, and
-    what a tool result message cannot carry (audio, binary resources; images unless they go apart)
-    named."""
-    parts = []
-    for content in result.content:
-        if isinstance(content, TextContent):
-            parts.append(content.text)
-        elif images_apart and _sendable(content):
-            continue
-        elif isinstance(content, ImageContent | AudioContent):
-            parts.append(f"[{content.type} {content.mime_type}, not shown]")
-        elif isinstance(content, EmbeddedResource):
-            resource = content.resource
-            if isinstance(resource, BlobResourceContents):
-                parts.append(f"[resource {resource.uri} ({resource.mime_type or 'binary'}), not shown]")
-            else:
-                parts.append(resource.text)
-        elif isinstance(content, ResourceLink):
-            parts.append(f"[resource {content.uri}]")
-    return "\n".join(parts)
 
 
 class _State:
@@ -472,7 +221,7 @@ class _State:
     def __init__(self, server: _Server, owner: MCPTools) -> None:
         self.server = server
         self.owner = owner
-        self.link: _Link | None = None
+        self.link: Link | None = None
         self.tools: dict[str, tuple[MCPTool, ToolDefinition]] = {}
         self.stale = False
         self.lock = anyio.Lock()
@@ -516,11 +265,11 @@ class _State:
                     raise
             return client
 
-    async def _connect(self) -> _Link:
+    async def _connect(self) -> Link:
         group = self.owner._group
         if group is None:
             raise self._error("not connected: use the MCPTools in `async with` first")
-        link = _Link(self)
+        link = Link(self)
         await group.start(link.serve)
         if link.error is not None or link.client is None:
             error = link.error
@@ -570,7 +319,7 @@ class _State:
                 "leave it out with exclude=[...]"
             )
         schema = remote.input_schema
-        refused = _refused(schema)
+        refused = schema_refusal(schema)
         if refused is not None:
             raise ConfigurationError(f"{where}: {refused}; leave it out with exclude=[...]")
         annotations: dict[str, Any] = {}
@@ -584,23 +333,12 @@ class _State:
             parameters=MappingProxyType(schema),
             annotations=MappingProxyType(annotations),
         )
-        approval = server.needs_approval
-        if approval == "destructive":
-            approval = info.destructive
-        validator = validator_for(schema)(schema, registry=Registry())
 
         async def call(arguments: dict[str, Any]) -> Any:
             return await self.call(info, arguments)
 
-        definition = schema_tool(
-            name,
-            info.description,
-            schema,
-            call,
-            check=_check_arguments(validator),
-            timeout=server.timeout,
-            needs_approval=approval,
-            annotations=annotations,
+        definition = tool_definition(
+            info, schema, annotations, call, needs_approval=server.needs_approval, timeout=server.timeout
         )
         return info, definition
 
@@ -631,8 +369,8 @@ class _State:
                 tool=tool.name,
             ) from exc
         if result.is_error:
-            raise MCPToolError(_text(result) or "the tool failed", server=self.server.label, tool=tool.name)
-        return _returned(result)
+            raise MCPToolError(as_text(result) or "the tool failed", server=self.server.label, tool=tool.name)
+        return return_value(result)
 
 
 # --- the source -----------------------------------------------------------------------------------

@@ -43,11 +43,8 @@ invocation goes on). A cancelled invocation is not an error: its spans end with
 from __future__ import annotations
 
 import logging
-import re
 import time
 from typing import TYPE_CHECKING, Any, Final
-
-import orjson
 
 try:
     from opentelemetry import metrics, trace
@@ -71,7 +68,18 @@ from ._events import (
     ToolCallRequested,
     ToolExecuted,
 )
-from ._messages import AssistantMessage, SystemMessage, TextContent, ToolResultMessage, UserMessage
+from ._otel_attributes import (
+    Attributes,
+    error_type,
+    guardrail_attributes,
+    input_message,
+    qualified,
+    response_attributes,
+    result_attributes,
+    retrieval_attributes,
+    snake,
+    to_json,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -79,10 +87,8 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span
 
-    from ._events import LifecycleEvent, ModelResponse, Result, Usage
-    from ._messages import ChatMessage
+    from ._events import LifecycleEvent
     from .models._protocol import ChatModel
-    from .rag import Content
 
 __all__ = ["OTelListener", "instrument"]
 
@@ -92,10 +98,6 @@ _TOKEN_BUCKETS: Final = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 10
                          16777216, 67108864)  # fmt: skip
 _DURATION_BUCKETS: Final = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
                             20.48, 40.96, 81.92)  # fmt: skip
-# The conventions' output-message finish reasons, where agentrt's differ.
-_OUTPUT_FINISH: Final = {"tool_calls": "tool_call"}
-
-Attributes = dict[str, Any]
 
 
 def instrument(
@@ -237,7 +239,7 @@ class OTelListener:
         try:
             self._close_children(call, cancelled=False)
             if span.is_recording():
-                span.set_attributes(self._result(event.result))
+                span.set_attributes(result_attributes(event.result, self.capture_content))
         finally:  # whatever failed above, no span stays open
             span.end()
 
@@ -262,29 +264,12 @@ class OTelListener:
         finally:
             span.end()
 
-    def _result(self, result: Result[Any]) -> Attributes:
-        attributes: Attributes = {"agentrt.attempts": result.attempts}
-        if result.model:
-            attributes["gen_ai.response.model"] = result.model
-        if result.finish_reason is not None:
-            attributes["gen_ai.response.finish_reasons"] = (result.finish_reason.value,)
-        attributes.update(_usage(result.usage))
-        if self.capture_content:
-            reason = result.finish_reason.value if result.finish_reason is not None else "stop"
-            output = {
-                "role": "assistant",
-                "parts": [{"type": "text", "content": result.text}],
-                "finish_reason": _OUTPUT_FINISH.get(reason, reason),
-            }
-            attributes["gen_ai.output.messages"] = _json([output])
-        return attributes
-
     def _failed(self, event: FailedEvent) -> None:
         call = self._calls.pop(event.invocation_id, None)
         if call is None:
             return
         error = event.error
-        kind = _error_type(error)
+        kind = error_type(error)
         try:
             chat = call.chat
             if chat is not None:
@@ -295,7 +280,7 @@ class OTelListener:
                 for index, (call_id, span, _) in enumerate(call.tools):
                     if call_id == error.call_id:
                         del call.tools[index]
-                        self._fail(span, error.__cause__ or error, _error_type(error.__cause__ or error))
+                        self._fail(span, error.__cause__ or error, error_type(error.__cause__ or error))
                         break
             self._close_children(call, cancelled=True)
         finally:
@@ -321,7 +306,7 @@ class OTelListener:
                     span.record_exception(error)
                     span.set_status(Status(StatusCode.ERROR, str(error)))
                 else:  # the type, never the message (it may quote the prompt or the answer)
-                    span.add_event("exception", {"exception.type": _qualified(error)})
+                    span.add_event("exception", {"exception.type": qualified(error)})
                     span.set_status(Status(StatusCode.ERROR))
         finally:
             span.end()
@@ -374,7 +359,7 @@ class OTelListener:
             attributes["gen_ai.output.type"] = "json"
         attributes["agentrt.round"] = event.round
         if self.capture_content:
-            attributes["gen_ai.input.messages"] = _json([_message(m) for m in request.messages])
+            attributes["gen_ai.input.messages"] = to_json([input_message(m) for m in request.messages])
         call.chat = self._tracer.start_span(
             f"chat {model}" if model else "chat",
             context=call.context,
@@ -393,7 +378,7 @@ class OTelListener:
             if response.model:
                 call.chat_attributes["gen_ai.response.model"] = response.model
             if chat.is_recording():
-                chat.set_attributes(self._response_attributes(response))
+                chat.set_attributes(response_attributes(response, self.capture_content))
         finally:
             chat.end()
         self._record_duration(call, None)
@@ -402,19 +387,6 @@ class OTelListener:
             record = self._tokens.record
             record(usage.input_tokens, {**call.chat_attributes, "gen_ai.token.type": "input"})
             record(usage.output_tokens, {**call.chat_attributes, "gen_ai.token.type": "output"})
-
-    def _response_attributes(self, response: ModelResponse) -> Attributes:
-        attributes: Attributes = {}
-        if response.id:
-            attributes["gen_ai.response.id"] = response.id
-        if response.model:
-            attributes["gen_ai.response.model"] = response.model
-        if response.finish_reason is not None:
-            attributes["gen_ai.response.finish_reasons"] = (response.finish_reason.value,)
-        attributes.update(_usage(response.usage))
-        if self.capture_content:
-            attributes["gen_ai.output.messages"] = _json([_output(response)])
-        return attributes
 
     def _record_duration(self, call: _Call, error: str | None) -> None:
         attributes = call.chat_attributes
@@ -500,17 +472,7 @@ class OTelListener:
         call = self._calls.get(event.invocation_id)
         if call is None or not call.span.is_recording():
             return
-        attributes: Attributes = {
-            "gen_ai.guardrail.component.name": event.guardrail,
-            "gen_ai.guardrail.source": event.kind,
-            "gen_ai.guardrail.result.type": "verdict",
-            "gen_ai.guardrail.result.value": event.verdict,
-            "agentrt.guardrail.attempt": event.attempt,
-            "agentrt.guardrail.partial": event.partial,
-            "agentrt.guardrail.seconds": event.seconds,
-        }
-        if self.capture_content and event.message is not None:
-            attributes["agentrt.guardrail.message"] = event.message  # may quote the checked text
+        attributes = guardrail_attributes(event, self.capture_content)
         call.span.add_event("gen_ai.guardrail.result", attributes)
 
     def _reset(self, event: Reset) -> None:
@@ -528,111 +490,11 @@ class OTelListener:
         call = self._calls.get(invocation_id) if isinstance(invocation_id, str) else None
         if call is None or not call.span.is_recording():
             return
-        call.span.add_event("agentrt." + _snake(type(event).__name__))
+        call.span.add_event("agentrt." + snake(type(event).__name__))
 
     def _retrieved(self, event: Retrieved) -> None:
         call = self._calls.get(event.invocation_id)
         if call is None or not call.span.is_recording():
             return
-        attributes: Attributes = {
-            "gen_ai.operation.name": "retrieval",
-            "agentrt.retrieval.count": len(event.contents),
-        }
-        skipped = [getattr(s, "retriever", None) for s in event.skipped]
-        if skipped:  # the retrievers' names (configuration, not content)
-            attributes["agentrt.retrieval.skipped"] = tuple(str(name) for name in skipped)
-        if self.capture_content:
-            attributes["gen_ai.retrieval.query.text"] = "\n".join(event.queries)
-            attributes["gen_ai.retrieval.documents"] = _json([_document(c) for c in event.contents])
+        attributes = retrieval_attributes(event, self.capture_content)
         call.span.add_event("retrieval", attributes)
-
-
-# --- helpers ----------------------------------------------------------------------------------
-
-
-def _usage(usage: Usage) -> Attributes:
-    """Token counts as the conventions name them, when the provider reported them."""
-    if usage.estimated:
-        return {"agentrt.usage.estimated": True}
-    attributes: Attributes = {
-        "gen_ai.usage.input_tokens": usage.input_tokens,
-        "gen_ai.usage.output_tokens": usage.output_tokens,
-    }
-    if usage.cached_input_tokens:
-        attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cached_input_tokens
-    if usage.reasoning_tokens:
-        attributes["gen_ai.usage.reasoning.output_tokens"] = usage.reasoning_tokens
-    return attributes
-
-
-def _error_type(error: BaseException) -> str:
-    return type(error).__qualname__
-
-
-def _qualified(error: BaseException) -> str:
-    kind = type(error)
-    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-
-
-def _json(value: object) -> str:
-    return orjson.dumps(value, default=str).decode()
-
-
-def _message(message: ChatMessage) -> dict[str, Any]:
-    """A message in the conventions' input-message form (role and parts)."""
-    if isinstance(message, SystemMessage):
-        return {"role": "system", "parts": [{"type": "text", "content": message.text}]}
-    if isinstance(message, UserMessage):
-        parts: list[dict[str, Any]] = []
-        for content in message.contents:
-            if isinstance(content, TextContent):
-                parts.append({"type": "text", "content": content.text})
-            elif content.url is not None:
-                parts.append({"type": "uri", "modality": content.kind, "mime_type": content.media_type,
-                              "uri": content.url})  # fmt: skip
-            else:
-                parts.append({"type": "blob", "modality": content.kind, "mime_type": content.media_type,
-                              "content": content.data})  # fmt: skip
-        return {"role": "user", "parts": parts}
-    if isinstance(message, ToolResultMessage):
-        part = {"type": "tool_call_response", "id": message.tool_call_id, "response": message.text}
-        return {"role": "tool", "parts": [part]}
-    return {"role": "assistant", "parts": _assistant_parts(message)}
-
-
-def _assistant_parts(message: AssistantMessage) -> list[dict[str, Any]]:
-    parts: list[dict[str, Any]] = []
-    if message.thinking:
-        parts.append({"type": "reasoning", "content": message.thinking})
-    if message.text:
-        parts.append({"type": "text", "content": message.text})
-    if message.refusal:
-        parts.append({"type": "refusal", "content": message.refusal})
-    for call in message.tool_calls:
-        try:
-            arguments: Any = call.parsed_arguments()
-        except ValueError:
-            arguments = call.arguments
-        parts.append({"type": "tool_call", "id": call.id, "name": call.name, "arguments": arguments})
-    return parts
-
-
-def _output(response: ModelResponse) -> dict[str, Any]:
-    reason = response.finish_reason.value if response.finish_reason is not None else "stop"
-    return {
-        "role": "assistant",
-        "parts": _assistant_parts(response.message),
-        "finish_reason": _OUTPUT_FINISH.get(reason, reason),
-    }
-
-
-def _document(content: Content) -> dict[str, Any]:
-    """A retrieved content as the conventions' retrieval document (id and score, then the rest)."""
-    document: dict[str, Any] = {"id": content.id, "score": content.score, "content": content.text}
-    if content.metadata:
-        document["metadata"] = dict(content.metadata)
-    return document
-
-
-def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()

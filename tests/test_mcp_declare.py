@@ -13,7 +13,8 @@ from jsonschema.validators import validator_for
 
 import agentrt
 from agentrt import Approvals, ConfigurationError, Result, ToolRequest, ToolResultMessage, tool
-from agentrt.mcp import HTTPServer, MCPTool, MCPTools, StdioServer, _check_arguments, _refused
+from agentrt._mcp_convert import check_arguments, schema_refusal
+from agentrt.mcp import HTTPServer, MCPTool, MCPTools, StdioServer
 from agentrt.testing import CallTool, ScriptedModel
 from agentrt.tools._declare import ToolDefinition, ToolSource, schema_tool
 
@@ -30,7 +31,7 @@ class Desk:
 
 
 def check(schema: dict[str, Any]) -> Any:
-    return _check_arguments(validator_for(schema)(schema))
+    return check_arguments(validator_for(schema)(schema))
 
 
 class Files(ToolSource):
@@ -173,7 +174,7 @@ def test_schema_tools_refuse_names_and_settings_a_provider_or_agentrt_would_refu
     ],
 )
 def test_schemas_a_model_provider_would_refuse_are_named(schema: Any, why: str | None) -> None:
-    refused = _refused(schema)
+    refused = schema_refusal(schema)
     if why is None:
         assert refused is None
     else:

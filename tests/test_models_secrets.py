@@ -49,7 +49,8 @@ from served import serve
 import agentrt
 from agentrt import ModelError, ModelResponseError
 from agentrt.models import HttpResponseEvent, complete
-from agentrt.models._failures import REDACTED, ErrorContext, excerpt
+from agentrt.models._failures import ErrorContext, excerpt
+from agentrt.models._scrub import REDACTED
 
 CORE = "Zq7SECRETx9"
 """In every key: any form of a key that escapes only punctuation still shows it."""

@@ -447,10 +447,10 @@ async def test_a_redis_write_retried_after_a_lost_reply_appends_each_frame_once(
 
 async def test_a_long_redis_buffer_is_written_in_bounded_batches(redis_url: str) -> None:
     """A script holds Redis while it runs: frames piled up (no `serve`) go in batches of at most
-    `_WRITE_FRAMES`, in order, the end with the last."""
-    from agentrt._runs_redis import _WRITE_FRAMES
+    `WRITE_FRAMES`, in order, the end with the last."""
+    from agentrt._runs_redis_wire import WRITE_FRAMES
 
-    log = RedisRunLog(redis_url, prefix=f"test-{uuid.uuid4().hex[:12]}:", max_frames=10 * _WRITE_FRAMES)
+    log = RedisRunLog(redis_url, prefix=f"test-{uuid.uuid4().hex[:12]}:", max_frames=10 * WRITE_FRAMES)
     try:
         await log.open(RunRecord("r", None))
         sizes: list[int] = []
@@ -461,11 +461,11 @@ async def test_a_long_redis_buffer_is_written_in_bounded_batches(redis_url: str)
             return script(keys=keys, args=args)
 
         log._write = counted  # type: ignore[assignment]
-        total = 2 * _WRITE_FRAMES + 500
+        total = 2 * WRITE_FRAMES + 500
         for seq in range(1, total + 1):
             log.append("r", seq, frame(seq))
         await log.end("r")
-        assert sizes == [_WRITE_FRAMES, _WRITE_FRAMES, 500]
+        assert sizes == [WRITE_FRAMES, WRITE_FRAMES, 500]
         assert await read_all(log, "r", 0) == [(seq, frame(seq)) for seq in range(1, total + 1)]
     finally:
         await log.aclose()

@@ -8,7 +8,7 @@ the provider's `code`/`type`, then by message where a provider has no dedicated 
 `metadata.raw`), Anthropic's `{"type": "error", "error": {"type", "message"}}`, Gemini's
 `{"error": {"code", "message", "status"}}`, Ollama's `{"error": "..."}` and bare
 `{"message"|"detail": ...}` bodies. Secrets given by the caller are scrubbed from every message, body,
-request id and code, also in their escaped forms (`secret_forms`), and before any text is cut: a cut
+request id and code, also in their escaped forms (`_scrub.secret_forms`), and before any text is cut: a cut
 through a secret would leave a piece of it that no scrubbing recognises.
 
 This module and the adapters are the only places in agentrt that know httpx exceptions.
@@ -41,12 +41,12 @@ from .._errors import (
     RateLimitError,
     ServerError,
 )
+from ._scrub import FORM_REACH, Forms, scrub, secret_forms
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Mapping
 
 __all__ = [
-    "REDACTED",
     "ErrorContext",
     "MalformedPayload",
     "error_from_payload",
@@ -54,8 +54,6 @@ __all__ = [
     "parse_retry_after",
     "redact_url",
     "request_id_of",
-    "scrub",
-    "secret_forms",
     "transport_error",
     "unreadable",
 ]
@@ -103,99 +101,9 @@ _KINDS: Final[dict[str, type[ModelError]]] = {
 }
 
 
-REDACTED: Final = "***"
-"""What a secret is replaced with."""
-
-
 class MalformedPayload(ValueError):
     """A mapper found a payload of the wrong shape; the message says what (never quoting the payload:
     `unreadable` adds it to the error, scrubbed)."""
-
-
-_ESCAPE: Final = r"\\\\{0,7}+"
-"""The backslashes of an escape (JSON, `repr`): one, or up to eight where the escape was escaped again
-(JSON in JSON, the `repr` of JSON). Possessive: what follows them is not a backslash."""
-_PERCENT: Final = "%(?:25){0,3}"
-"""A percent sign, percent-encoded again up to three times (a URL in a URL)."""
-_SHORT_ESCAPES: Final = {"/": "/", "'": "'", '"': '"', "\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t"}
-_FORM_REACH: Final = 16
-"""Characters a UTF-8 byte of a secret takes at most, in any form `scrub` matches (13: eight
-backslashes and `u002b` for one ASCII character)."""
-
-
-def _hex(value: int, digits: int) -> str:
-    """`value` in hexadecimal, matched in either case."""
-    return "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in f"{value:0{digits}x}")
-
-
-def _char_forms(char: str) -> list[str]:
-    """Patterns of the ways one character of a secret is written, each starting with a literal
-    character: its escapes, as JSON and `repr` write them (`\\/`, `\\'`, `\\n`, `\\xNN`, `\\uNNNN`, a
-    surrogate pair beyond the BMP, `\\UNNNNNNNN`, the `\\xNN` of each UTF-8 byte in the `repr` of
-    bytes); its percent-encoding; itself. Hex digits in either case; every escape possibly escaped
-    again (`_ESCAPE`, `_PERCENT`)."""
-    code = ord(char)
-    utf8 = char.encode("utf-8", "surrogatepass")
-    if char == "\\":
-        itself = r"\\\\{0,8}"  # itself, or escaped (`\\\\`) up to eight times over
-    else:
-        itself = re.escape(char)
-    escapes = []
-    short = _SHORT_ESCAPES.get(char)
-    if short is not None:
-        escapes.append(re.escape(short))
-    if code < 0x100:
-        escapes.append(f"x{_hex(code, 2)}")
-    if code < 0x10000:
-        escapes.append(f"u{_hex(code, 4)}")
-    else:
-        high, low = 0xD800 + ((code - 0x10000) >> 10), 0xDC00 + ((code - 0x10000) & 0x3FF)
-        escapes.append(f"u{_hex(high, 4)}{_ESCAPE}u{_hex(low, 4)}")
-        escapes.append(f"U{_hex(code, 8)}")
-    if code >= 0x80:
-        escapes.append(_ESCAPE.join(f"x{_hex(byte, 2)}" for byte in utf8))
-    percent = _PERCENT.join(_hex(byte, 2) for byte in utf8)
-    # Escapes first: the regex takes the first form that matches, and a secret's last character
-    # written `\\u005c` must not be matched as a `\\` that leaves `u005c` behind.
-    return [f"{_ESCAPE}(?:{'|'.join(escapes)})", _PERCENT + percent, itself]
-
-
-class _Forms(tuple[str, ...]):
-    """The secrets, longest first, and `pattern`, which matches each in any of its forms."""
-
-    pattern: re.Pattern[str]
-
-    def __new__(cls, secrets: Iterable[str]) -> _Forms:
-        self = super().__new__(cls, sorted({secret for secret in secrets if secret}, key=len, reverse=True))
-        # Each character in any of its forms. The first character's forms are alternatives of the
-        # whole pattern, so that each alternative starts with a literal character: the regex engine
-        # then skips, without trying a match, every position that holds none of those few characters.
-        alternatives = []
-        for secret in self:
-            rest = "".join(f"(?:{'|'.join(_char_forms(char))})" for char in secret[1:])
-            alternatives += [first + rest for first in _char_forms(secret[0])]
-        self.pattern = re.compile("|".join(alternatives) or "(?!)")
-        return self
-
-
-def secret_forms(secrets: Iterable[str]) -> tuple[str, ...]:
-    """What `scrub` needs to replace `secrets` in any of the forms they are written in: as they are, as
-    `repr` writes them in a str or bytes, as JSON writes them (`\\/`, `\\"`, `\\uNNNN` in either case,
-    as .NET does for `+`), percent-encoded (with `/` or without, in either case), each character in any
-    of its forms, and escaped again (JSON in JSON, the repr of JSON).
-
-    A tuple of the secrets, longest first; the matcher is compiled once, here.
-    """
-    return _Forms(secrets)
-
-
-def scrub(text: str, forms: tuple[str, ...]) -> str:
-    """`text` with every secret of `forms` (from `secret_forms`), in any of its forms, replaced by
-    `REDACTED`."""
-    if not forms:
-        return text
-    pattern = forms.pattern if isinstance(forms, _Forms) else _Forms(forms).pattern
-    return pattern.sub(REDACTED, text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +124,7 @@ class ErrorContext:
     def shows_secret(self, data: str | bytes) -> bool:
         """Whether `data` (all of it) holds a secret, in any of the forms `scrub` knows."""
         forms = self.forms
-        if not isinstance(forms, _Forms) or not forms:
+        if not isinstance(forms, Forms) or not forms:
             return False
         if isinstance(data, bytes):
             data = data.decode("utf-8", "replace")
@@ -556,7 +464,7 @@ def excerpt(data: bytes | str, context: ErrorContext, limit: int = MAX_BODY) -> 
     part of `data` that can reach the excerpt is decoded and searched.
     """
     longest = max((len(secret.encode(errors="surrogatepass")) for secret in context.secrets), default=0)
-    reach = limit + _FORM_REACH * longest
+    reach = limit + FORM_REACH * longest
     if isinstance(data, bytes):
         data = data[: 4 * reach].decode("utf-8", "replace")
     return context.scrub(data[:reach])[:limit]

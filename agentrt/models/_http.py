@@ -43,12 +43,11 @@ from ._failures import (
     parse_retry_after,
     redact_url,
     request_id_of,
-    scrub,
-    secret_forms,
     transport_error,
     unreadable,
 )
 from ._retry import Retryable, RetryPolicy
+from ._scrub import scrub, secret_forms
 
 if TYPE_CHECKING:
     import ssl

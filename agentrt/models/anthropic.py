@@ -29,14 +29,14 @@ from .._events import (
     ToolCallDelta,
     Usage,
 )
-from .._messages import (
-    AssistantMessage,
-    ImageContent,
-    PdfContent,
-    SystemMessage,
-    TextContent,
-    ToolResultMessage,
-    UserMessage,
+from ._anthropic_request import (
+    EPHEMERAL,
+    compact,
+    mark_last_block,
+    thinking_enabled,
+    wire_messages,
+    wire_tool,
+    wire_tool_choice,
 )
 from ._base import ConnectionOptions, HttpChatModel, Server, tool_images_apart
 from ._decoders import EventStreamDecoder, MalformedPayload, json_type
@@ -47,9 +47,9 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from .._events import ModelChunk
-    from .._messages import ChatMessage, ThinkingBlock, UserContent
+    from .._messages import ChatMessage
     from ._failures import ErrorContext
-    from ._protocol import ModelRequest, ToolChoice, ToolSpec
+    from ._protocol import ModelRequest
 
 __all__ = ["AnthropicChatModel", "MessagesMapper"]
 
@@ -100,7 +100,6 @@ STOP_REASONS: Final[dict[str, FinishReason]] = {
 }
 """Anthropic's `stop_reason`s as agentrt's; any other (`pause_turn`, ...) is `FinishReason.OTHER`."""
 
-_EPHEMERAL: Final = {"type": "ephemeral"}
 _USAGE_COUNTS: Final = (
     "input_tokens",
     "output_tokens",
@@ -219,19 +218,19 @@ class AnthropicChatModel(HttpChatModel):
             "max_tokens": settings.max_tokens or self._max_tokens,
         }
         thinking = self._thinking
-        thinking_on = thinking is not None or _thinking_enabled(self._extra_body.get("thinking"))
+        thinking_on = thinking is not None or thinking_enabled(self._extra_body.get("thinking"))
         sent: Sequence[ChatMessage] = request.messages
         if not self.capabilities.image_input:  # a tool's images are named in its result's text
             sent = tool_images_apart(sent, image_input=False)
-        system, messages = _messages(sent, thinking=thinking_on)
+        system, messages = wire_messages(sent, thinking=thinking_on)
         if system:
             if self._cache_system:
-                body["system"] = [{"type": "text", "text": system, "cache_control": _EPHEMERAL}]
+                body["system"] = [{"type": "text", "text": system, "cache_control": EPHEMERAL}]
             else:
                 body["system"] = system
         if self._cache_history and messages:
-            _mark_last_block(messages[-1])
-        body["messages"] = [_compact(m) for m in messages]
+            mark_last_block(messages[-1])
+        body["messages"] = [compact(m) for m in messages]
         if settings.temperature is not None:
             body["temperature"] = settings.temperature
         if settings.top_p is not None:
@@ -245,11 +244,11 @@ class AnthropicChatModel(HttpChatModel):
                 else {"type": "enabled", "budget_tokens": thinking}
             )
         if request.tools:
-            tools = [_tool(spec) for spec in request.tools]
+            tools = [wire_tool(spec) for spec in request.tools]
             if self._cache_tools:
-                tools[-1]["cache_control"] = _EPHEMERAL
+                tools[-1]["cache_control"] = EPHEMERAL
             body["tools"] = tools
-            choice = _tool_choice(request.tool_choice, self._parallel_tool_calls)
+            choice = wire_tool_choice(request.tool_choice, self._parallel_tool_calls)
             if choice is not None:
                 body["tool_choice"] = choice
         body["stream"] = self._streaming
@@ -272,150 +271,6 @@ def _thinking_limits(capabilities: Capabilities, thinking: int | Literal["adapti
     return dataclasses.replace(
         capabilities, min_max_tokens=least, fixed_temperature=1.0 if fixed is None else fixed
     )
-
-
-# --- request mapping -------------------------------------------------------------------------------
-
-
-def _thinking_enabled(setting: Any) -> bool:
-    return isinstance(setting, dict) and setting.get("type", "enabled") != "disabled"
-
-
-def _messages(messages: Sequence[ChatMessage], *, thinking: bool) -> tuple[str, list[dict[str, Any]]]:
-    """The system text and the messages as content blocks. Messages of the same role in a row are
-    merged into one (a turn's tool results must all be in the user message after the calls)."""
-    system: list[str] = []
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        if isinstance(message, SystemMessage):
-            system.append(message.text)
-            continue
-        if isinstance(message, AssistantMessage):
-            role, blocks = "assistant", _assistant_blocks(message, thinking=thinking)
-        elif isinstance(message, ToolResultMessage):
-            result: dict[str, Any] = {
-                "type": "tool_result",
-                "tool_use_id": message.tool_call_id,
-                "content": message.text,
-            }
-            if message.images:  # a tool result's content may hold images: text first, then them
-                text = [{"type": "text", "text": message.text}] if message.text else []
-                result["content"] = [*text, *(_content_block(image) for image in message.images)]
-            if message.is_error:
-                result["is_error"] = True
-            role, blocks = "user", [result]
-        else:
-            assert isinstance(message, UserMessage)
-            role, blocks = "user", [_content_block(c) for c in message.contents]
-        if not blocks:
-            continue  # nothing the API accepts (an empty answer): the neighbours merge instead
-        if out and out[-1]["role"] == role:
-            out[-1]["content"].extend(blocks)
-        else:
-            out.append({"role": role, "content": blocks})
-    return "\n\n".join(system), out
-
-
-def _content_block(content: UserContent) -> dict[str, Any]:
-    if isinstance(content, TextContent):
-        return {"type": "text", "text": content.text}
-    if isinstance(content, ImageContent):
-        return {"type": "image", "source": _source(content.url, content.data, content.media_type)}
-    if isinstance(content, PdfContent):
-        document: dict[str, Any] = {
-            "type": "document",
-            "source": _source(content.url, content.data, content.media_type or "application/pdf"),
-        }
-        if content.filename:
-            document["title"] = content.filename
-        return document
-    raise BadRequestError(f"the Messages API takes no {content.kind} input")
-
-
-def _source(url: str | None, data: str | None, media_type: str | None) -> dict[str, Any]:
-    if url is not None:
-        return {"type": "url", "url": url}
-    return {"type": "base64", "media_type": media_type, "data": data}
-
-
-def _assistant_blocks(message: AssistantMessage, *, thinking: bool) -> list[dict[str, Any]]:
-    """Thinking first (the API wants it so), then text, then tool calls. Thinking is sent only when
-    it is on, and only signed or redacted blocks: unsigned reasoning (another provider's) would be
-    refused."""
-    blocks = _thinking_blocks(message) if thinking else []
-    text = message.text or (message.refusal if not message.tool_calls else None)
-    if text and not text.isspace():  # the API refuses a text block of white space only
-        blocks.append({"type": "text", "text": text})
-    for call in message.tool_calls:
-        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call.arguments)})
-    if blocks and blocks[-1]["type"] in ("thinking", "redacted_thinking"):
-        return []  # the API refuses an assistant message that ends in thinking
-    return blocks
-
-
-def _thinking_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
-    if message.thinking_blocks:
-        return [_thinking_block(b) for b in message.thinking_blocks if b.signature is not None]
-    if message.thinking_signature is not None:
-        return [
-            {"type": "thinking", "thinking": message.thinking or "", "signature": message.thinking_signature}
-        ]
-    return []
-
-
-def _thinking_block(block: ThinkingBlock) -> dict[str, Any]:
-    if block.redacted:
-        return {"type": "redacted_thinking", "data": block.signature}
-    return {"type": "thinking", "thinking": block.text, "signature": block.signature}
-
-
-def _input(arguments: str) -> Any:
-    """A call's arguments as the JSON object `tool_use.input` must be (arguments cut short by
-    `max_tokens`, or not an object, are sent as `{}`: the call already failed, its result says so)."""
-    try:
-        value = orjson.loads(arguments) if arguments.strip() else {}
-    except orjson.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _mark_last_block(message: dict[str, Any]) -> None:
-    last = message["content"][-1]
-    message["content"][-1] = {**last, "cache_control": _EPHEMERAL}
-
-
-def _compact(message: dict[str, Any]) -> dict[str, Any]:
-    """A user message of one plain text block as a string (what most clients send)."""
-    content = message["content"]
-    if message["role"] == "user" and len(content) == 1:
-        only = content[0]
-        if only["type"] == "text" and len(only) == 2:
-            return {"role": "user", "content": only["text"]}
-    return message
-
-
-def _tool(spec: ToolSpec) -> dict[str, Any]:
-    tool: dict[str, Any] = {"name": spec.name}
-    if spec.description:
-        tool["description"] = spec.description
-    tool["input_schema"] = dict(spec.parameters)
-    return tool
-
-
-def _tool_choice(choice: ToolChoice | None, parallel: bool | None) -> dict[str, Any] | None:
-    if choice is None and parallel is not False:
-        return None
-    if choice is None or choice == "auto":
-        result: dict[str, Any] = {"type": "auto"}
-    elif choice == "required":
-        result = {"type": "any"}
-    elif choice == "none":
-        return {"type": "none"}
-    else:
-        result = {"type": "tool", "name": choice}
-    if parallel is False:
-        result["disable_parallel_tool_use"] = True
-    return result
 
 
 # --- response mapping ------------------------------------------------------------------------------

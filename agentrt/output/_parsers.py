@@ -17,22 +17,25 @@ second field) the answer is refused: a wrong value is worse than a repair.
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
-import decimal
-import enum
 import re
-import types
-import typing
-import uuid
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, Protocol, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Final, Protocol, get_origin
 
 import orjson
-from pydantic import BaseModel, PydanticUserError, TypeAdapter, ValidationError
+from pydantic import PydanticUserError, TypeAdapter, ValidationError
 
 from .._errors import OutputParsingError
 from ..models._protocol import JsonObjectFormat, JsonSchemaFormat
-from ._extract import SLICE, answer_start, array_chunks, candidates, span_end, trim
+from ._extract import SLICE, array_chunks, candidates, span_end, trim
+from ._lenient import bare_scalar, member_named, replaced, said_in
+from ._typeinfo import (
+    NOT_ALNUM,
+    enums_in,
+    envelope_names,
+    format_instructions,
+    is_scalar,
+    sentence_kinds,
+    type_name,
+)
 
 if TYPE_CHECKING:
     from ..models._protocol import ResponseFormat
@@ -52,24 +55,12 @@ NOTHING: Final = object()
 _NOTHING: Final = NOTHING
 WRAPPER: Final = "value"
 """The property a schema that is not an object is wrapped in."""
-_BARE_MAX: Final = 200  # a longer answer is not a bare scalar
 # Candidates validated at most per answer: each one that fails costs a few µs in pydantic, and an
 # answer made of thousands of small spans ("[0] [1] [2] ...") is no answer to search for long.
 _MAX_TRIED: Final = 256
 _NONE_WORDS: Final = frozenset({"none", "null", "nil"})
 _NAME: Final = re.compile(r"[^A-Za-z0-9_-]+")
-# Keys of a single-field object around the answer, besides the type's own name (normalized: lower
-# case, letters and digits only).
-_ENVELOPES: Final = frozenset({"value", "result", "answer", "output", "response", "data"})
 _FIRST_KEY: Final = re.compile(r'\{\s*"([^"\\]{1,64})"\s*:')
-_NOT_ALNUM: Final = re.compile(r"[^0-9a-z]+")
-# A number in a sentence: what looks like one, with any letters, digits or % stuck to it (then it is
-# no plain number: "3rd", "v2", "10km", "42%").
-_NUMBER_LIKE: Final = re.compile(r"\w*[-+]?\d[\d.,']*\w*%?")
-_PLAIN_NUMBER: Final = re.compile(r"[-+]?\d+(?:\.\d+)?")
-_JSONISH: Final = re.compile(r'[{}\[\]"]')
-_WORD: Final = re.compile(r"[^\W\d_]+")
-_POLAR: Final = {"yes": "true", "true": "true", "no": "false", "false": "false"}
 
 
 class OutputParser(Protocol):
@@ -141,81 +132,6 @@ def extract_json(text: str) -> str:
     return next(found, answer)
 
 
-def type_name(annotation: Any) -> str:
-    """A type as users write it: `Ticket`, `list[Ticket]`, `Literal['a', 'b']`, `int | None`; the
-    metadata of `Annotated` left out (it may hold validators, whose reprs are no type name)."""
-    if annotation is None or annotation is type(None):
-        return "None"
-    if annotation is Ellipsis:
-        return "..."
-    origin = get_origin(annotation)
-    args = get_args(annotation)
-    if origin is Annotated:
-        return type_name(args[0])
-    if origin is Literal:
-        return f"Literal[{', '.join(repr(arg) for arg in args)}]"
-    if origin is Union or origin is types.UnionType:
-        return " | ".join(type_name(arg) for arg in args)
-    if isinstance(annotation, type) and not args:
-        return annotation.__qualname__
-    if origin is not None and args:
-        name = getattr(annotation, "__name__", None) or type_name(origin)
-        return f"{name}[{', '.join(type_name(arg) for arg in args)}]"
-    return re.sub(
-        r"\b(typing|typing_extensions|collections\.abc|datetime|decimal|uuid)\.", "", repr(annotation)
-    )
-
-
-def _is_scalar(schema: dict[str, Any], defs: dict[str, Any]) -> bool:
-    """Whether a schema is a scalar (or a union of scalars): what a bare answer may be."""
-    ref = schema.get("$ref")
-    if isinstance(ref, str):
-        target = defs.get(ref.rsplit("/", 1)[-1])
-        return isinstance(target, dict) and _is_scalar(target, defs)
-    if "enum" in schema or "const" in schema:
-        return True
-    kind = schema.get("type")
-    if kind in ("boolean", "integer", "number", "string", "null"):
-        return True
-    options = schema.get("anyOf") or schema.get("oneOf") or ()
-    return bool(options) and all(_is_scalar(option, defs) for option in options)
-
-
-def _instructions(annotation: Any, schema: dict[str, Any]) -> str:
-    """Short, exact format instructions for a type (what a model without a JSON mode is told)."""
-    choices = _choices(annotation)
-    if choices is not None:
-        listed = "\n".join(choices)
-        return f"You must answer strictly with one of these values, and nothing else:\n{listed}"
-    simple = {
-        bool: 'You must answer strictly with "true" or "false", and nothing else.',
-        int: "You must answer strictly with an integer number, and nothing else.",
-        float: "You must answer strictly with a number, and nothing else.",
-        decimal.Decimal: "You must answer strictly with a number, and nothing else.",
-        datetime.date: "You must answer strictly with a date in the format YYYY-MM-DD, and nothing else.",
-        datetime.datetime: (
-            "You must answer strictly with a date and time in ISO 8601 format "
-            "(YYYY-MM-DDTHH:MM:SS), and nothing else."
-        ),
-        datetime.time: "You must answer strictly with a time in the format HH:MM:SS, and nothing else.",
-        uuid.UUID: "You must answer strictly with a UUID, and nothing else.",
-    }.get(annotation)
-    if simple is not None:
-        return simple
-    kind = {"object": "a JSON object", "array": "a JSON array"}.get(schema.get("type", ""), "JSON")
-    text = orjson.dumps(schema).decode()
-    return f"You must answer strictly with {kind} that matches this JSON schema, and nothing else:\n{text}"
-
-
-def _choices(annotation: Any) -> list[str] | None:
-    """The values an `Enum` or `Literal` allows, as a model should write them."""
-    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return [str(member.value) for member in annotation]
-    if get_origin(annotation) is Literal:
-        return [str(value) for value in get_args(annotation)]
-    return None
-
-
 class TypeParser:
     """`-> T` for any type pydantic validates: JSON (or a bare scalar) validated by a `TypeAdapter`."""
 
@@ -248,13 +164,13 @@ class TypeParser:
         defs = dict(schema.get("$defs", {}))
         self._defs = defs
         self._object = schema.get("type") == "object"
-        self._scalar = _is_scalar(schema, defs)
-        self._enums = tuple(_enums_in(annotation, set()))
-        self._envelopes = _envelope_names(annotation)
+        self._scalar = is_scalar(schema, defs)
+        self._enums = tuple(enums_in(annotation, set()))
+        self._envelopes = envelope_names(annotation)
         properties = schema.get("properties") if self._object else None
         # An object type's own fields (`None`: a mapping, which any single-field object already is).
         self._fields = frozenset(properties) if isinstance(properties, dict) else None
-        self._kinds = _kinds(schema, defs) if self._scalar else frozenset()
+        self._kinds = sentence_kinds(schema, defs) if self._scalar else frozenset()
         # A plain `list[X]`: a long answer is validated a slice of items at a time (one pydantic call
         # over a 10 MB list holds the GIL, so the event loop, for a fifth of a second or more).
         self._chunked = get_origin(annotation) is list
@@ -305,7 +221,7 @@ class TypeParser:
                 f'You must answer strictly with a JSON object whose "{WRAPPER}" is the answer, matching '
                 f"this JSON schema, and nothing else:\n{text}"
             )
-        return _instructions(self.annotation, self._schema)
+        return format_instructions(self.annotation, self._schema)
 
     def accepts(self, value: Any) -> bool:
         try:
@@ -330,7 +246,7 @@ class TypeParser:
             except ValidationError as exc:
                 if error is None and candidate[:1] in ("{", "[", '"'):
                     error = exc
-        bare = _bare(text)  # "yes", "POSITIVE", 2026-12-01: not JSON, but clear
+        bare = bare_scalar(text)  # "yes", "POSITIVE", 2026-12-01: not JSON, but clear
         if bare is not None and self._scalar:
             try:
                 return self._from_python(bare)
@@ -409,7 +325,7 @@ class TypeParser:
         array = candidate
         if candidate[:1] == "{":
             head = _FIRST_KEY.match(candidate, 0, 256)
-            if head is None or _NOT_ALNUM.sub("", head.group(1).casefold()) not in self._envelopes:
+            if head is None or NOT_ALNUM.sub("", head.group(1).casefold()) not in self._envelopes:
                 return _NOTHING
             body = candidate.rstrip()
             if body[-1:] != "}":
@@ -441,7 +357,7 @@ class TypeParser:
             pass
         elif self._object and (self._fields is None or key in self._fields):
             return None  # a mapping, or a field: the object as it is
-        elif _NOT_ALNUM.sub("", key.casefold()) not in self._envelopes:
+        elif NOT_ALNUM.sub("", key.casefold()) not in self._envelopes:
             return None
         data = _loads(candidate)
         if isinstance(data, dict) and len(data) == 1 and key in data:
@@ -456,24 +372,11 @@ class TypeParser:
     def _in_sentence(self, sentence: str) -> Any:
         """The one number, or the yes or no it starts with, of a short sentence, as the type
         (`_NOTHING` when there is none, or more than one reading)."""
-        if _JSONISH.search(sentence):
-            return _NOTHING  # JSON that did not validate is no sentence: {"error": 500} is no 500
-        found = []
-        if "boolean" in self._kinds:
-            words = _WORD.findall(sentence.casefold())
-            said = {_POLAR[word] for word in words if word in _POLAR}
-            if words and words[0] in _POLAR and len(said) == 1:  # "Yes, it is."; not "Yes and no."
-                found.append(said.pop())
-        if "number" in self._kinds:
-            numbers = _NUMBER_LIKE.findall(sentence)
-            if len(numbers) == 1:
-                number = numbers[0].rstrip(".,")
-                if _PLAIN_NUMBER.fullmatch(number):  # not "3rd", "v2", "42%", "1,250.50"
-                    found.append(number)
-        if len(found) != 1:
+        found = said_in(sentence, self._kinds)
+        if found is None:
             return _NOTHING
         try:
-            return self.adapter.validate_python(found[0])
+            return self.adapter.validate_python(found)
         except ValidationError:
             return _NOTHING
 
@@ -504,137 +407,13 @@ class TypeParser:
         for problem in error.errors(include_url=False):
             if problem["type"] != "enum" or not isinstance(problem["input"], str):
                 continue
-            member = _member(self._enums, problem["input"], str(problem.get("ctx", {}).get("expected", "")))
+            member = member_named(
+                self._enums, problem["input"], str(problem.get("ctx", {}).get("expected", ""))
+            )
             if member is not None:
-                data, put = _put(data, problem["loc"], problem["input"], member.value)
+                data, put = replaced(data, problem["loc"], problem["input"], member.value)
                 changed = changed or put
         return data if changed else _NOTHING
-
-
-def _enums_in(annotation: Any, seen: set[Any]) -> list[type[enum.Enum]]:
-    """The Enums a type can hold: itself, in its arguments, in the fields of its models, dataclasses
-    and TypedDicts (each class visited once)."""
-    if isinstance(annotation, type):
-        if issubclass(annotation, enum.Enum):
-            return [annotation]
-        if annotation in seen:
-            return []
-        seen.add(annotation)
-        hints: list[Any] = []
-        if issubclass(annotation, BaseModel):
-            hints = [field.annotation for field in annotation.model_fields.values()]
-        elif dataclasses.is_dataclass(annotation) or hasattr(annotation, "__required_keys__"):
-            try:
-                hints = list(typing.get_type_hints(annotation).values())
-            except Exception:  # unresolvable forward references: pydantic resolved what it needed
-                hints = []
-        found: list[type[enum.Enum]] = []
-        for hint in hints:
-            found.extend(e for e in _enums_in(hint, seen) if e not in found)
-        return found
-    found = []
-    for arg in get_args(annotation):
-        found.extend(e for e in _enums_in(arg, seen) if e not in found)
-    return found
-
-
-def _envelope_names(annotation: Any) -> frozenset[str]:
-    """The keys an envelope around the type may have: the generic ones, and the names of the
-    classes in it (`Ticket` in `list[Ticket] | None`), singular and plural, normalized."""
-    names = set(_ENVELOPES)
-    for name in _class_names(annotation):
-        base = _NOT_ALNUM.sub("", name.casefold())
-        names.update((base, base + "s", base + "es"))
-        if base.endswith("y"):
-            names.add(base[:-1] + "ies")
-    return frozenset(names)
-
-
-def _class_names(annotation: Any) -> list[str]:
-    """The user classes a type is made of, through containers and unions (not a mapping's values)."""
-    origin = get_origin(annotation)
-    if origin is Annotated:
-        return _class_names(get_args(annotation)[0])
-    if origin is not None:
-        if isinstance(origin, type) and issubclass(origin, dict):
-            return []
-        return [name for arg in get_args(annotation) for name in _class_names(arg)]
-    if isinstance(annotation, type) and annotation.__module__ not in _BUILTIN_MODULES:
-        return [annotation.__name__]
-    return []
-
-
-_BUILTIN_MODULES: Final = frozenset({"builtins", "datetime", "decimal", "uuid", "typing", "pathlib"})
-
-
-def _kinds(schema: dict[str, Any], defs: dict[str, Any]) -> frozenset[str]:
-    """What a scalar schema may be read from in a sentence: "boolean", "number"."""
-    ref = schema.get("$ref")
-    if isinstance(ref, str):
-        target = defs.get(ref.rsplit("/", 1)[-1])
-        return _kinds(target, defs) if isinstance(target, dict) else frozenset()
-    if "enum" in schema or "const" in schema:
-        return frozenset()
-    kinds: set[str] = set()
-    kind = schema.get("type")
-    if kind == "boolean":
-        kinds.add("boolean")
-    elif kind in ("integer", "number"):
-        kinds.add("number")
-    for option in schema.get("anyOf") or schema.get("oneOf") or ():
-        kinds |= _kinds(option, defs)
-    return frozenset(kinds)
-
-
-def _member(enums: tuple[type[enum.Enum], ...], word: str, expected: str) -> enum.Enum | None:
-    """The member `word` names, by value, then by name, case-insensitively; among the Enums whose
-    values pydantic listed as `expected` first."""
-    listed = [e for e in enums if all(repr(member.value) in expected for member in e)]
-    folded = word.strip().casefold()
-    for choices in (listed, enums):
-        for member in (m for e in choices for m in e):
-            if str(member.value).casefold() == folded:
-                return member
-        for member in (m for e in choices for m in e):
-            if member.name.casefold() == folded:
-                return member
-    return None
-
-
-def _put(data: Any, loc: tuple[int | str, ...], word: str, value: Any) -> tuple[Any, bool]:
-    """`data` with the `word` at `loc` (a validation error's location) replaced by `value`. Parts of
-    `loc` that are not keys or indexes of `data` name union members and are skipped."""
-    path: list[tuple[Any, int | str]] = []
-    node = data
-    for part in loc:
-        if isinstance(node, dict) and isinstance(part, str) and part in node:
-            path.append((node, part))
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-            path.append((node, part))
-            node = node[part]
-    if node != word:
-        return data, False
-    if not path:
-        return value, True
-    container, key = path[-1]
-    container[key] = value
-    return data, True
-
-
-def _bare(text: str) -> str | None:
-    """A short answer (after its think blocks) as a bare scalar: without quotes, backticks and a
-    final full stop. A long one is not stripped whole (10 MB of white space would be one call)."""
-    start, end = trim(text, answer_start(text), len(text))
-    answer = text[start:end]
-    if not answer or len(answer) > _BARE_MAX or "\n" in answer:
-        return None
-    answer = answer.strip("`").strip()
-    if len(answer) >= 2 and answer[0] == answer[-1] and answer[0] in "\"'":
-        answer = answer[1:-1]
-    if answer.endswith(".") and not answer.endswith(".."):  # "42." is 42; an ellipsis stays
-        answer = answer[:-1]
-    return answer.strip() or None
 
 
 def _not_json(text: str, end: int) -> ValidationError:
