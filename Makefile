@@ -1,10 +1,9 @@
 # Everything runs in a project virtualenv created from $(PYTHON): .venv for the machine's python3,
 # .venv-X.Y for another interpreter (`make test PYTHON=python3.12`). Installs are redone only when
 # pyproject.toml changes (stamp files track it). `make test-all` runs the suite on every supported
-# Python found on the machine (.ci/pythons says which). `make test` runs the suite in one process by
-# default; TEST_JOBS=N spreads it over N pytest-xdist workers (TEST_JOBS=auto: one per core). Not yet
-# the default: one parallel run on 3.11 hung in tests/test_models_pool.py (an idle loop waiting on a
-# worker thread) on a loaded machine, and the cause is not known. The 20 slowest tests are listed.
+# Python found on the machine (.ci/pythons says which). `make test` spreads the suite over one
+# pytest-xdist worker per core (TEST_JOBS=auto; TEST_JOBS=N for N workers, TEST_JOBS=0 for one
+# process). The 20 slowest tests are listed.
 
 PYTHON ?= python3
 ifeq ($(PYTHON),python3)
@@ -17,7 +16,7 @@ STAMP  := $(VENV)/.installed-dev
 LOCAL  := $(VENV)/.installed-local
 DOCS   := $(VENV)/.installed-docs
 NPROC  := $(shell nproc 2>/dev/null || echo 2)
-TEST_JOBS ?= 0
+TEST_JOBS ?= auto
 
 .PHONY: install install-local demo demo-web test test-all test-deep test-e2e check lint format typecheck bench \
         docs local-model-start local-model-stop clean

@@ -816,7 +816,7 @@ async def stopped_at(protocol: str, cut: int, written: bool) -> tuple[bytes, int
     import httpx
 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http_client:
-        with anyio.fail_after(10):
+        with anyio.fail_after(60):
             async with anyio.create_task_group() as group:
                 group.start_soon(app, post_scope("/chat"), receive, send)
                 await stalled.wait()
