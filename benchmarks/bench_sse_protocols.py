@@ -25,7 +25,7 @@ import anyio
 
 import agentrt
 import agentrt.sse
-from agentrt import _frontends
+from agentrt.sse import _agui, _encoder, _response, _vercel
 from agentrt.testing import Delay, ScriptedModel
 
 
@@ -42,17 +42,15 @@ async def respond(protocol: str, tokens: int, spaced: bool = False) -> int:
     if protocol == "agentrt":
         response = agentrt.sse.stream_response(stream)
     else:
-        encoder: _frontends.Encoder
+        encoder: _encoder.Encoder
         if protocol == "vercel":
-            encoder = _frontends.VercelUI(
-                "m", thinking=False, tool_details=False, hold=False, structured=False
-            )
+            encoder = _vercel.VercelUI("m", thinking=False, tool_details=False, hold=False, structured=False)
         else:
-            encoder = _frontends.AgUI("t", "r", [], thinking=False, tool_details=False, structured=False)
-        response = agentrt.sse._respond(
+            encoder = _agui.AgUI("t", "r", [], thinking=False, tool_details=False, structured=False)
+        response = _response.respond(
             stream,
             encoder,
-            agentrt.sse._Run(),
+            _response.Run(),
             ping=None,
             headers=None,
             send_timeout=None,

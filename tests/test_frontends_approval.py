@@ -297,7 +297,7 @@ async def test_ag_ui_a_gated_call_ends_the_run_with_an_interrupt_and_resume_cont
         "reason": "tool_approval",
         "message": "Allow the call of refund?",
         "toolCallId": "c1",
-        "responseSchema": agentrt.sse._frontends.APPROVAL_RESPONSE,
+        "responseSchema": agentrt.sse._agui.APPROVAL_RESPONSE,
         "metadata": {"tool": "refund", "arguments": {"order": "A", "amount": 1.0}},
     }
     assert finished == {

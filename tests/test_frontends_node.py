@@ -608,7 +608,8 @@ def test_the_chunks_that_rebuild_a_message_give_use_chat_s_reader_the_message_it
     # What a continuation's log begins with (a resume's replay starts the message again): the
     # client's message, rebuilt part by part. A message with a part of each kind the SDK builds
     # from a stream, in each state: read by the SDK, rebuilt, read again, it is the same message.
-    from agentrt._frontends import DONE, VercelUI, rebuilt
+    from agentrt.sse._encoder import DONE
+    from agentrt.sse._vercel import VercelUI, rebuilt
 
     def call(call: str, tool: str, *after: dict[str, Any]) -> list[dict[str, Any]]:
         available = {

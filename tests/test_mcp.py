@@ -539,7 +539,7 @@ async def test_a_calls_event_sse_data_and_span_carry_its_tools_annotations(stdio
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from agentrt.otel import instrument
-    from agentrt.sse import _encode
+    from agentrt.sse._native import encode
 
     @tool
     def shout(text: str) -> str:
@@ -572,7 +572,7 @@ async def test_a_calls_event_sse_data_and_span_carry_its_tools_annotations(stdio
         ("add_note", {"readOnlyHint": False, "destructiveHint": False}),
         ("shout", {}),
     ]
-    assert [_encode(e, thinking=False, tool_details=False) for e in requested] == [
+    assert [encode(e, thinking=False, tool_details=False) for e in requested] == [
         ("tool_call", {"id": "c1", "name": "read_note", "annotations": {"readOnlyHint": True}}),
         (
             "tool_call",

@@ -1,6 +1,6 @@
 """A second outside review of issue 27 (runs that outlive their connection), of the change that makes
-the first client's response read its run's stream itself (`agentrt.sse._respond` with a `Tee`) and
-hands a detached run to the manager at its client's hang-up (`agentrt._sse_runs.adopt`).
+the first client's response read its run's stream itself (`agentrt.sse._response.respond` with a `Tee`) and
+hands a detached run to the manager at its client's hang-up (`agentrt.sse._runs.adopt`).
 
 The tests that pin a defect the review found failed on the code as reviewed (see
 /work/notes/review27b.md: reproduction, cause, fix); the others ("held" in their commits) pin what
@@ -33,9 +33,10 @@ from test_sse_endpoint import parse_sse
 
 import agentrt
 import agentrt.sse
-from agentrt import AssistantMessage, MemoryId, PartialStream, _sse_runs
+from agentrt import AssistantMessage, MemoryId, PartialStream
 from agentrt.memory import InMemoryStore
 from agentrt.runs import MemoryRunLog, RedisRunLog, RunRecord, Runs
+from agentrt.sse import _response, _runs
 from agentrt.testing import CallTool, ScriptedModel
 
 PROTOCOLS = ("agentrt", "vercel-ui", "ag-ui")
@@ -534,7 +535,7 @@ async def test_detach_once_the_manager_has_the_run_nothing_keeps_the_response_al
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     made: list[weakref.ref[Any]] = []  # the responses and requests of this test
-    for kind in (agentrt.sse._StreamResponse, Request):
+    for kind in (_response.StreamResponse, Request):
         init = kind.__init__
 
         def tracking(self: Any, *args: Any, __init: Any = init, **kwargs: Any) -> None:
@@ -542,7 +543,7 @@ async def test_detach_once_the_manager_has_the_run_nothing_keeps_the_response_al
             made.append(weakref.ref(self))
 
         monkeypatch.setattr(kind, "__init__", tracking)
-    runs_before, tees_before = alive(agentrt.sse._Run), alive(_sse_runs.Tee)  # other tests' leftovers
+    runs_before, tees_before = alive(_response.Run), alive(_runs.Tee)  # other tests' leftovers
     gates = TwoGates()
     model = ScriptedModel(
         [CallTool("first_gate", {}, id="c1")], [CallTool("second_gate", {}, id="c2")], ["done"]
@@ -569,10 +570,10 @@ async def test_detach_once_the_manager_has_the_run_nothing_keeps_the_response_al
         await anyio.wait_all_tasks_blocked()
         gc.collect()
         assert made and [r() for r in made] == [None] * len(made)  # the manager reads on (second gate)
-        assert alive(agentrt.sse._Run) == runs_before + 1
+        assert alive(_response.Run) == runs_before + 1
         gates.second.set()
-    assert alive(agentrt.sse._Run) == runs_before
-    assert alive(_sse_runs.Tee) == tees_before
+    assert alive(_response.Run) == runs_before
+    assert alive(_runs.Tee) == tees_before
     assert not runs._live  # type: ignore[attr-defined]
 
 

@@ -10,7 +10,7 @@ chooses (the server holds there until the test closed the client's socket): each
 the last token to inside the memory write, then each loop iteration across the final send.
 
 The rule is exact with the response's two loop turns between the final send and the commit
-(`agentrt.sse._SETTLE`, `agentrt._sse_runs.SETTLE`): with one, a hang-up read in the iteration
+(`agentrt.sse._response._SETTLE`): with one, a hang-up read in the iteration
 before the send stores a turn whose final frame was dropped; with three, one read in the very
 iteration of the send (after it) stores nothing though the frame was written (the sweep shows both).
 

@@ -3,10 +3,10 @@
 a log to a client (`response`).
 
 A run's stream is read by the response of the client that started it, as without a manager
-(`agentrt.sse._respond`: no task switch a token); the `Tee` gives each frame its id `{run}:{seq}` and
+(`_response.respond`: no task switch a token); the `Tee` gives each frame its id `{run}:{seq}` and
 appends it to the run's log before the response sends it. With `on_disconnect="cancel"` a hang-up
 cancels the run as without a manager, and the answer's final frames reach the log only once they were
-written to the client (then the turn is stored: see `agentrt.sse._SETTLE`). With `"detach"` the
+written to the client (then the turn is stored: see `_response._SETTLE`). With `"detach"` the
 hang-up is not the response's to act on: at the next event its stream is handed to the `Runs` manager,
 which reads the rest into the log (`adopted`) and stores the turn as an awaited call would.
 Resumes (`Last-Event-ID`, on any worker sharing the log) read the log.
@@ -22,9 +22,9 @@ import anyio
 import anyio.lowlevel
 from sse_starlette import EventSourceResponse
 
-from . import _frontends
-from ._stream import PartialStream, TokenStream
-from .runs import RunGone, RunLog, Runs
+from .._stream import PartialStream, TokenStream
+from ..runs import RunGone, RunLog, Runs
+from ._encoder import DONE, Encoder, Sent, chunks_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Sequence
@@ -76,10 +76,10 @@ class Tee:
         self,
         runs: Runs,
         run: str,
-        encoder: _frontends.Encoder,
+        encoder: Encoder,
         policy: Disconnect,
         stop: Callable[[], None],
-        sent: _frontends.Sent | None,
+        sent: Sent | None,
     ) -> None:
         self.runs = runs
         self.log: RunLog = runs.log
@@ -144,12 +144,12 @@ class Tee:
         self.seq -= len(self.held)  # never written: their ids are given again
         self.held = []
         if self.sent is None:
-            self.sent = _frontends.Sent()
+            self.sent = Sent()
         sent = self.sent
         out = [] if self.seq else self.put(encoder.opened())  # sent with the end
         chunks: list[Any] = list(encoder.stopped(sent))
         if encoder.done_marker and not sent.done:
-            chunks.append(_frontends.DONE)
+            chunks.append(DONE)
         self.clean = True
         return out + self.put(chunks)
 
@@ -188,12 +188,12 @@ def adopt(
                     run.scope = scope
                     try:
                         async for event in stream.events():
-                            tee.put(_frontends.chunks_of(event, encoder, snapshots, result_json))
+                            tee.put(chunks_of(event, encoder, snapshots, result_json))
                     except Exception as error:
                         logger.exception("agentrt.sse: the stream failed")
                         tee.put(encoder.failed(error_json(error)))
                     if encoder.done_marker:
-                        tee.put([_frontends.DONE])
+                        tee.put([DONE])
                     tee.clean = True
                 if run.scope is scope:
                     run.scope = None
@@ -239,7 +239,7 @@ def response(
     log: RunLog,
     run: str,
     after: int,
-    encoder: _frontends.Encoder,
+    encoder: Encoder,
     *,
     ping: float | None,
     headers: dict[str, str],
@@ -267,7 +267,7 @@ def response(
         except RunGone as gone:
             failed: list[Any] = encoder.failed({"type": f"run_{gone.reason}", "message": str(gone)})
             if encoder.done_marker:
-                failed = [*failed, _frontends.DONE]
+                failed = [*failed, DONE]
             for chunk in failed:
                 yield encoder.frame(chunk).encode()
         except Exception:  # the log itself failed (Redis down): the client resumes later
@@ -290,14 +290,14 @@ def response(
     )
 
 
-def _unavailable(encoder: _frontends.Encoder) -> list[bytes]:
+def _unavailable(encoder: Encoder) -> list[bytes]:
     """The frames that end a response whose log could not be read: the protocol's error
     `runs_unavailable` (and Vercel's `[DONE]`)."""
     failed: list[Any] = encoder.failed(
         {"type": "runs_unavailable", "message": "the run log could not be read; resume later"}
     )
     if encoder.done_marker:
-        failed.append(_frontends.DONE)
+        failed.append(DONE)
     return [encoder.frame(chunk).encode() for chunk in failed]
 
 

@@ -1,0 +1,348 @@
+"""The response of a stream, for every protocol: its one loop (`respond`), the response that runs
+it (`StreamResponse`: a stop, and a stream closed however the response ends), and a run a stop
+reaches (`Run`).
+
+A client that disconnects cancels the invocation: sse-starlette cancels the task that reads it,
+which closes the model stream; the turn is stored if and only if the answer's final event was
+written to the connection before the server learned that the client was gone (see `DEFER_COMMIT`,
+`_SETTLE`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import typing
+from typing import Any, Final
+
+import anyio
+import anyio.lowlevel
+from sse_starlette import EventSourceResponse
+
+from .._events import ApprovalRequested, Completed
+from .._stream import PartialStream
+from . import _encoder, _runs
+from ._encoder import DONE, Encoder, Sent
+from ._errors import error_json
+from ._native import Native, result_json
+
+if typing.TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Sequence
+
+    from .._stream import TokenStream
+
+logger = logging.getLogger("agentrt")
+
+_WAITED: Final = 0.0005
+"""Seconds between two events past which the response takes it that the event was waited for (a
+model stream's next network read), so the event loop had its turns meanwhile and the count of frames
+written without one starts again: a stream that arrives token by token needs no extra turn."""
+
+_WRITES_PER_TURN: Final = 3
+"""Frames written in a row before the event loop gets a turn. A server learns that its client is
+gone only when its loop runs (uvicorn then drops further writes), and a stream's events may all be
+ready at once: written on without a turn, each write past the fifth to a lost connection makes
+asyncio log "socket.send() raised exception." (the loss may be seen just before a turn of ours,
+and a keep-alive ping may write in the same turn: three keeps below five)."""
+
+
+_SETTLE: Final = 2
+"""Event-loop turns between the send of a stream's final frame and the commit it lets go (see
+`DEFER_COMMIT`). A server's send returns also when nothing was written: once uvicorn's loop read
+the client's end of file, the transport drops writes (and once the connection is lost, uvicorn drops
+sends), and the response hears of it two turns later (the connection is closed, then the response's
+disconnect listener is told and cancels it). So a hang-up read before the final send cancels the
+response within these turns, and nothing is stored; one read after it lands after the commit
+began: a turn is stored exactly when its final frame was written (tests/test_sse_cancel_rule.py
+pins it on uvicorn's h11 protocol, iteration by iteration: 1 turn stores dropped answers, 3 drop
+written ones)."""
+
+clock = time.perf_counter
+
+
+def stream_response(
+    stream: TokenStream | PartialStream[Any],
+    *,
+    thinking: bool = False,
+    tool_details: bool = False,
+    ping: float | None = None,
+    headers: dict[str, str] | None = None,
+    send_timeout: float | None = None,
+) -> EventSourceResponse:
+    """The SSE response for a stream the caller already has (see the module docstring for the
+    events; a `PartialStream` sends `partial` events, its values so far, where a `TokenStream` sends
+    `token` events). The stream is closed however the response ends: done, failed, or the client
+    gone."""
+    encoder = Native(thinking, tool_details, isinstance(stream, PartialStream))
+    return respond(stream, encoder, None, ping=ping, headers=headers, send_timeout=send_timeout)
+
+
+def respond(
+    stream: TokenStream | PartialStream[Any] | None,
+    encoder: Encoder,
+    run: Run | None,
+    *,
+    ping: float | None,
+    headers: dict[str, str] | None,
+    send_timeout: float | None,
+    forget: Callable[[], Any] | None = None,
+    tee: _runs.Tee | None = None,
+) -> EventSourceResponse:
+    """The one response loop of every protocol: the stream's events through `encoder`. `stream` is
+    `None` for a run stopped before the model answered. The stream is closed however it ends; a
+    `run` is stopped by cancelling the whole response (see `StreamResponse`), which costs the
+    stream's reads nothing. A run is forgotten (no longer stoppable) once its end is sent.
+
+    With a `tee` (a run manager's run) each frame is appended to the run's log before it is sent;
+    under `"detach"`, a hang-up hands the stream to the manager (`_runs.adopt`) at the next
+    event, or when the response is closed between two sends."""
+    snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
+    frame = encoder.frame
+    # What the client got, chunk by chunk (a stop's end is made from it); a run's log has its own.
+    sent = run.sent if run is not None and tee is None else None
+    chunks_of = _encoder.chunks_of
+    hold = tee is not None and tee.policy == "cancel"
+
+    def encode(chunks: Sequence[Any]) -> list[bytes]:
+        return [frame(chunk).encode() for chunk in chunks]
+
+    put = encode if tee is None else tee.put
+
+    def ended() -> None:
+        """The run ended (its answer, an approval, an error): a stop no longer reaches it, neither
+        the endpoint's nor its manager's (here or from another worker)."""
+        if forget is not None:
+            forget()
+        if tee is not None:
+            tee.runs.release(tee.run, tee.stop)
+
+    async def frames() -> AsyncIterator[bytes]:
+        out: Sequence[Any]
+        written = 0  # frames written since the event loop last had a turn
+        resumed = 0.0  # when the last batch was written
+        reading = False  # between two events of the stream: a detached run's may be handed over
+        try:
+            if tee is not None:
+                tee.began = True  # sse-starlette sent the response's start before it asked
+            out = encoder.opened()
+            if tee is not None and encoder.replay:
+                # The log's start rebuilds the message a resumed run continues (Vercel): a resume
+                # replays it; this client has the message already.
+                tee.put(out[: len(encoder.replay)])
+                out = out[len(encoder.replay) :]
+            if stream is not None:
+                reading = True
+                async for event in stream.events():
+                    if clock() - resumed > _WAITED:
+                        written = 0  # the event was waited for: the loop had its turns meanwhile
+                    kind = type(event)
+                    if kind is Completed or kind is ApprovalRequested:
+                        ended()  # the run ended (or waits for a human): a stop comes too late
+                    chunks = chunks_of(event, encoder, snapshots, result_json)
+                    batch, out = ([*out, *chunks] if out else chunks), ()
+                    # Into the log first (whole: a close between two sends loses none of it); the
+                    # final frames of a `"cancel"` run only once they were written (below).
+                    datas = tee.hold(batch) if hold and kind is Completed else put(batch)  # type: ignore[union-attr]
+                    for chunk, data in zip(batch, datas, strict=True):
+                        if written == _WRITES_PER_TURN:
+                            await anyio.lowlevel.checkpoint()
+                            written = 0
+                        written += 1
+                        if sent is not None:
+                            sent.pending = (data, chunk)
+                        yield data
+                    resumed = clock()
+                    if kind is Completed:
+                        reading = False
+                        # Its sends returned; asked on, the stream stores the turn (see
+                        # `DEFER_COMMIT`): a hang-up read before them lands first.
+                        for _ in range(_SETTLE):
+                            await anyio.lowlevel.checkpoint()
+                        written = 0
+                        if hold:
+                            tee.release()  # type: ignore[union-attr]
+                    elif tee is not None and tee.gone and kind is not ApprovalRequested:
+                        # A `"detach"` run's client hung up: the manager reads on (an approval ended
+                        # the stream: it was stored, and the run is no longer stoppable).
+                        if _runs.adopt(tee, stream, run, result_json, error_json):
+                            return
+                reading = False
+        except GeneratorExit:
+            # Closed between two sends (a send failed or timed out, the server shuts down): a
+            # detached run goes on in its manager.
+            if reading and tee is not None and tee.policy == "detach" and not (run and run.stopped):
+                assert stream is not None
+                _runs.adopt(tee, stream, run, result_json, error_json)
+            raise
+        except Exception as error:
+            reading = False
+            ended()
+            logger.exception("agentrt.sse: the stream failed")
+            out = [*out, *encoder.failed(error_json(error))]  # what an error cut off, first
+        finally:
+            if stream is not None and not (tee is not None and tee.adopted):
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()
+        if encoder.done_marker:
+            out = [*out, DONE]
+        datas = put(out)
+        if tee is not None:
+            tee.clean = True
+        for chunk, data in zip(out, datas, strict=True):
+            if written == _WRITES_PER_TURN:
+                await anyio.lowlevel.checkpoint()
+                written = 0
+            written += 1
+            if sent is not None:
+                sent.pending = (data, chunk)
+            yield data
+        # The response's end is one more write (the server's): the loop's turn first, as above.
+        await anyio.lowlevel.checkpoint()
+
+    return StreamResponse(
+        stream,
+        encoder,
+        run,
+        forget,
+        tee,
+        frames(),
+        ping=ping,
+        headers={**encoder.headers, **(headers or {})},
+        send_timeout=send_timeout,
+        sep=encoder.sep,
+    )
+
+
+class StreamResponse(EventSourceResponse):
+    """An `EventSourceResponse` that closes its stream however the response ends, even when it is
+    cancelled before its body started (the events' own `finally` runs only once they were read).
+
+    With a `run`, the whole response runs under a scope that `stop` cancels, and each chunk counts
+    as sent once its send returned (`run.sent`): after a stop the model stream is closed, then the
+    protocol's last chunks for what the client has end the body. With a `tee` (a run manager's run)
+    the run's log is ended too, unless the manager took the run over."""
+
+    def __init__(
+        self,
+        stream: TokenStream | PartialStream[Any] | None,
+        encoder: Encoder,
+        run: Run | None,
+        forget: Callable[[], Any] | None,
+        tee: _runs.Tee | None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._agentrt_stream = stream
+        self._agentrt_encoder = encoder
+        self._agentrt_run = run
+        self._agentrt_forget = forget
+        self._agentrt_tee = tee
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        run = self._agentrt_run
+        tee = self._agentrt_tee
+        try:
+            if run is None:
+                await super().__call__(scope, receive, send)
+                return
+            sent = run.sent
+            started = False
+
+            async def sending(message: Any) -> None:
+                nonlocal started
+                pending = sent.pending
+                body = message.get("body")
+                if pending is None or body is None or not (body is pending[0] or body == pending[0]):
+                    await send(message)  # the start, a ping, the end
+                    started = True
+                    return
+                try:
+                    await send(message)
+                except BaseException:
+                    sent.unsure(pending[1])
+                    raise
+                sent.pending = None
+                sent.confirm(pending[1])
+
+            if run.stopped:  # stopped between the model's answer and here: its stream is not read
+                await self._stopped(send, False, sent)  # (its events may all come without a checkpoint)
+                return
+            if tee is not None and tee.policy == "detach":
+                receive = _runs.Detaching(receive, tee)
+            with anyio.CancelScope() as stopping:
+                run.scope = stopping
+                try:
+                    await super().__call__(scope, receive, sending if tee is None else send)
+                except TimeoutError:  # sse-starlette's `send_timeout`: the client stalled
+                    if tee is None or not tee.adopted:
+                        raise
+                    # A detached run goes on in its manager: nothing failed (no error to log).
+            if run.scope is stopping:  # (a manager that took the run over has its own)
+                run.scope = None
+            if stopping.cancelled_caught:
+                await self._stopped(send, started if tee is None else tee.began, sent)
+        finally:
+            if self._agentrt_forget is not None:
+                self._agentrt_forget()
+            if tee is None or not tee.adopted:
+                if self._agentrt_stream is not None:
+                    with anyio.CancelScope(shield=True):
+                        await self._agentrt_stream.aclose()
+                if tee is not None:
+                    await tee.finish()
+
+    async def _ping(self, send: Any) -> None:
+        # sse-starlette's keep-alive pings. One that fails or times out (`send_timeout`: a stalled
+        # connection) ends the response, which would cancel a `"detach"` run's stream while the
+        # response waits for its next event: the client is gone instead (the stream is handed to the
+        # manager at that event). Not a return either: sse-starlette ends the response when its ping
+        # task returns.
+        tee = self._agentrt_tee
+        if tee is None or tee.policy != "detach":
+            await super()._ping(send)
+            return
+        try:
+            await super()._ping(send)
+        except Exception:
+            tee.gone = True
+            await anyio.sleep_forever()
+
+    async def _stopped(self, send: Any, started: bool, sent: Sent) -> None:
+        """End a stopped run's body: the model stream closed first, then the protocol's last chunks
+        for what the client has."""
+        if self._agentrt_stream is not None:
+            with anyio.CancelScope(shield=True):
+                await self._agentrt_stream.aclose()
+        encoder = self._agentrt_encoder
+        tee = self._agentrt_tee
+        if tee is not None:  # the log's end, which a resume reads too
+            body = b"".join(tee.end_stopped())
+        else:
+            chunks: list[Any] = [] if started else list(encoder.opened())
+            for chunk in chunks:
+                sent.confirm(chunk)  # sent with the end
+            chunks += encoder.stopped(sent)
+            if encoder.done_marker and not sent.done:
+                chunks.append(DONE)
+            body = b"".join(encoder.frame(chunk).encode() for chunk in chunks)
+        if not started:
+            start = {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            await send(start)
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class Run:
+    """A streaming run of a client protocol: what `stop` cancels."""
+
+    __slots__ = ("scope", "sent", "stopped")
+
+    def __init__(self) -> None:
+        self.scope: anyio.CancelScope | None = None
+        self.stopped = False
+        self.sent = Sent()
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self.scope is not None:
+            self.scope.cancel()
