@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from types import AsyncGeneratorType
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import anyio
@@ -442,8 +443,11 @@ class Invocation:
                             raise _timed_out(turn) from exc
                         raise
                     finally:
-                        with anyio.CancelScope(shield=True):
-                            await aclose_iterator(chunks)
+                        # A finished async generator (an HTTP adapter's, read to its end) has
+                        # nothing to close: the scope would be all the work.
+                        if not (isinstance(chunks, AsyncGeneratorType) and chunks.ag_frame is None):
+                            with anyio.CancelScope(shield=True):
+                                await aclose_iterator(chunks)
                     turn.streaming = None
                     if stopped is not None:
                         # Refused part way: the response ends where it was cut, and is not shown.
