@@ -610,10 +610,12 @@ async def stream_chunks(
     finally:
         # Disarmed before the response goes back to the pool: its socket may serve another request.
         watchdog.close()
-        with anyio.CancelScope(shield=True):
-            if not ended:
-                await _release(raw_chunks)
-            await response.aclose()
+        # A body read to its end closed its response (httpx does, at the end): nothing is left to do.
+        if not ended or not response.is_closed:
+            with anyio.CancelScope(shield=True):
+                if not ended:
+                    await _release(raw_chunks)
+                await response.aclose()
 
 
 def _interrupter(response: httpx.Response) -> Callable[[], None] | None:
