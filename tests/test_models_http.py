@@ -544,9 +544,40 @@ def test_the_connection_options_type_check_as_keywords(tmp_path: Path, mypy_cach
 
 def test_headers_scrubbed_of_an_echoed_key_keep_a_non_ascii_header() -> None:
     from agentrt.models._failures import ErrorContext
-    from agentrt.models._http import _scrubbed
+    from agentrt.models._http import _shown
 
     headers = httpx.Headers([(b"x-echo", b"key sk-secret-123"), (b"x-city", "Zürich".encode("latin-1"))])
-    clean = _scrubbed(headers, ErrorContext("endpoint", ("sk-secret-123",)))
+    clean, _ = _shown(headers, ErrorContext("endpoint", ("sk-secret-123",)))
     assert "sk-secret-123" not in repr(clean.multi_items())
     assert clean["x-city"] == "Zürich"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        [],
+        [(b"X-Request-Id", b"req_1"), (b"request-id", b"req_2")],
+        [(b"request-id", b"req_2")],
+        [(b"x-request-id", b""), (b"request-id", b"req_2")],
+        [(b"x-request-id", b"a"), (b"content-type", b"text/event-stream"), (b"x-request-id", b"b")],
+        [(b"x-request-id", b"req_sk-secret-123"), (b"x-echo", b"sk-secret-123")],
+        [(b"x-echo", b"sk-secret-123"), (b"x-city", "Zürich".encode("latin-1"))],
+    ],
+)
+@pytest.mark.parametrize("secrets", [(), ("sk-secret-123",), ("x",), ("req",)])
+def test_the_shown_headers_and_request_id_are_those_of_the_long_way(
+    raw: list[tuple[bytes, bytes]], secrets: tuple[str, ...]
+) -> None:
+    """`_shown` (one pass) gives what scrubbing each header and looking the id up gives."""
+    from agentrt.models._failures import ErrorContext, request_id_of
+    from agentrt.models._http import _shown
+
+    headers = httpx.Headers(raw)
+    context = ErrorContext("endpoint", secrets)
+    items = headers.multi_items()
+    clean = [(context.scrub(name), context.scrub(value)) for name, value in items]
+    expected = headers if clean == items else httpx.Headers(clean, encoding=headers.encoding)
+    shown, request_id = _shown(headers, context if secrets else None)
+    assert shown.multi_items() == expected.multi_items()
+    assert (shown is headers) == (expected is headers)
+    assert request_id == request_id_of(expected)

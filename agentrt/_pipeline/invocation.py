@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from types import AsyncGeneratorType
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import anyio
@@ -181,7 +182,7 @@ class Invocation:
             turn.resume_clock()
         deadline = turn.deadline
         if deadline is None:
-            return await self._fold(self.events())
+            return await self._fold(self.events(forward=False))
         # Watched, the pipeline reports no cancellation itself: this scope, or one outside it, may
         # have caused it, and only here is it known which.
         turn.watched = True
@@ -189,7 +190,7 @@ class Invocation:
         watching = WATCHED.set(deadline)  # adapters need no scope or watchdog of their own
         try:
             with anyio.CancelScope(deadline=deadline) as scope:
-                return await self._fold(self.events())
+                return await self._fold(self.events(forward=False))
         except anyio.get_cancelled_exc_class():
             if listeners:
                 notify(listeners, CancelledEvent(self.id))  # someone else's cancellation
@@ -216,7 +217,7 @@ class Invocation:
             return approval_result(approval)
         return result
 
-    async def events(self, *, prime: bool = False) -> AsyncGenerator[Event, None]:
+    async def events(self, *, prime: bool = False, forward: bool = True) -> AsyncGenerator[Event, None]:
         """The invocation's events, ending with `Completed`; errors are raised, not yielded.
 
         A loop over the turn's steps (`Phase`): prepare → request → response → tools → answer →
@@ -230,6 +231,10 @@ class Invocation:
         connection error, 401, 429, an exceeded context). A turn restored past its first request
         yields it at once (after a resumed approval's round: before the next request, or at once if
         it needs none).
+
+        Without `forward`, the model's chunks (text, thinking, refusal, usage) are not yielded, only
+        the events around them: `result()` folds to `Completed` and has no use for them (each one
+        would resume this generator and the fold once more).
         """
         turn = self._turn
         if turn.resume_from is not None:
@@ -325,7 +330,7 @@ class Invocation:
                                 carried = first  # checked with the chunks after it
                             elif first is not None:
                                 add(first)
-                                if first.__class__ in _FORWARD and not hold:
+                                if first.__class__ in _FORWARD and forward and not hold:
                                     yield first  # type: ignore[misc]
                                 if allowance is not None:
                                     left -= _meter.spend(first, allowance[0])
@@ -341,7 +346,7 @@ class Invocation:
                                     left -= _meter.spend(chunk, most)
                                     if left < 0:
                                         raise _cut(turn, accumulator, request, allowance)
-                                if chunk.__class__ is Usage:
+                                if chunk.__class__ is Usage and forward:
                                     yield chunk
                         elif chunking:
                             # `chunked`: the answer so far is checked at each chunk's end, and the
@@ -395,17 +400,24 @@ class Invocation:
                                     left -= _meter.spend(chunk, most)
                                     if left < 0:
                                         raise _cut(turn, accumulator, request, allowance)
-                                if kind is Usage:
+                                if kind is Usage and forward:
                                     yield chunk  # type: ignore[misc]
                         elif allowance is None:
-                            async for chunk in chunks:
-                                if chunk.__class__ is TextDelta:
-                                    append(chunk.text)
-                                    yield chunk
-                                else:
-                                    add(chunk)
-                                    if chunk.__class__ in _FORWARD:
-                                        yield chunk  # type: ignore[misc]
+                            if forward:
+                                async for chunk in chunks:
+                                    if chunk.__class__ is TextDelta:
+                                        append(chunk.text)
+                                        yield chunk
+                                    else:
+                                        add(chunk)
+                                        if chunk.__class__ in _FORWARD:
+                                            yield chunk  # type: ignore[misc]
+                            else:
+                                async for chunk in chunks:
+                                    if chunk.__class__ is TextDelta:
+                                        append(chunk.text)
+                                    else:
+                                        add(chunk)
                         else:
                             most = allowance[0]
                             async for chunk in chunks:
@@ -416,22 +428,26 @@ class Invocation:
                                     left -= size if size > _meter.TOKEN else _meter.TOKEN
                                     if left < 0:
                                         raise _cut(turn, accumulator, request, allowance)
-                                    yield chunk
+                                    if forward:
+                                        yield chunk
                                 else:
                                     add(chunk)
                                     if chunk.__class__ in _METERED:
                                         left -= _meter.spend(chunk, most)
                                         if left < 0:
                                             raise _cut(turn, accumulator, request, allowance)
-                                    if chunk.__class__ in _FORWARD:
+                                    if forward and chunk.__class__ in _FORWARD:
                                         yield chunk  # type: ignore[misc]
                     except ModelTimeoutError as exc:
                         if deadline is not None and anyio.current_time() >= deadline:
                             raise _timed_out(turn) from exc
                         raise
                     finally:
-                        with anyio.CancelScope(shield=True):
-                            await aclose_iterator(chunks)
+                        # A finished async generator (an HTTP adapter's, read to its end) has
+                        # nothing to close: the scope would be all the work.
+                        if not (isinstance(chunks, AsyncGeneratorType) and chunks.ag_frame is None):
+                            with anyio.CancelScope(shield=True):
+                                await aclose_iterator(chunks)
                     turn.streaming = None
                     if stopped is not None:
                         # Refused part way: the response ends where it was cut, and is not shown.

@@ -42,7 +42,6 @@ from ._failures import (
     error_from_response,
     parse_retry_after,
     redact_url,
-    request_id_of,
     transport_error,
     unreadable,
 )
@@ -440,10 +439,7 @@ class HttpSession:
         except ModelError as error:
             self.report(error, body, attempt)
             raise
-        headers = response.headers
-        if self._secret is not None:
-            headers = _scrubbed(headers, self.context)
-        request_id = request_id_of(headers)
+        headers, request_id = _shown(response.headers, self.context if self._secret is not None else None)
         if self.on_response is not None:
             _notify(
                 self.on_response,
@@ -470,12 +466,28 @@ class HttpSession:
         return error
 
 
-def _scrubbed(headers: httpx.Headers, context: ErrorContext) -> httpx.Headers:
-    """`headers`, or a scrubbed copy if the server echoed the key in one (once per response)."""
+def _shown(headers: httpx.Headers, context: ErrorContext | None) -> tuple[httpx.Headers, str | None]:
+    """The headers listeners see, scrubbed with `context` if given (a copy, if the server echoed the
+    key in one), and the request id among them (as `request_id_of` finds it), in one pass.
+
+    Scrubbing starts with one search over all the headers (no match: no header holds the key); the
+    request id is looked up in the same items (httpx's lookup of an absent header raises and
+    catches a `KeyError`).
+    """
     items = headers.multi_items()
-    clean = [(context.scrub(name), context.scrub(value)) for name, value in items]
-    # in the encoding they came in (a non-ASCII header beside the echoed key failed to encode)
-    return headers if clean == items else httpx.Headers(clean, encoding=headers.encoding)
+    if context is not None and context.shows_secret("\x00".join(map("\x00".join, items))):
+        scrub = context.scrub
+        clean = [(scrub(name), scrub(value)) for name, value in items]
+        if clean != items:
+            # in the encoding they came in (a non-ASCII header beside the echoed key failed to encode)
+            headers = httpx.Headers(clean, encoding=headers.encoding)
+            items = headers.multi_items()
+    request_id = (
+        ", ".join([value for name, value in items if name == "x-request-id"])
+        or ", ".join([value for name, value in items if name == "request-id"])
+        or None
+    )
+    return headers, request_id
 
 
 async def _read_limited(response: httpx.Response) -> bytes:
@@ -597,10 +609,12 @@ async def stream_chunks(
     finally:
         # Disarmed before the response goes back to the pool: its socket may serve another request.
         watchdog.close()
-        with anyio.CancelScope(shield=True):
-            if not ended:
-                await _release(raw_chunks)
-            await response.aclose()
+        # A body read to its end closed its response (httpx does, at the end): nothing is left to do.
+        if not ended or not response.is_closed:
+            with anyio.CancelScope(shield=True):
+                if not ended:
+                    await _release(raw_chunks)
+                await response.aclose()
 
 
 def _interrupter(response: httpx.Response) -> Callable[[], None] | None:

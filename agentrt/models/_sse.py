@@ -92,8 +92,13 @@ class SSEDecoder:
         the next `data: ` line). A read whose last event is followed by anything else, such as a
         comment or an extra blank line, goes to `feed`.
         """
-        if self._data or self._event or self._skip_lf or not self._started or 13 in chunk:
+        if self._data or self._event or self._skip_lf or 13 in chunk:
             return None
+        if not self._started:
+            # The stream's first read: plain too when it starts with a data line (so no BOM).
+            if self._buf or not chunk.startswith(b"data: "):
+                return None
+            self._started = True
         if self._buf and 10 not in chunk:
             self._hold(chunk)
             return []

@@ -357,6 +357,10 @@ class ChatCompletionMapper:
                 content = delta.get("content")
                 if content and len(delta) == 1 and content.__class__ is str and self._think is None:
                     out.append(TextDelta(content))
+                elif content is None and len(delta) == 1 and "tool_calls" in delta:
+                    calls = delta["tool_calls"]  # a tool call's fragment: `_delta` would find only it
+                    if calls:
+                        self._calls(calls, out)
                 else:
                     self._delta(delta, content, out)
             raw = choice.get("finish_reason")
