@@ -57,13 +57,13 @@ _TRIP = """
 import sys, socket, multiprocessing
 sys.path.insert(0, {here!r})
 import anyio, httpx, agentrt
-from bench_http import serve, Service, plain_round_trip, get_current_weather, get_current_weather_async
+from bench_http import KEY, serve, Service, plain_round_trip, get_current_weather, get_current_weather_async
 from agentrt.models import OpenAIChatModel, RetryPolicy
 n, who, kind = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 async def measure(port):
     base = f"http://127.0.0.1:{{port}}/v1"
     async with httpx.AsyncClient(timeout=30) as client:
-        chat = OpenAIChatModel("bench", base_url=base, api_key="x", client=client, retry=RetryPolicy.never())
+        chat = OpenAIChatModel("bench", base_url=base, api_key=KEY, client=client, retry=RetryPolicy.never())
         fn = get_current_weather_async if kind == "async" else get_current_weather
         svc = agentrt.build(Service, model=chat, tools=[fn])
         for _ in range(n):

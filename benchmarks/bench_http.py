@@ -199,13 +199,20 @@ WEATHER_TOOL = {
 }
 
 
+# What every client of a real endpoint sends, agentrt's and the hand-written loop's alike: the key
+# (a realistic one: "x" would be found, and scrubbed, in every `text/event-stream` content type) and
+# the body's type.
+KEY = "sk-bench-4f9c2e7a1b3d5f60"
+PLAIN_HEADERS = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
+
+
 async def plain(client: httpx.AsyncClient, url: str, tokens: int) -> str:
     """The floor: httpx streaming bytes, split on blank lines, orjson per event; nothing else."""
     body = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     body["max_tokens"] = tokens
     parts: list[str] = []
     loads = orjson.loads
-    async with client.stream("POST", url, content=orjson.dumps(body)) as response:
+    async with client.stream("POST", url, content=orjson.dumps(body), headers=PLAIN_HEADERS) as response:
         buffer = b""
         async for raw in response.aiter_bytes():
             buffer = buffer + raw if buffer else raw
@@ -226,7 +233,7 @@ async def _stream_turn(client: httpx.AsyncClient, url: str, body: dict[str, Any]
     parts: list[str] = []
     calls: dict[int, list[str]] = {}
     loads = orjson.loads
-    async with client.stream("POST", url, content=orjson.dumps(body)) as response:
+    async with client.stream("POST", url, content=orjson.dumps(body), headers=PLAIN_HEADERS) as response:
         buffer = b""
         async for raw in response.aiter_bytes():
             buffer = buffer + raw if buffer else raw
@@ -303,7 +310,7 @@ async def measure(port: int) -> tuple[float, float, float, float, float]:
         one = OpenAIChatModel(
             "bench",
             base_url=base,
-            api_key="x",
+            api_key=KEY,
             client=client,
             retry=RetryPolicy.never(),
             settings=ModelSettings(max_tokens=1),
@@ -311,12 +318,12 @@ async def measure(port: int) -> tuple[float, float, float, float, float]:
         many = OpenAIChatModel(
             "bench",
             base_url=base,
-            api_key="x",
+            api_key=KEY,
             client=client,
             retry=RetryPolicy.never(),
             settings=ModelSettings(max_tokens=TOKENS),
         )
-        chat = OpenAIChatModel("bench", base_url=base, api_key="x", client=client, retry=RetryPolicy.never())
+        chat = OpenAIChatModel("bench", base_url=base, api_key=KEY, client=client, retry=RetryPolicy.never())
         ask = agentrt.build(Service, model=one, listeners=[events.append])
         stream = agentrt.build(Service, model=many, listeners=[events.append])
         weather = agentrt.build(Service, model=chat, listeners=[events.append], tools=[get_current_weather])
