@@ -26,7 +26,8 @@ from .output._modes import ANSWER_TOOL, AnswerTool, answer_tool, resolve_mode
 from .output._parsers import TypeParser
 from .rag._augment import RETRIEVAL_ATTR, Retrieval
 from .tools._declare import ToolDefinition, ToolSource, collect_tools
-from .tools._run import ThreadLimiter, ToolSettings
+from .tools._run import ToolSettings
+from .tools._threads import ThreadLimiter
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -18,7 +18,8 @@ import agentrt
 from agentrt import ConversationReentryError, MemoryId
 from agentrt._messages import ChatMessage
 from agentrt.memory import ChatMemory, InMemoryStore
-from agentrt.memory._memory import _STRONG_LOCKS, Memory
+from agentrt.memory._locks import _STRONG_LOCKS
+from agentrt.memory._memory import Memory
 from agentrt.testing import FunctionModel
 
 

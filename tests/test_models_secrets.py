@@ -234,7 +234,7 @@ async def test_the_http_loggers_are_scrubbed_while_a_model_is_open_and_left_alon
     are scrubbed too."""
     from agentrt import ModelRequest
     from agentrt.models import OpenAIChatModel, complete
-    from agentrt.models._http import _SCRUBBED_LOGGERS
+    from agentrt.models._scrub import _SCRUBBED_LOGGERS
 
     key = f"sk-scope-{CORE}-closed"
     caplog.set_level(logging.DEBUG)
@@ -289,7 +289,7 @@ async def test_a_model_dropped_unclosed_releases_its_key(caplog: pytest.LogCaptu
 
 
 def test_a_record_that_cannot_be_formatted_is_passed_on_unchanged() -> None:
-    from agentrt.models._http import _KEY_FILTER
+    from agentrt.models._scrub import _KEY_FILTER
 
     record = logging.LogRecord("httpx", logging.DEBUG, __file__, 1, "%s and %s", ("one",), None)
     _KEY_FILTER.hold(PLAIN)

@@ -8,7 +8,9 @@ from typing import Annotated, Any
 
 from agentrt import LoopLimit, MemoryId, ToolCall, ToolContext, ToolOutcome, ToolSettings, tool
 from agentrt.tools._declare import collect_tools, define_tool
-from agentrt.tools._run import ThreadLimiter, ToolLoop, arguments_hash
+from agentrt.tools._loop import ToolLoop
+from agentrt.tools._run import arguments_hash
+from agentrt.tools._threads import ThreadLimiter
 
 seen: list[Any] = []
 

@@ -22,7 +22,7 @@ import pytest
 import agentrt
 from agentrt import Budget, BudgetExceededError, ToolSettings, tool
 from agentrt.testing import CallTool, FunctionModel
-from agentrt.tools._run import ThreadLimiter
+from agentrt.tools._threads import ThreadLimiter
 
 
 class Chat:

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from .._events import ModelResponse, ToolExecution
     from .._messages import ToolCall
     from ..models._protocol import ModelRequest, ToolSpec
-    from ..tools._run import LoopLimit, ToolLoop
+    from ..tools._loop import ToolLoop
+    from ..tools._run import LoopLimit
     from ._turn import Turn
 
 __all__ = ["Step", "after_response", "after_round", "before_request", "record", "rewrite", "unspend_round"]

@@ -19,7 +19,8 @@ from ..moderation._declare import Moderate
 from ..output._modes import AnswerTool
 from ..rag._augment import Retrieval
 from ..tools._declare import ToolDefinition
-from ..tools._run import ThreadLimiter, ToolSettings
+from ..tools._run import ToolSettings
+from ..tools._threads import ThreadLimiter
 
 __all__ = ["Listener", "Runtime", "SystemMessageProvider", "ToolProvider", "ToolRequest", "notify"]
 

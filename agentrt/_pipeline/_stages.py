@@ -18,7 +18,7 @@ from ..rag._augment import augmented
 from ..rag._augment import run as run_retrieval
 from ..rag._types import Query
 from ..tools._declare import ToolContext, ToolDefinition, collect_tools
-from ..tools._run import ToolLoop
+from ..tools._loop import ToolLoop
 from . import _approve
 from ._runtime import ToolRequest, notify
 

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from ..output._modes import AnswerTool
     from ..rag._types import Content
     from ..tools._declare import ToolDefinition
-    from ..tools._run import LoopLimit, ToolLoop
+    from ..tools._loop import ToolLoop
+    from ..tools._run import LoopLimit
     from ._approve import Waiting
     from ._finish import Outcome
     from ._plan import Plan

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 import anyio
 
 from .._budget import chars_for_tokens
-from .._errors import BudgetExceededError, ModelTimeoutError
+from .._errors import ModelTimeoutError
 from .._events import (
     ApprovalRequested,
     CancelledEvent,
@@ -42,22 +42,22 @@ from .._events import (
     ToolCallDelta,
     Usage,
 )
-from .._watchdog import WATCHED, read_before
+from .._watchdog import WATCHED
 from ..models._protocol import ResponseAccumulator, aclose_iterator
 from ..output._modes import AnswerChunks
-from . import _approve, _checkpoint, _finish, _loop, _meter, _moderate, _release, _stages, _steps
+from . import _approve, _checkpoint, _finish, _loop, _meter, _release, _stages, _steps
 from ._plan import Plan, plan
 from ._release import Mode
+from ._response import _cut, _Deadline, _race, _timed_out
 from ._runtime import notify
 from ._turn import BOUNDARIES, Phase, Turn
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+    from collections.abc import AsyncGenerator, Callable, Mapping
 
-    from .._budget import Budget, BudgetLimit
-    from .._events import ModelChunk, ModelResponse
+    from .._budget import Budget
     from .._spec import MethodSpec
-    from ..models._protocol import ModelRequest, ModelSettings
+    from ..models._protocol import ModelSettings
     from ._runtime import Runtime
 
 __all__ = ["READY", "Invocation", "approval_result"]
@@ -88,35 +88,6 @@ class _Ready:
 
 
 READY: Final = _Ready()
-
-
-class _Deadline:
-    """A model stream read under a deadline, for models that do not handle `request.deadline`.
-
-    A model's iterator has nothing a watchdog could interrupt, so each read takes its own cancel
-    scope (`read_before`: never held across the pipeline's `yield`); a read cut at the deadline
-    raises `ModelTimeoutError`, as the HTTP adapters do.
-    """
-
-    __slots__ = ("_chunks", "_deadline")
-
-    def __init__(self, chunks: AsyncIterator[ModelChunk], deadline: float) -> None:
-        self._chunks = chunks
-        self._deadline = deadline
-
-    def __aiter__(self) -> _Deadline:
-        return self
-
-    async def __anext__(self) -> ModelChunk:
-        chunk, cut = await read_before(self._chunks, self._deadline, None)
-        if cut:
-            raise ModelTimeoutError("the model stream reached the invocation's deadline", mid_stream=True)
-        if chunk is None:
-            raise StopAsyncIteration
-        return chunk
-
-    async def aclose(self) -> None:
-        await aclose_iterator(self._chunks)
 
 
 class Invocation:
@@ -546,56 +517,3 @@ def approval_result(approval: ApprovalRequested) -> Result[Any]:
     """The `Result` of a turn that stopped for approval: what it had, with `approval` set."""
     assert approval.partial is not None
     return replace(approval.partial, approval=approval)
-
-
-def _race(
-    turn: Turn,
-    chunks: AsyncIterator[ModelChunk],
-    allowance: tuple[int, BudgetLimit] | None,
-    guard: float | None,
-) -> AsyncIterator[ModelChunk]:
-    """The first response, held until the checks raced against it passed: moderation and a parallel
-    input chain (each once per turn)."""
-    most = allowance[0] if allowance is not None else None
-    user = turn.user
-    assert user is not None
-    if turn.checking:
-        chain = turn.plan.input_chain
-        assert chain is not None
-        chunks = _moderate.Raced(
-            chunks, turn, _moderate.InputJudge(turn, chain), allowance=most, deadline=guard
-        )
-        turn.checking = False
-    if turn.moderating:
-        moderation = turn.plan.moderation
-        assert moderation is not None
-        judge = _moderate.ModerationJudge(turn, moderation, user.text)
-        chunks = _moderate.Raced(chunks, turn, judge, allowance=most, deadline=guard)
-        turn.moderating = False
-    return chunks
-
-
-def _cut(
-    turn: Turn, accumulator: ResponseAccumulator, request: ModelRequest, allowance: tuple[int, BudgetLimit]
-) -> Exception:
-    """The error for a response stopped at a token limit (the stream is closed on the way out)."""
-    response = accumulator.build(request, cut=True)
-    account = turn.account
-    assert account is not None
-    account.record(response.usage)
-    return turn.exceeded(
-        allowance[1], streamed=response, cause=f"the response was stopped past {allowance[0]} output tokens"
-    )
-
-
-def _timed_out(turn: Turn) -> BudgetExceededError:
-    """The error for an invocation cut at its deadline, with the response under way, if any."""
-    account = turn.account
-    assert account is not None
-    accumulator, request = turn.streaming, turn.sent
-    if accumulator is None or request is None or not accumulator.started:
-        return turn.exceeded("seconds")  # nothing of a response arrived: no response to report
-    turn.streaming = None
-    response: ModelResponse = accumulator.build(request, cut=True)
-    account.record(response.usage)
-    return turn.exceeded("seconds", streamed=response, cause="while the model responded")

@@ -23,7 +23,8 @@ from pydantic import SecretStr
 from .._errors import ConfigurationError
 from .._messages import ChatMessage, ImageContent, TextContent, ToolResultMessage, UserMessage
 from ._decoders import JSONChunkDecoder, PayloadMapper
-from ._http import HttpErrorEvent, HttpRequestEvent, HttpResponseEvent, HttpSession, stream_chunks
+from ._http import HttpErrorEvent, HttpRequestEvent, HttpResponseEvent, HttpSession
+from ._http_stream import stream_chunks
 from ._protocol import Capabilities, ModelSettings
 from ._retry import RetryPolicy
 
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from .._events import ModelChunk
-    from ._http import ChunkDecoder, Exchange
+    from ._http import Exchange
+    from ._http_stream import ChunkDecoder
     from ._protocol import ModelRequest
 
 __all__ = ["ConnectionOptions", "HttpChatModel", "HttpModel", "Server"]

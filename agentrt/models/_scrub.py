@@ -1,10 +1,13 @@
 """Secrets out of error messages, bodies and logs: every secret given by the caller, in any of the
 forms it is written in (as it is, escaped by JSON or `repr`, percent-encoded, escaped again), is
-replaced by `REDACTED`, with one compiled pattern per endpoint (`secret_forms`, `scrub`)."""
+replaced by `REDACTED`, with one compiled pattern per endpoint (`secret_forms`, `scrub`); and the
+log filter that does it to the records of the loggers an HTTP request goes through (`_KEY_FILTER`)."""
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -98,3 +101,78 @@ def scrub(text: str, forms: tuple[str, ...]) -> str:
         return text
     pattern = forms.pattern if isinstance(forms, Forms) else Forms(forms).pattern
     return pattern.sub(REDACTED, text)
+
+
+_SCRUBBED_LOGGERS: Final = (
+    "httpx",
+    "httpcore.connection",
+    "httpcore.http11",
+    "httpcore.http2",
+    "httpcore.proxy",
+    "httpcore.socks",
+    "hpack.hpack",
+    "hpack.table",
+    "agentrt.models",
+)
+"""The loggers an agentrt request goes through (a filter applies to its own logger's records only)."""
+_FORMATTER: Final = logging.Formatter()
+
+
+class _KeyFilter(logging.Filter):
+    """Replaces the keys of open sessions in the records of `_SCRUBBED_LOGGERS`; never drops one.
+
+    Installed on those loggers (only) by the first session that sends a request with a key; it stays,
+    inert, once no session holds a key. A record's message is formatted (only when a key is held and
+    the record was not discarded by its level) and, if it showed a key, replaced by its scrubbed text;
+    so are its exception and stack texts.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Reentrant: `release` also runs from a garbage collection, which may start inside `hold`.
+        # An update it interrupts can only end with a count too high (a key scrubbed for longer).
+        self._lock = threading.RLock()
+        self._held: dict[str, int] = {}
+        self.forms: tuple[str, ...] = ()
+
+    def hold(self, secret: str) -> None:
+        with self._lock:
+            self._held[secret] = self._held.get(secret, 0) + 1
+            self.forms = secret_forms(self._held)
+        for name in _SCRUBBED_LOGGERS:
+            logging.getLogger(name).addFilter(self)  # a no-op once installed
+
+    def release(self, secret: str) -> None:
+        with self._lock:
+            count = self._held.get(secret, 0) - 1
+            if count > 0:
+                self._held[secret] = count
+            else:
+                self._held.pop(secret, None)
+            self.forms = secret_forms(self._held)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        forms = self.forms
+        if forms:
+            try:
+                _scrub_record(record, forms)
+            except Exception:  # a record that cannot be formatted: its handler reports it
+                pass
+        return True
+
+
+def _scrub_record(record: logging.LogRecord, forms: tuple[str, ...]) -> None:
+    message = record.getMessage()
+    clean = scrub(message, forms)
+    if clean != message:
+        record.msg, record.args = clean, ()
+    if record.exc_info and record.exc_info[1] is not None:
+        text = record.exc_text or _FORMATTER.formatException(record.exc_info)
+        clean = scrub(text, forms)
+        if clean != text:
+            record.exc_info, record.exc_text = None, clean
+    if record.stack_info:
+        record.stack_info = scrub(record.stack_info, forms)
+
+
+_KEY_FILTER: Final = _KeyFilter()

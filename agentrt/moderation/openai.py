@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, Unpack
 
 from ..models._base import HttpModel
 from ..models._decoders import MalformedPayload, json_type
-from ..models._http import fetch_json
+from ..models._http_stream import fetch_json
 from ..models.openai import SERVER
 from ._types import Moderation
 

@@ -11,7 +11,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Unpack
 
 from ..models._decoders import MalformedPayload, json_type
-from ..models._http import fetch_json
+from ..models._http_stream import fetch_json
 from ..models.ollama import SERVER
 from ._embedding import (
     DEFAULT_BATCH_SIZE,
