@@ -207,31 +207,21 @@ def test_an_answer_refused_after_its_first_sentences_never_reaches_use_chat_s_re
 # --- runs that outlive their connection: useChat's resume (GET {api}/{chat id}/stream) ------------------
 
 
-def resume_clients(app: str, runs: list[tuple[str, str, float, str]]) -> list[Any]:
-    """Run vercel_resume.mjs once per `(chat, question, cut, mode)`, all at once: each one's report."""
-    started = [
-        subprocess.Popen(
-            [
-                "node",
-                str(NODE / "vercel_resume.mjs"),
-                f"{app}/runs/vercel",
-                chat,
-                question,
-                str(cut),
-                mode,
-                f"{app}/open?ticket={chat}",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+def resume_clients(app: str, runs: list[tuple[str, str, float, str]], tmp_path: Path) -> list[Any]:
+    """Run vercel_resume.mjs for every `(chat, question, cut, mode)`, all at once in one process
+    (`--batch`): each one's report."""
+    argv = [
+        [f"{app}/runs/vercel", chat, question, str(cut), mode, f"{app}/open?ticket={chat}"]
         for chat, question, cut, mode in runs
     ]
+    batch = tmp_path / "resume-runs.json"
+    batch.write_text(json.dumps(argv))
+    results = run_node(str(NODE / "vercel_resume.mjs"), "--batch", str(batch))
+    assert len(results) == len(runs)
     reports = []
-    for process in started:
-        out, errors = process.communicate(timeout=120)
-        assert process.returncode == 0, errors
-        reports.append(json.loads(out))
+    for (chat, _, cut, mode), result in zip(runs, results, strict=True):
+        assert result["status"] == 0, f"{chat} (cut after {cut} events, {mode}): {result['stderr']}"
+        reports.append(json.loads(result["stdout"]))
     return reports
 
 
@@ -241,7 +231,7 @@ HELD_CHUNKS = 12
 
 @pytest.mark.parametrize("mode", ["drop", "reload"])
 def test_use_chat_resumes_a_detached_run_cut_at_any_event_and_assembles_what_memory_stored(
-    clients: Path, app: str, mode: str
+    clients: Path, app: str, mode: str, tmp_path: Path
 ) -> None:
     # The first response is cut after `cut` events (".5": half of the next one), as a dropped
     # connection fails in a browser; the run goes on (detach) and waits until the resume reads it.
@@ -252,7 +242,7 @@ def test_use_chat_resumes_a_detached_run_cut_at_any_event_and_assembles_what_mem
     runs = [
         (f"chat-{mode}-{index}", f"Hold chat-{mode}-{index}", cut, mode) for index, cut in enumerate(cuts)
     ]
-    for (chat, _, cut, _), report in zip(runs, resume_clients(app, runs), strict=True):
+    for (chat, _, cut, _), report in zip(runs, resume_clients(app, runs, tmp_path), strict=True):
         where = f"cut after {cut} events"
         assert report["cutStatus"] == "error" and report["errors"] == ["network error"], where
         assert report["chunks"] == int(cut), where
@@ -299,7 +289,9 @@ def test_use_chat_s_resume_of_a_chat_without_an_active_run_gets_204_and_the_chat
         "trigger": "submit-message",
     }
     [answered] = run_client("vercel_client.mjs", f"{app}/runs/vercel", body, tmp_path)
-    ended, never = resume_clients(app, [("chat-ended", "-", 0, "none"), ("chat-never", "-", 0, "none")])
+    ended, never = resume_clients(
+        app, [("chat-ended", "-", 0, "none"), ("chat-never", "-", 0, "none")], tmp_path
+    )
     for chat, report in (("chat-ended", ended), ("chat-never", never)):
         assert [(m, u.rsplit("/runs/", 1)[1], s) for m, u, s in report["requests"]] == [
             ("GET", f"vercel/{chat}/stream", 204)
@@ -490,34 +482,30 @@ def test_ag_ui_s_client_ends_a_run_with_an_interrupt_and_resumes_it(
 
 
 def approval_resume_clients(
-    app: str, runs: list[tuple[str, str, list[dict[str, Any]], float, str]]
+    app: str, runs: list[tuple[str, str, list[dict[str, Any]], float, str]], tmp_path: Path
 ) -> list[Any]:
-    """Run vercel_approval_resume.mjs once per `(chat, question, decisions, cut, mode)`, all at
-    once: each one's report."""
-    started = [
-        subprocess.Popen(
-            [
-                "node",
-                str(NODE / "vercel_approval_resume.mjs"),
-                f"{app}/runs/vercel",
-                chat,
-                question,
-                json.dumps(decisions),
-                str(cut),
-                mode,
-                f"{app}/open?ticket={chat}",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+    """Run vercel_approval_resume.mjs for every `(chat, question, decisions, cut, mode)`, all at once
+    in one process (`--batch`): each one's report."""
+    argv = [
+        [
+            f"{app}/runs/vercel",
+            chat,
+            question,
+            json.dumps(decisions),
+            str(cut),
+            mode,
+            f"{app}/open?ticket={chat}",
+        ]
         for chat, question, decisions, cut, mode in runs
     ]
+    batch = tmp_path / "approval-runs.json"
+    batch.write_text(json.dumps(argv))
+    results = run_node(str(NODE / "vercel_approval_resume.mjs"), "--batch", str(batch))
+    assert len(results) == len(runs)
     reports = []
-    for (chat, _, _, cut, mode), process in zip(runs, started, strict=True):
-        out, errors = process.communicate(timeout=120)
-        assert process.returncode == 0, f"{chat} (cut after {cut} events, {mode}): {errors}"
-        reports.append(json.loads(out))
+    for (chat, _, _, cut, mode), result in zip(runs, results, strict=True):
+        assert result["status"] == 0, f"{chat} (cut after {cut} events, {mode}): {result['stderr']}"
+        reports.append(json.loads(result["stdout"]))
     return reports
 
 
@@ -546,7 +534,7 @@ APPROVED = {"refund": {"approved": True}}
 )
 @pytest.mark.parametrize("mode", ["drop", "reload"])
 def test_use_chat_resumes_an_approval_s_continuation_cut_at_any_event_into_the_uncut_message(
-    clients: Path, approval_app: str, twice: bool, cuts: list[float], mode: str
+    clients: Path, approval_app: str, twice: bool, cuts: list[float], mode: str, tmp_path: Path
 ) -> None:
     # The answer to an approval continues the assistant's message in a run of its own; the client
     # drops during it and resumes (GET /runs/vercel/{chat}/stream): the SDK replays the resumed
@@ -561,7 +549,7 @@ def test_use_chat_resumes_an_approval_s_continuation_cut_at_any_event_into_the_u
         (f"ar-{key}-{i:05}", f"Hold ar-{key}-{i:05}{suffix}", decisions, cut, mode)
         for i, cut in enumerate(cuts)
     ]
-    reference, *reports = approval_resume_clients(approval_app, runs)
+    reference, *reports = approval_resume_clients(approval_app, runs, tmp_path)
     assert reference["status"] == "ready" and reference["errors"] == []
     [_, uncut] = reference["final"]
     expected = as_assembled(uncut)
@@ -719,9 +707,10 @@ def replay(
     tmp_path: Path,
     outputs: list[str] | None = None,
 ) -> list[tuple[int, str]]:
-    """Run a client against each of `bodies`, served as they are by a throwaway HTTP server (the
-    clients run at once; `request` is what each sends, or one per body): each run's exit status and
-    error output (and its output appended to `outputs`, if given)."""
+    """Run a client against each of `bodies`, served as they are by a throwaway HTTP server (one
+    client process reads them one after another: `--batch`; `request` is what each run sends, or one
+    per body): each run's exit status and error output (and its output appended to `outputs`, if
+    given)."""
 
     class Canned(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -740,22 +729,22 @@ def replay(
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         requests = request if isinstance(request, list) else [request] * len(bodies)
-        for index, sent in enumerate(requests):
-            (tmp_path / f"request-{index}.json").write_text(json.dumps(sent))
         base = f"http://127.0.0.1:{server.server_address[1]}"
-        runs = [
-            subprocess.Popen(
-                ["node", str(NODE / script), f"{base}/{index}", f"@{tmp_path / f'request-{index}.json'}"],
-                stdout=subprocess.DEVNULL if outputs is None else subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for index in range(len(bodies))
-        ]
-        done = [run.communicate(timeout=120) for run in runs]  # closes each run's pipes
+        runs = tmp_path / "runs.json"
+        runs.write_text(json.dumps([{"url": f"{base}/{i}", "body": sent} for i, sent in enumerate(requests)]))
+        done = subprocess.run(
+            ["node", str(NODE / script), "--batch", str(runs)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        results = json.loads(done.stdout)
+        assert len(results) == len(bodies)
         if outputs is not None:
-            outputs += [out for out, _ in done]
-        return [(run.returncode, errors) for run, (_, errors) in zip(runs, done, strict=True)]
+            outputs += [result["stdout"] for result in results]
+        return [(result["status"], result["stderr"]) for result in results]
     finally:
         server.shutdown()
         server.server_close()

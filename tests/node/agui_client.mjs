@@ -3,6 +3,10 @@
 //
 // Usage:
 //   node agui_client.mjs <url> [runAgentInput-json | @file] [--lenient] [--verbose]
+//   node agui_client.mjs --batch <runs.json> [--lenient] [--verbose]
+//     runs.json: [{"url": ..., "body": RunAgentInput}, ...], run one after another in
+//     this one process (the library loads once); stdout: a JSON array with, for each
+//     run, {"status", "stdout", "stderr"}: what a single run exits with and prints.
 //
 // It POSTs a RunAgentInput with the library's own HttpAgent. HttpAgent builds
 // the request body itself (threadId, runId, protocolVersion:"1.0", tools,
@@ -39,55 +43,53 @@ import { Observable } from 'rxjs';
 const args = process.argv.slice(2);
 const lenient = args.includes('--lenient');
 const verbose = args.includes('--verbose');
+const batch = args.includes('--batch');
 const positional = args.filter(a => !a.startsWith('--'));
-const [url, bodyArg] = positional;
-if (!url) {
+if (!positional[0]) {
   console.error('usage: node agui_client.mjs <url> [runAgentInput-json | @file] [--lenient] [--verbose]');
+  console.error('       node agui_client.mjs --batch <runs.json> [--lenient] [--verbose]');
   process.exit(1);
 }
 
-let input;
-if (bodyArg == null) {
-  input = {
-    threadId: 'thread-1',
-    runId: 'run-1',
-    state: {},
-    messages: [{ id: 'user-1', role: 'user', content: 'Hello' }],
-    tools: [
-      {
-        name: 'get_weather',
-        description: 'Get the weather for a city',
-        parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
-      },
-    ],
-    context: [],
-    forwardedProps: {},
+const DEFAULT_INPUT = {
+  threadId: 'thread-1',
+  runId: 'run-1',
+  state: {},
+  messages: [{ id: 'user-1', role: 'user', content: 'Hello' }],
+  tools: [
+    {
+      name: 'get_weather',
+      description: 'Get the weather for a city',
+      parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+    },
+  ],
+  context: [],
+  forwardedProps: {},
+};
+
+// Where a run's output goes: the process's own streams for a single run, buffers
+// under --batch. The library's console.warn / console.error calls go to the run
+// being read (runs are read one at a time).
+function outputs(buffered) {
+  const io = { warnings: [], stdout: [], stderr: [] };
+  io.out = text => (buffered ? io.stdout.push(text) : process.stdout.write(text));
+  io.err = (...a) => {
+    const line = a.map(String).join(' ') + '\n';
+    if (buffered) io.stderr.push(line);
+    else process.stderr.write(line);
   };
-} else {
-  input = JSON.parse(bodyArg.startsWith('@') ? fs.readFileSync(bodyArg.slice(1), 'utf8') : bodyArg);
+  return io;
 }
-// Validate the request with the library's own schema first.
-const parsedInput = RunAgentInputSchema.safeParse(input);
-if (!parsedInput.success) {
-  console.error('FAILED (usage): the given RunAgentInput is invalid:', parsedInput.error.message);
-  process.exit(1);
-}
-
+let current = outputs(false);
 // ---- capture library warnings (strict mode turns them into failures) ----
-const warnings = [];
-const origWarn = console.warn;
 console.warn = (...a) => {
-  warnings.push(a.map(String).join(' '));
-  origWarn('[warn]', ...a);
+  current.warnings.push(a.map(String).join(' '));
+  current.err('[warn]', ...a);
 };
 // AbstractAgent.onError logs "Agent execution failed:" before rethrowing; keep it quiet
-const origError = console.error;
 console.error = (...a) => {
-  if (typeof a[0] === 'string' && a[0].startsWith('Agent execution failed')) {
-    if (verbose) origError(...a);
-    return;
-  }
-  origError(...a);
+  if (typeof a[0] === 'string' && a[0].startsWith('Agent execution failed') && !verbose) return;
+  current.err(...a);
 };
 
 class RawSchemaError extends Error {
@@ -96,58 +98,6 @@ class RawSchemaError extends Error {
     this.name = 'RawSchemaError';
   }
 }
-
-let eventCount = 0;
-let sawTerminal = null; // 'RUN_FINISHED' | 'RUN_ERROR'
-class ValidatingHttpAgent extends HttpAgent {
-  run(runInput) {
-    const wire$ = super.run(runInput); // runHttpRequest + transformHttpEventStream
-    return new Observable(sub =>
-      wire$.subscribe({
-        next: ev => {
-          eventCount++;
-          if (verbose) origError('event', JSON.stringify(ev));
-          // strict: validate the RAW wire event (before the library's compat shims
-          // turn legacy nulls into absences / drop unknown event types)
-          const r = lenient ? { success: true } : EventSchemas.safeParse(ev);
-          if (!r.success) {
-            Object.defineProperty(ev, '__index', { value: eventCount, enumerable: false });
-            sub.error(new RawSchemaError(ev, r.error));
-            return;
-          }
-          if (ev.type === 'RUN_FINISHED' || ev.type === 'RUN_ERROR') sawTerminal = ev.type;
-          sub.next(ev);
-        },
-        error: e => sub.error(e),
-        complete: () => sub.complete(),
-      }),
-    );
-  }
-}
-
-const agent = new ValidatingHttpAgent({
-  url,
-  threadId: input.threadId,
-  initialMessages: input.messages ?? [],
-  initialState: input.state ?? {},
-});
-
-let runError = null;
-let outcome = null;
-let finishedResult;
-const custom = []; // CUSTOM events ({name, value}) as the library delivered them
-const subscriber = {
-  onRunErrorEvent: ({ event }) => {
-    runError = event;
-  },
-  onCustomEvent: ({ event }) => {
-    custom.push({ name: event.name, value: event.value });
-  },
-  onRunFinishedEvent: params => {
-    outcome = params.event.outcome ?? { type: params.outcome };
-    finishedResult = params.result;
-  },
-};
 
 function classify(err) {
   if (err?.name === 'RawSchemaError' || err?.name === 'ZodError' || err?.constructor?.name === 'ZodError')
@@ -160,53 +110,131 @@ function classify(err) {
   return 5;
 }
 
-try {
-  const { result, newMessages } = await agent.runAgent(
-    {
-      runId: input.runId,
-      tools: input.tools,
-      context: input.context,
-      forwardedProps: input.forwardedProps,
-      ...(input.resume !== undefined ? { resume: input.resume } : {}),
-    },
-    subscriber,
-  );
+// One run: POST `input` to `url`, read the response through the library; the exit status.
+async function run(url, input, io) {
+  // Validate the request with the library's own schema first.
+  const parsedInput = RunAgentInputSchema.safeParse(input);
+  if (!parsedInput.success) {
+    io.err('FAILED (usage): the given RunAgentInput is invalid:', parsedInput.error.message);
+    return 1;
+  }
 
-  const summary = {
-    threadId: agent.threadId,
-    runId: input.runId,
-    outcome,
-    result: result ?? finishedResult,
-    state: agent.state,
-    messages: agent.messages,
-    newMessages,
-    eventCount,
-    custom,
+  let eventCount = 0;
+  let sawTerminal = null; // 'RUN_FINISHED' | 'RUN_ERROR'
+  class ValidatingHttpAgent extends HttpAgent {
+    run(runInput) {
+      const wire$ = super.run(runInput); // runHttpRequest + transformHttpEventStream
+      return new Observable(sub =>
+        wire$.subscribe({
+          next: ev => {
+            eventCount++;
+            if (verbose) io.err('event', JSON.stringify(ev));
+            // strict: validate the RAW wire event (before the library's compat shims
+            // turn legacy nulls into absences / drop unknown event types)
+            const r = lenient ? { success: true } : EventSchemas.safeParse(ev);
+            if (!r.success) {
+              Object.defineProperty(ev, '__index', { value: eventCount, enumerable: false });
+              sub.error(new RawSchemaError(ev, r.error));
+              return;
+            }
+            if (ev.type === 'RUN_FINISHED' || ev.type === 'RUN_ERROR') sawTerminal = ev.type;
+            sub.next(ev);
+          },
+          error: e => sub.error(e),
+          complete: () => sub.complete(),
+        }),
+      );
+    }
+  }
+
+  const agent = new ValidatingHttpAgent({
+    url,
+    threadId: input.threadId,
+    initialMessages: input.messages ?? [],
+    initialState: input.state ?? {},
+  });
+
+  let runError = null;
+  let outcome = null;
+  let finishedResult;
+  const custom = []; // CUSTOM events ({name, value}) as the library delivered them
+  const subscriber = {
+    onRunErrorEvent: ({ event }) => {
+      runError = event;
+    },
+    onCustomEvent: ({ event }) => {
+      custom.push({ name: event.name, value: event.value });
+    },
+    onRunFinishedEvent: params => {
+      outcome = params.event.outcome ?? { type: params.outcome };
+      finishedResult = params.result;
+    },
   };
 
-  if (runError) {
-    console.error(`FAILED (RUN_ERROR): ${runError.message}${runError.code ? ` [code ${runError.code}]` : ''}`);
-    console.error('partial: ' + JSON.stringify(summary));
-    process.exit(4);
+  try {
+    const { result, newMessages } = await agent.runAgent(
+      {
+        runId: input.runId,
+        tools: input.tools,
+        context: input.context,
+        forwardedProps: input.forwardedProps,
+        ...(input.resume !== undefined ? { resume: input.resume } : {}),
+      },
+      subscriber,
+    );
+
+    const summary = {
+      threadId: agent.threadId,
+      runId: input.runId,
+      outcome,
+      result: result ?? finishedResult,
+      state: agent.state,
+      messages: agent.messages,
+      newMessages,
+      eventCount,
+      custom,
+    };
+
+    if (runError) {
+      io.err(`FAILED (RUN_ERROR): ${runError.message}${runError.code ? ` [code ${runError.code}]` : ''}`);
+      io.err('partial: ' + JSON.stringify(summary));
+      return 4;
+    }
+    if (!lenient && io.warnings.length > 0) {
+      io.err(`FAILED (strict): ${io.warnings.length} library warning(s); first: ${io.warnings[0]}`);
+      io.err('partial: ' + JSON.stringify(summary));
+      return 6;
+    }
+    if (!lenient && sawTerminal == null) {
+      io.err('FAILED (strict): stream ended without RUN_FINISHED or RUN_ERROR');
+      io.err('partial: ' + JSON.stringify(summary));
+      return 7;
+    }
+    io.err(`ok: ${eventCount} valid events, ${agent.messages.length} message(s)`);
+    io.out(JSON.stringify(summary, null, 2) + '\n');
+    return 0;
+  } catch (err) {
+    const code = classify(err);
+    const kind = { 1: 'http', 2: 'schema validation', 3: 'verification/ordering', 5: 'stream' }[code];
+    const msg = String(err?.message ?? err);
+    io.err(`FAILED (${kind}): ${err?.name}: ${verbose ? msg : msg.slice(0, 600)}`);
+    io.err('partial: ' + JSON.stringify({ messages: agent.messages, state: agent.state, eventCount }));
+    return code;
   }
-  if (!lenient && warnings.length > 0) {
-    console.error(`FAILED (strict): ${warnings.length} library warning(s); first: ${warnings[0]}`);
-    console.error('partial: ' + JSON.stringify(summary));
-    process.exit(6);
+}
+
+const read = arg => JSON.parse(arg.startsWith('@') ? fs.readFileSync(arg.slice(1), 'utf8') : arg);
+
+if (batch) {
+  const results = [];
+  for (const { url, body } of read(`@${positional[0]}`)) {
+    current = outputs(true);
+    const status = await run(url, body ?? DEFAULT_INPUT, current);
+    results.push({ status, stdout: current.stdout.join(''), stderr: current.stderr.join('') });
   }
-  if (!lenient && sawTerminal == null) {
-    console.error('FAILED (strict): stream ended without RUN_FINISHED or RUN_ERROR');
-    console.error('partial: ' + JSON.stringify(summary));
-    process.exit(7);
-  }
-  console.error(`ok: ${eventCount} valid events, ${agent.messages.length} message(s)`);
-  process.stdout.write(JSON.stringify(summary, null, 2) + '\n');
+  process.stdout.write(JSON.stringify(results));
   process.exit(0);
-} catch (err) {
-  const code = classify(err);
-  const kind = { 1: 'http', 2: 'schema validation', 3: 'verification/ordering', 5: 'stream' }[code];
-  const msg = String(err?.message ?? err);
-  console.error(`FAILED (${kind}): ${err?.name}: ${verbose ? msg : msg.slice(0, 600)}`);
-  console.error('partial: ' + JSON.stringify({ messages: agent.messages, state: agent.state, eventCount }));
-  process.exit(code);
+} else {
+  const [url, bodyArg] = positional;
+  process.exit(await run(url, bodyArg == null ? DEFAULT_INPUT : read(bodyArg), current));
 }
