@@ -653,7 +653,7 @@ async def test_a_tool_that_fails_the_call_has_an_error_span(telemetry: Telemetry
 
     @tool("Slow.")
     async def slow(x: str) -> str:
-        await anyio.sleep(5)
+        await anyio.lowlevel.checkpoint()  # still running when `boom` fails (the round waits for it)
         return "late"
 
     listener = telemetry.listener()
