@@ -356,9 +356,11 @@ class _Input(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    # the protocol's names; at most what a resume's Last-Event-ID takes (`_runs.parse_event_id`)
+    # the protocol's names; at most what a resume's Last-Event-ID takes (`_runs.parse_event_id`).
+    # The run id is a response header (`agentrt-run-id`) and a Last-Event-ID's first part too:
+    # visible ASCII only (no CR LF, nothing past latin-1, no space a header would trim).
     threadId: str = Field(min_length=1, max_length=_runs.MAX_RUN_ID)
-    runId: str = Field(min_length=1, max_length=_runs.MAX_RUN_ID)
+    runId: str = Field(min_length=1, max_length=_runs.MAX_RUN_ID, pattern=r"^[!-~]+$")
     messages: list[dict[str, Any]] = Field(min_length=1)
     forwardedProps: dict[str, Any] = Field(default_factory=dict)
     resume: list[Any] | None = None
