@@ -179,36 +179,46 @@ class Handler:
             where = {"memory_id": owner} if self.spec.memory_param is not None else {}
             service = self.method.__self__  # type: ignore[attr-defined]
             opened = functools.partial(resume, service, resuming.run_id, resuming.decisions, **where)
-        stream, failure = await self.call(request, run, cap, opened)
-        if failure is not None:
-            forget()
-            return error_response(self.spec, failure)
-        if stream is None and not (run is not None and run.stopped):
-            forget()  # the client went away before the model answered
-            return Response(status_code=499)
-        if started is None:
-            assert stream is not None
-            settings = self.settings
-            return stream_response(
+        stream: TokenStream | PartialStream[Any] | None = None
+        try:
+            stream, failure = await self.call(request, run, cap, opened)
+            if failure is not None:
+                forget()
+                return error_response(self.spec, failure)
+            if stream is None and not (run is not None and run.stopped):
+                forget()  # the client went away before the model answered
+                return Response(status_code=499)
+            if started is None:
+                assert stream is not None
+                settings = self.settings
+                return stream_response(
+                    stream,
+                    thinking=settings.thinking,
+                    tool_details=settings.tool_details,
+                    ping=self.ping,
+                    send_timeout=self.send_timeout,
+                )
+            assert run is not None
+            assert run_id is not None
+            if self.runs is not None:
+                return await self.start_run(stream, started[0], run, run_id, owner, asked.thread, forget)
+            return respond(
                 stream,
-                thinking=settings.thinking,
-                tool_details=settings.tool_details,
+                started[0],
+                run,
                 ping=self.ping,
+                headers={"agentrt-run-id": run_id},
                 send_timeout=self.send_timeout,
+                forget=forget,
             )
-        assert run is not None
-        assert run_id is not None
-        if self.runs is not None:
-            return await self.start_run(stream, started[0], run, run_id, owner, asked.thread, forget)
-        return respond(
-            stream,
-            started[0],
-            run,
-            ping=self.ping,
-            headers={"agentrt-run-id": run_id},
-            send_timeout=self.send_timeout,
-            forget=forget,
-        )
+        except BaseException:
+            # Cancelled from outside (a shutdown, a timeout around the app), or the response could
+            # not be made: no one reads the stream, and the run is no longer there to stop.
+            forget()
+            if stream is not None:
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()
+            raise
 
     async def read(self, request: Request) -> Asked | Response:
         """The request's body (at most `max_body` bytes), as its protocol reads it; or the error
