@@ -139,10 +139,7 @@ class Handler:
 
     async def handle(self, request: Request) -> Response:
         """A request: read by the protocol, its conversation resolved, then the stream's response."""
-        kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if kind != "application/json" and not kind.endswith("+json"):
-            # Only JSON: a form or text/plain POST needs no CORS preflight, so any site could make a
-            # signed-in user's browser send one (and write into the user's conversation).
+        if not _json(request):
             return refusal(415, "unsupported_media_type", "the request body must be application/json")
         if "last-event-id" in request.headers:
             if self.runs is None:
@@ -381,9 +378,20 @@ class Handler:
         return await self.resume_run(request, thread if isinstance(thread, str) else None)
 
     async def stop(self, request: Request) -> Response:
-        """Stop a run of this endpoint by its id (`{"runId": ...}`), for the user who started it."""
+        """Stop a run of this endpoint by its id (`{"runId": ...}`), for the user who started it. Its
+        body is read as the endpoint's is: JSON only (a cross-site form could stop a user's run),
+        at most `max_body` bytes."""
+        if not _json(request):
+            return refusal(415, "unsupported_media_type", "the request body must be application/json")
         try:
-            asked = _StopRequest.model_validate_json(await request.body() or b"{}")
+            raw = await _read_body(request, self.max_body)
+        except ClientDisconnect:
+            return Response(status_code=499)
+        if raw is None:
+            return refusal(413, "body_too_large", f"the request body is larger than {self.max_body} bytes")
+        request._body = raw  # what a resolver's `request.body()` reads
+        try:
+            asked = _StopRequest.model_validate_json(raw or b"{}")
         except ValidationError as error:
             return invalid(error)
         owner = await self.owner_of(request, asked.threadId)
@@ -454,6 +462,14 @@ class _StopRequest(BaseModel):
 
     runId: str
     threadId: str | None = None
+
+
+def _json(request: Request) -> bool:
+    """Whether the request's body is JSON by its content type. Only JSON is read: a form or
+    text/plain POST needs no CORS preflight, so any site could make a signed-in user's browser send
+    one (and write into the user's conversation, or stop the user's run)."""
+    kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return kind == "application/json" or kind.endswith("+json")
 
 
 async def _read_body(request: Request, limit: int) -> bytes | None:
