@@ -441,7 +441,12 @@ class Runs:
     def reserve(self, run: str, stop: Callable[[], None]) -> None:
         """Let `stop` (here, or asked by another process) reach run `run`, which its first client's
         response reads until it ends or the manager takes it over (`start`): from when its log is
-        opened (its record is then visible to the other processes). Leaving the manager stops it."""
+        opened (its record is then visible to the other processes). Leaving the manager stops it.
+        `ValueError` if another run of that id is live here (two requests naming one run at once:
+        the one refused must not take the other's place)."""
+        live = self._live.get(run)
+        if live is not None and live is not stop:
+            raise ValueError(f"run {run!r} is live already")
         self._live[run] = stop
 
     def release(self, run: str, stop: Callable[[], None]) -> None:

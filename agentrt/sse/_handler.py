@@ -301,7 +301,12 @@ class Handler:
         stop_live = run.stop  # one object: `release` and the manager compare it by identity
         try:
             runs.require()
-            runs.reserve(run_id, stop_live)  # a stop from another worker once the record is there
+            try:
+                runs.reserve(run_id, stop_live)  # a stop from another worker once the record is there
+            except ValueError:  # an AG-UI client's run id, another request's since the endpoint looked
+                raise Refused(
+                    refusal(409, "run_exists", "a run with this id was started already; name a new one")
+                ) from None
             record = RunRecord(run_id, self._owner_key(owner), thread)
             await from_log(self.spec, runs.log.open(record), opening=True)
         except BaseException:
