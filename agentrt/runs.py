@@ -459,11 +459,17 @@ class Runs:
         if stop is not None:
             stop()
 
-    async def stop(self, run: str) -> None:
+    async def stop(self, run: str) -> bool:
         """Stop run `run`: here if it runs in this process, else by asking the log's other
-        processes."""
+        processes. False, and nothing is asked, when the run is not live here and its log knows its
+        last frame (`last_seq`, for a log that has it: a run that ended, or one this process is
+        ending, whose end was sent: a stop comes too late)."""
         stop = self._live.get(run)
         if stop is not None:
             stop()
-            return
+            return True
+        last_seq = getattr(self.log, "last_seq", None)
+        if last_seq is not None and await last_seq(run) is not None:
+            return False
         await self.log.request_stop(run)
+        return True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import uuid
 from typing import Annotated, Any
 
 import anyio
@@ -26,7 +27,7 @@ from test_runs_review2 import BODIES, PROTOCOLS, THREADS, frames
 import agentrt
 import agentrt.sse
 from agentrt import MemoryId, TokenStream
-from agentrt.runs import Runs
+from agentrt.runs import RedisRunLog, Runs
 from agentrt.testing import Hang, ScriptedModel
 
 
@@ -233,12 +234,19 @@ async def test_a_run_id_another_user_starts_at_the_same_time_does_not_unhook_the
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-async def test_a_stop_after_the_run_ended_is_404_with_a_run_manager_too(protocol: str) -> None:
+@pytest.mark.parametrize("log", ["memory", "redis"])
+async def test_a_stop_after_the_run_ended_is_404_with_a_run_manager_too(
+    protocol: str, log: str, request: pytest.FixtureRequest
+) -> None:
     # frontends.md: "Once the run's end was sent ... a stop comes too late: the run completes (404
     # after its end)". Without a manager it is; with one the stop found the run's record (kept for
     # resumes) and answered 202 `{"stopped": ...}` for a run that had ended and been stored.
     svc = agentrt.build(Chat, model=ScriptedModel(["Hello"]), memory=agentrt.memory.window())
-    runs = Runs()
+    if log == "redis":
+        url = request.getfixturevalue("redis_url")
+        runs = Runs(RedisRunLog(url, prefix=f"review-late-stop-{uuid.uuid4().hex[:8]}:"))
+    else:
+        runs = Runs()
     handler = agentrt.sse.endpoint(svc.chat, memory_id=by_thread, protocol=protocol, runs=runs)  # type: ignore[arg-type]
     async with runs, asgi(app_with(runs, handler)) as http:
         answer = await http.post("/chat", json=BODIES[protocol])

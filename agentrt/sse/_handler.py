@@ -405,8 +405,11 @@ class Handler:
             runs = self.runs
             if runs is not None:
                 record = await from_log(self.spec, runs.log.find(asked.runId))
-                if record is not None and record.owner == self._owner_key(owner):
-                    await from_log(self.spec, runs.stop(asked.runId))
+                if (
+                    record is not None
+                    and record.owner == self._owner_key(owner)
+                    and await from_log(self.spec, runs.stop(asked.runId))  # False: it ended
+                ):
                     return JSONResponse({"stopped": asked.runId}, status_code=202)
             return refusal(404, "run_not_found", "no such run of this user is streaming")
         run.stop()
