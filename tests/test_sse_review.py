@@ -325,12 +325,6 @@ class Loading(agentrt.memory.InMemoryStore):
         return await super().load(key)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="under 'detach' the wait for the model's answer is still cancelled by a hang-up "
-    "(Handler.call's _cancel_on_disconnect); a fix lets the run start and hands it to the manager "
-    "(see the review's report)",
-)
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 async def test_detach_a_hang_up_before_the_model_answered_leaves_the_run_going(protocol: str) -> None:
     # resumable-runs.md: "detach" lets a run "run to its end (or its budget), store the turn, and

@@ -260,8 +260,10 @@ class Handler:
         try:
             async with anyio.create_task_group() as group:
                 # The model may take long to accept the request (a busy conversation, a slow first
-                # token): a client that leaves meanwhile, or a stop, cancels it.
-                group.start_soon(_cancel_on_disconnect, request, group.cancel_scope)
+                # token): a client that leaves meanwhile, or a stop, cancels it. A `"detach"` run
+                # goes on: its response hears of the hang-up and hands it to the manager.
+                if self.on_disconnect == "cancel":
+                    group.start_soon(_cancel_on_disconnect, request, group.cancel_scope)
                 if run is not None:
                     run.scope = group.cancel_scope
                 # stored once the final event was sent (a detached run stores its turn as it ends)
