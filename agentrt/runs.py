@@ -441,7 +441,12 @@ class Runs:
     def reserve(self, run: str, stop: Callable[[], None]) -> None:
         """Let `stop` (here, or asked by another process) reach run `run`, which its first client's
         response reads until it ends or the manager takes it over (`start`): from when its log is
-        opened (its record is then visible to the other processes). Leaving the manager stops it."""
+        opened (its record is then visible to the other processes). Leaving the manager stops it.
+        `ValueError` if another run of that id is live here (two requests naming one run at once:
+        the one refused must not take the other's place)."""
+        live = self._live.get(run)
+        if live is not None and live is not stop:
+            raise ValueError(f"run {run!r} is live already")
         self._live[run] = stop
 
     def release(self, run: str, stop: Callable[[], None]) -> None:
@@ -454,11 +459,17 @@ class Runs:
         if stop is not None:
             stop()
 
-    async def stop(self, run: str) -> None:
+    async def stop(self, run: str) -> bool:
         """Stop run `run`: here if it runs in this process, else by asking the log's other
-        processes."""
+        processes. False, and nothing is asked, when the run is not live here and its log knows its
+        last frame (`last_seq`, for a log that has it: a run that ended, or one this process is
+        ending, whose end was sent: a stop comes too late)."""
         stop = self._live.get(run)
         if stop is not None:
             stop()
-            return
+            return True
+        last_seq = getattr(self.log, "last_seq", None)
+        if last_seq is not None and await last_seq(run) is not None:
+            return False
         await self.log.request_stop(run)
+        return True

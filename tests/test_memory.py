@@ -151,8 +151,9 @@ async def test_ids_of_different_types_name_different_conversations() -> None:
         (["unhashable"], "hashable"),
         (object(), "JSON"),
         (float("nan"), "cannot name a conversation"),
+        (("tenant", float("inf")), "cannot name a conversation"),  # ("tenant", None)'s, as JSON
     ],
-    ids=["none", "list", "object", "nan"],
+    ids=["none", "list", "object", "nan", "inf in a tuple"],
 )
 async def test_a_bad_memory_id_is_a_type_error_naming_the_method(memory_id: Any, match: str) -> None:
     model = FunctionModel(echo)

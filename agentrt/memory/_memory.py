@@ -148,7 +148,8 @@ def window(
 
 def memory_key(namespace: str, memory_id: Any, where: str) -> str:
     """The store key of a conversation: the namespace and the memory id as JSON (so `"1"` and `1` are
-    different conversations). `TypeError` for an id that is `None`, unhashable or not JSON."""
+    different conversations). `TypeError` for an id that is `None`, unhashable or not JSON (a NaN or
+    an infinity, which JSON writes as null, in a tuple too)."""
     if memory_id is None:
         raise TypeError(f"{where}: the memory id is None; pass the id of a conversation")
     try:
@@ -159,9 +160,19 @@ def memory_key(namespace: str, memory_id: Any, where: str) -> str:
             f"{where}: memory id {memory_id!r} cannot name a conversation: it must be hashable and "
             f"serializable as JSON (a str, an int, a UUID, ...): {exc}"
         ) from None
-    if encoded == b"null":  # NaN and infinities encode as null
+    if encoded == b"null" or not _finite(memory_id):  # NaN and infinities encode as null
         raise TypeError(f"{where}: memory id {memory_id!r} cannot name a conversation")
     return f"{namespace}:{encoded.decode()}"
+
+
+def _finite(memory_id: Any) -> bool:
+    """Whether no float in `memory_id` (a tuple's parts too) is NaN or infinite: JSON writes them as
+    null, so `("a", nan)` would be `("a", inf)`'s conversation, and `("a", None)`'s."""
+    if isinstance(memory_id, float):
+        return math.isfinite(memory_id)
+    if isinstance(memory_id, tuple):
+        return all(_finite(part) for part in memory_id)
+    return True
 
 
 class Memory:

@@ -63,6 +63,7 @@ class AgUI(Encoder):
     __slots__ = (
         "_assistant",
         "_count",
+        "_ended",
         "_ids",
         "_messages",
         "_pieces",
@@ -106,6 +107,9 @@ class AgUI(Encoder):
         """Text and reasoning messages released since the last reset (what a reset withdraws)."""
         self._count = 0
         self._ids = ToolIds()
+        self._ended = False
+        """Whether the run's `RUN_FINISHED` was made: the client takes nothing after it but
+        `RUN_ERROR` (a turn that could not be stored)."""
 
     def _id(self, kind: str) -> str:
         self._count += 1
@@ -262,6 +266,7 @@ class AgUI(Encoder):
         finished["result"] = {**done, "sources": _sources(result.sources)}
         finished["outcome"] = {"type": "success"}
         out.append(finished)
+        self._ended = True
         return out
 
     def approval(self, approval: ApprovalRequested) -> list[Chunk]:
@@ -292,6 +297,7 @@ class AgUI(Encoder):
                 "outcome": {"type": "interrupt", "interrupts": interrupts},
             }
         )
+        self._ended = True
         return out
 
     def resume(self, call_ids: Iterable[str]) -> None:
@@ -316,9 +322,12 @@ class AgUI(Encoder):
 
     def failed(self, error: Chunk) -> list[Chunk]:
         # An error voids the answer (nothing is stored): its text is withdrawn before RUN_ERROR,
-        # as a reset withdraws it. Tool calls and their results stand: they ran.
+        # as a reset withdraws it. Tool calls and their results stand: they ran. After RUN_FINISHED
+        # (the turn's commit failed) the client takes no snapshot: the text stays, as it does on
+        # the other protocols, and RUN_ERROR says it was not kept.
         out: list[Chunk] = []
-        self._withdraw(out)
+        if not self._ended:
+            self._withdraw(out)
         out.append({"type": "RUN_ERROR", "message": error["message"], "code": error["type"]})
         return out
 
@@ -347,9 +356,11 @@ class _Input(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    # the protocol's names; at most what a resume's Last-Event-ID takes (`_runs.parse_event_id`)
+    # the protocol's names; at most what a resume's Last-Event-ID takes (`_runs.parse_event_id`).
+    # The run id is a response header (`agentrt-run-id`) and a Last-Event-ID's first part too:
+    # visible ASCII only (no CR LF, nothing past latin-1, no space a header would trim).
     threadId: str = Field(min_length=1, max_length=_runs.MAX_RUN_ID)
-    runId: str = Field(min_length=1, max_length=_runs.MAX_RUN_ID)
+    runId: str = Field(min_length=1, max_length=_runs.MAX_RUN_ID, pattern=r"^[!-~]+$")
     messages: list[dict[str, Any]] = Field(min_length=1)
     forwardedProps: dict[str, Any] = Field(default_factory=dict)
     resume: list[Any] | None = None

@@ -76,7 +76,7 @@ def endpoint(
     - `ping`: seconds between keep-alive comments (`None`: sse-starlette's default).
     - `send_timeout`: seconds a client may leave an event unread before the stream is given up (a
       client that stops reading would otherwise hold the invocation and its conversation).
-    - `max_body`: the largest request body read, in bytes (413 past it).
+    - `max_body`: the largest request body read, in bytes (413 past it), the stop route's too.
     - `runs`: an `agentrt.runs.Runs`, the app's run manager: each request's stream runs there as a
       run whose events are appended to its log (ids `{run_id}:{seq}`, the `agentrt-run-id` header
       names the run) before they are sent; a client resumes it with `Last-Event-ID` (this endpoint,

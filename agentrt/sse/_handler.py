@@ -139,10 +139,7 @@ class Handler:
 
     async def handle(self, request: Request) -> Response:
         """A request: read by the protocol, its conversation resolved, then the stream's response."""
-        kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if kind != "application/json" and not kind.endswith("+json"):
-            # Only JSON: a form or text/plain POST needs no CORS preflight, so any site could make a
-            # signed-in user's browser send one (and write into the user's conversation).
+        if not _json(request):
             return refusal(415, "unsupported_media_type", "the request body must be application/json")
         if "last-event-id" in request.headers:
             if self.runs is None:
@@ -179,36 +176,46 @@ class Handler:
             where = {"memory_id": owner} if self.spec.memory_param is not None else {}
             service = self.method.__self__  # type: ignore[attr-defined]
             opened = functools.partial(resume, service, resuming.run_id, resuming.decisions, **where)
-        stream, failure = await self.call(request, run, cap, opened)
-        if failure is not None:
-            forget()
-            return error_response(self.spec, failure)
-        if stream is None and not (run is not None and run.stopped):
-            forget()  # the client went away before the model answered
-            return Response(status_code=499)
-        if started is None:
-            assert stream is not None
-            settings = self.settings
-            return stream_response(
+        stream: TokenStream | PartialStream[Any] | None = None
+        try:
+            stream, failure = await self.call(request, run, cap, opened)
+            if failure is not None:
+                forget()
+                return error_response(self.spec, failure)
+            if stream is None and not (run is not None and run.stopped):
+                forget()  # the client went away before the model answered
+                return Response(status_code=499)
+            if started is None:
+                assert stream is not None
+                settings = self.settings
+                return stream_response(
+                    stream,
+                    thinking=settings.thinking,
+                    tool_details=settings.tool_details,
+                    ping=self.ping,
+                    send_timeout=self.send_timeout,
+                )
+            assert run is not None
+            assert run_id is not None
+            if self.runs is not None:
+                return await self.start_run(stream, started[0], run, run_id, owner, asked.thread, forget)
+            return respond(
                 stream,
-                thinking=settings.thinking,
-                tool_details=settings.tool_details,
+                started[0],
+                run,
                 ping=self.ping,
+                headers={"agentrt-run-id": run_id},
                 send_timeout=self.send_timeout,
+                forget=forget,
             )
-        assert run is not None
-        assert run_id is not None
-        if self.runs is not None:
-            return await self.start_run(stream, started[0], run, run_id, owner, asked.thread, forget)
-        return respond(
-            stream,
-            started[0],
-            run,
-            ping=self.ping,
-            headers={"agentrt-run-id": run_id},
-            send_timeout=self.send_timeout,
-            forget=forget,
-        )
+        except BaseException:
+            # Cancelled from outside (a shutdown, a timeout around the app), or the response could
+            # not be made: no one reads the stream, and the run is no longer there to stop.
+            forget()
+            if stream is not None:
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()
+            raise
 
     async def read(self, request: Request) -> Asked | Response:
         """The request's body (at most `max_body` bytes), as its protocol reads it; or the error
@@ -253,8 +260,10 @@ class Handler:
         try:
             async with anyio.create_task_group() as group:
                 # The model may take long to accept the request (a busy conversation, a slow first
-                # token): a client that leaves meanwhile, or a stop, cancels it.
-                group.start_soon(_cancel_on_disconnect, request, group.cancel_scope)
+                # token): a client that leaves meanwhile, or a stop, cancels it. A `"detach"` run
+                # goes on: its response hears of the hang-up and hands it to the manager.
+                if self.on_disconnect == "cancel":
+                    group.start_soon(_cancel_on_disconnect, request, group.cancel_scope)
                 if run is not None:
                     run.scope = group.cancel_scope
                 # stored once the final event was sent (a detached run stores its turn as it ends)
@@ -294,7 +303,12 @@ class Handler:
         stop_live = run.stop  # one object: `release` and the manager compare it by identity
         try:
             runs.require()
-            runs.reserve(run_id, stop_live)  # a stop from another worker once the record is there
+            try:
+                runs.reserve(run_id, stop_live)  # a stop from another worker once the record is there
+            except ValueError:  # an AG-UI client's run id, another request's since the endpoint looked
+                raise Refused(
+                    refusal(409, "run_exists", "a run with this id was started already; name a new one")
+                ) from None
             record = RunRecord(run_id, self._owner_key(owner), thread)
             await from_log(self.spec, runs.log.open(record), opening=True)
         except BaseException:
@@ -371,9 +385,20 @@ class Handler:
         return await self.resume_run(request, thread if isinstance(thread, str) else None)
 
     async def stop(self, request: Request) -> Response:
-        """Stop a run of this endpoint by its id (`{"runId": ...}`), for the user who started it."""
+        """Stop a run of this endpoint by its id (`{"runId": ...}`), for the user who started it. Its
+        body is read as the endpoint's is: JSON only (a cross-site form could stop a user's run),
+        at most `max_body` bytes."""
+        if not _json(request):
+            return refusal(415, "unsupported_media_type", "the request body must be application/json")
         try:
-            asked = _StopRequest.model_validate_json(await request.body() or b"{}")
+            raw = await _read_body(request, self.max_body)
+        except ClientDisconnect:
+            return Response(status_code=499)
+        if raw is None:
+            return refusal(413, "body_too_large", f"the request body is larger than {self.max_body} bytes")
+        request._body = raw  # what a resolver's `request.body()` reads
+        try:
+            asked = _StopRequest.model_validate_json(raw or b"{}")
         except ValidationError as error:
             return invalid(error)
         owner = await self.owner_of(request, asked.threadId)
@@ -382,8 +407,11 @@ class Handler:
             runs = self.runs
             if runs is not None:
                 record = await from_log(self.spec, runs.log.find(asked.runId))
-                if record is not None and record.owner == self._owner_key(owner):
-                    await from_log(self.spec, runs.stop(asked.runId))
+                if (
+                    record is not None
+                    and record.owner == self._owner_key(owner)
+                    and await from_log(self.spec, runs.stop(asked.runId))  # False: it ended
+                ):
                     return JSONResponse({"stopped": asked.runId}, status_code=202)
             return refusal(404, "run_not_found", "no such run of this user is streaming")
         run.stop()
@@ -444,6 +472,14 @@ class _StopRequest(BaseModel):
 
     runId: str
     threadId: str | None = None
+
+
+def _json(request: Request) -> bool:
+    """Whether the request's body is JSON by its content type. Only JSON is read: a form or
+    text/plain POST needs no CORS preflight, so any site could make a signed-in user's browser send
+    one (and write into the user's conversation, or stop the user's run)."""
+    kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return kind == "application/json" or kind.endswith("+json")
 
 
 async def _read_body(request: Request, limit: int) -> bytes | None:
