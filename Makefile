@@ -26,13 +26,13 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,durable]'
 	@touch $(STAMP)
 
 # The documentation site (docs/, mkdocs.yml) into site/, strictly: a broken link, anchor or API
 # reference fails the build. Its code blocks run in the tests (tests/test_readme.py).
 $(DOCS): $(STAMP)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,docs]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,durable,docs]'
 	@touch $(DOCS)
 
 docs: $(DOCS)
@@ -66,7 +66,7 @@ $(LOCAL): $(STAMP)
 			--wheel-dir $(LLAMA_WHEELS) "$$requirement" || exit 1; \
 	fi
 	$(BIN)/python -m pip install --disable-pip-version-check --progress-bar on \
-		--find-links $(LLAMA_WHEELS) -e '.[dev,local]'
+		--find-links $(LLAMA_WHEELS) -e '.[dev,durable,local]'
 	$(BIN)/python -c "import agentrt.local as l; print('model file:', l.model_path())"
 	@touch $(LOCAL)
 

@@ -83,7 +83,7 @@ async def test_the_file_is_made_on_first_use_in_wal_mode(store: SQLiteStore, pat
     with closing(sqlite3.connect(path)) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         tables = {name for (name,) in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert tables == {"agentrt_messages", "agentrt_leases", "agentrt_pending"}
+    assert tables == {"agentrt_messages", "agentrt_leases", "agentrt_pending", "agentrt_turns"}
 
 
 async def test_stores_opening_a_new_file_at_once_all_make_it_and_one_gets_the_lock(tmp_path: Path) -> None:

@@ -29,8 +29,16 @@ from agentrt import (
     ToolResultMessage,
     UserMessage,
 )
-from agentrt.memory import ChatMemory, ChatMemoryStore, InMemoryStore, RedisStore, SQLiteStore
+from agentrt.memory import (
+    ChatMemory,
+    ChatMemoryStore,
+    InMemoryStore,
+    RedisStore,
+    SharedChatMemoryStore,
+    SQLiteStore,
+)
 from agentrt.memory._memory import Memory
+from agentrt.memory._store import TURNS_REMEMBERED
 from agentrt.testing import FunctionModel
 
 Factory = Callable[[], ChatMemoryStore]
@@ -155,6 +163,73 @@ async def test_keys_are_taken_literally(stores: Factory) -> None:
         await store.commit(key, qa(index))
     for index, key in enumerate(keys):
         assert await stores().load(key) == qa(index)
+
+
+# --- commits by turn id (durable turns) ----------------------------------------------------------
+
+
+async def test_a_commit_with_a_turn_id_is_made_once(stores: Factory) -> None:
+    # A durable turn's commit step run again after a crash between the store's write and the step's
+    # record: the second write of the same turn changes nothing (drop included).
+    store = stores()
+    await store.commit("k", qa(0))
+    await store.commit("k", qa(1), turn="t1")
+    await stores().commit("k", qa(1), drop=2, turn="t1")  # another process's view, too
+    assert await stores().load("k") == [*qa(0), *qa(1)]
+    await store.commit("k", qa(2), drop=2, turn="t2")
+    assert await stores().load("k") == [*qa(1), *qa(2)]
+    # Ids are per conversation; a commit without one is never skipped.
+    await store.commit("other", qa(1), turn="t1")
+    await store.commit("k", qa(3))
+    await store.commit("k", qa(3))
+    assert await stores().load("other") == qa(1)
+    assert await stores().load("k") == [*qa(1), *qa(2), *qa(3), *qa(3)]
+
+
+async def test_a_store_remembers_the_last_turn_ids_of_a_conversation(stores: Factory) -> None:
+    store = stores()
+    for index in range(TURNS_REMEMBERED):
+        await store.commit("k", [], turn=f"t{index}")
+    await store.commit("k", qa(0), turn="t0")  # remembered: skipped
+    assert await stores().load("k") == []
+    await store.commit("k", [], turn="newest")  # t0 is now the one too many
+    await store.commit("k", qa(1), turn="t1")  # still remembered
+    await store.commit("k", qa(0), turn="t0")
+    assert await stores().load("k") == qa(0)
+
+
+async def test_a_deleted_conversation_forgets_its_turn_ids(stores: Factory) -> None:
+    store = stores()
+    await store.commit("k", qa(1), turn="t1")
+    await store.replace("k", qa(2))  # replaced, the conversation still remembers
+    await store.commit("k", qa(1), turn="t1")
+    assert await stores().load("k") == qa(2)
+    await store.delete("k")
+    await store.commit("k", qa(1), turn="t1")
+    assert await stores().load("k") == qa(1)
+
+
+async def test_a_turn_committed_once_is_skipped_even_by_a_holder_that_lost_the_lock(
+    stores: Factory,
+) -> None:
+    # The recovered commit of a turn another worker stored (then died holding the lock): nothing
+    # to write, so no lock to check. A turn not stored yet still needs the lock.
+    # (A store of one process has no lock: it ignores owners.)
+    store = stores()
+    shared = isinstance(store, SharedChatMemoryStore)
+    if shared:
+        assert await store.try_lock("k", "dead")
+    try:
+        await store.commit("k", qa(1), owner="dead", turn="t1")
+        await stores().commit("k", qa(1), owner="zombie", turn="t1")
+        assert await stores().load("k") == qa(1)
+        if shared:
+            with pytest.raises(agentrt.ConversationLockLostError):
+                await stores().commit("k", qa(2), owner="zombie", turn="t2")
+            assert await stores().load("k") == qa(1)
+    finally:
+        if shared:
+            await store.unlock("k", "dead")
 
 
 # --- through a service ---------------------------------------------------------------------------

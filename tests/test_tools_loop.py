@@ -44,6 +44,8 @@ from agentrt import (
 )
 from agentrt.testing import CallTool, FunctionModel, ScriptedModel
 from agentrt.tools import ToolFailure
+from agentrt.tools._declare import define_tool
+from agentrt.tools._run import OUTCOME_UNKNOWN
 
 REQUEST_CONTEXT: contextvars.ContextVar[str] = contextvars.ContextVar("request", default="-")
 
@@ -797,3 +799,44 @@ async def test_sync_tools_of_all_invocations_share_one_thread_limit() -> None:
     assert sum(len(r.messages) == 4 for r in model.requests) == 3  # three tool results went back
     assert most == 2
     assert not overflow.is_set()
+
+
+class Payments:
+    def __init__(self) -> None:
+        self.runs: list[str] = []
+
+    @tool("Pay an order.")
+    async def pay(self, order: str) -> str:
+        self.runs.append(f"pay {order}")
+        return "paid"
+
+    @tool("Look an order up.", idempotent=True)
+    async def look(self, order: str) -> str:
+        self.runs.append(f"look {order}")
+        return "open"
+
+
+async def test_a_round_run_again_after_its_worker_died_runs_only_the_calls_safe_to_run_again() -> None:
+    # What a durable turn (agentrt.durable) does to a tool round that started in a worker that died:
+    # the unsafe call is not run, and the model reads that its outcome is unknown.
+    round_ = [CallTool("pay", {"order": "A1"}, id="c1"), CallTool("look", {"order": "A1"}, id="c2")]
+    payments = Payments()
+    svc, model = assistant(round_, "Done.", tools=[payments])
+    assert define_tool(payments.look).annotations == {"idempotentHint": True}
+    assert define_tool(payments.pay).annotations == {}
+
+    marked = OUTCOME_UNKNOWN.set(True)
+    try:
+        result = await svc.ask_result("go")
+    finally:
+        OUTCOME_UNKNOWN.reset(marked)
+
+    assert payments.runs == ["look A1"]
+    texts = [m.text for m in model.requests[1].messages[-2:]]  # type: ignore[union-attr]
+    assert texts == ["Error: tool 'pay' failed (OutcomeUnknownError).", "open"]
+    assert result.tool_executions[0].error_kind == "OutcomeUnknownError"
+
+    # Not marked (every turn that is not a durable one run again): both run.
+    svc, _ = assistant(round_, "Done.", tools=[payments])
+    await svc.ask_result("go")
+    assert payments.runs == ["look A1", "pay A1", "look A1"]

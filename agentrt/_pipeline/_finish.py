@@ -4,6 +4,7 @@ over the turn."""
 from __future__ import annotations
 
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from ._turn import Turn
 
 __all__ = [
+    "COMMIT_ONCE",
     "OFF_LOOP",
     "Outcome",
     "accept",
@@ -50,6 +52,10 @@ def answer_text(turn: Turn) -> str:
 
 # Checked at every chunk of a `chunked` stream, where an enum member's lookup on its class costs
 # about as much as a pass-through guardrail.
+COMMIT_ONCE: Final[ContextVar[bool]] = ContextVar("agentrt_commit_once", default=False)
+"""Set by a durable turn (`agentrt.durable`) around its commit step: the turn is committed with its id
+(`ChatMemoryStore.commit(turn=...)`), so a commit step run again after a crash stores it once."""
+
 _SUCCESS: Final = Verdict.SUCCESS
 _SUCCESS_WITH: Final = Verdict.SUCCESS_WITH
 _FAILURE: Final = Verdict.FAILURE
@@ -288,4 +294,4 @@ async def commit(turn: Turn) -> None:
     conversation = turn.conversation
     assert conversation is not None
     assert turn.user is not None
-    await conversation.commit([turn.user, *turn.exchange])
+    await conversation.commit([turn.user, *turn.exchange], turn.id if COMMIT_ONCE.get() else None)

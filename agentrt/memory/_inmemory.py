@@ -7,6 +7,8 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Final
 
+from ._store import TURNS_REMEMBERED
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -43,7 +45,16 @@ class InMemoryStore:
     evicted (by the bound or the TTL) while a turn on it runs loses its older messages.
     """
 
-    __slots__ = ("__weakref__", "_clock", "_data", "_pending", "_warned", "max_conversations", "ttl")
+    __slots__ = (
+        "__weakref__",
+        "_clock",
+        "_data",
+        "_pending",
+        "_turns",
+        "_warned",
+        "max_conversations",
+        "ttl",
+    )
 
     def __init__(self, *, max_conversations: int | None = None, ttl: float | None = None) -> None:
         if max_conversations is not None and (
@@ -63,6 +74,9 @@ class InMemoryStore:
         # key -> (run id, data): turns waiting for approval; not bounded by the conversations' bound
         # (a waiting turn is not forgotten while a human decides), removed when taken.
         self._pending: dict[str, tuple[str, bytes]] = {}
+        # key -> the ids of the turns last committed with one (`commit(turn=...)`), oldest first;
+        # forgotten with the conversation (deleted, evicted or expired).
+        self._turns: dict[str, tuple[str, ...]] = {}
 
     def __repr__(self) -> str:
         return (
@@ -82,6 +96,7 @@ class InMemoryStore:
             now = self._clock()
             if entry[1] <= now:
                 del self._data[key]
+                self._turns.pop(key, None)
                 return ()
             self._data[key] = (entry[0], now + self.ttl)
         self._data.move_to_end(key)
@@ -99,10 +114,11 @@ class InMemoryStore:
                 if expires > now:
                     break
                 del data[oldest]
+                self._turns.pop(oldest, None)
         bound = self.max_conversations
         if bound is not None:
             while len(data) > bound:
-                data.popitem(last=False)
+                self._turns.pop(data.popitem(last=False)[0], None)
         elif ttl is None and len(data) > LARGE and not self._warned:
             self._warned = True
             logger.warning(
@@ -115,9 +131,20 @@ class InMemoryStore:
         return list(self._get(key))
 
     async def commit(
-        self, key: str, messages: Sequence[ChatMessage], *, drop: int = 0, owner: str | None = None
+        self,
+        key: str,
+        messages: Sequence[ChatMessage],
+        *,
+        drop: int = 0,
+        owner: str | None = None,
+        turn: str | None = None,
     ) -> None:
         stored = self._get(key)
+        if turn is not None:
+            turns = self._turns.get(key, ())
+            if turn in turns:
+                return  # this turn is stored already
+            self._turns[key] = (*turns[1 - TURNS_REMEMBERED :], turn)
         self._put(key, (*stored[drop:], *messages))
 
     async def replace(self, key: str, messages: Sequence[ChatMessage], *, owner: str | None = None) -> None:
@@ -125,6 +152,7 @@ class InMemoryStore:
 
     async def delete(self, key: str, *, owner: str | None = None) -> None:
         self._data.pop(key, None)
+        self._turns.pop(key, None)
 
     async def save_pending(self, key: str, run: str, data: bytes, *, owner: str | None = None) -> None:
         self._pending[key] = (run, data)

@@ -322,15 +322,22 @@ class Conversation:
             await anyio.sleep(min(delay, left))  # at the limit, one last try
             delay = min(delay * 2, _LAST_POLL)
 
-    async def commit(self, messages: Sequence[ChatMessage]) -> None:
-        """Append the turn and drop what falls out of the window, in one write of the store."""
+    async def commit(self, messages: Sequence[ChatMessage], turn: str | None = None) -> None:
+        """Append the turn and drop what falls out of the window, in one write of the store. With
+        `turn` (a durable turn's id), a write the store already made for that turn is not made again
+        (see `ChatMemoryStore.commit`)."""
         stored = self.stored
         combined = [*stored, *messages]
         start = self.memory.start(combined)
         kept = len(stored)
         drop = start if start < kept else kept
         appended = messages if start <= kept else messages[start - kept :]
-        write = self.memory.store.commit(self.key, appended, drop=drop, owner=self.owner)
+        store = self.memory.store
+        write = (
+            store.commit(self.key, appended, drop=drop, owner=self.owner)
+            if turn is None
+            else store.commit(self.key, appended, drop=drop, owner=self.owner, turn=turn)
+        )
         await (write if self.memory.plain else complete(write))
         self.stored = combined[start:]
 

@@ -23,6 +23,7 @@ import anyio.to_thread
 from .._errors import ConfigurationError, ConversationLockLostError
 from .._messages import message_from_json, message_to_json
 from ._lease import LeaseRenewer, check_lease_seconds
+from ._store import TURNS_REMEMBERED
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Sequence
@@ -42,8 +43,11 @@ _DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _OP_MEMORY_MS = 300_000
 
 # Lua's `unpack` puts every value on the stack: push long conversations in chunks.
+# A commit with a turn id (ARGV[7], '' for none) is done once: the ids of the last TURNS_REMEMBERED
+# (ARGV[8]) turns committed with one are a list at KEYS[4]; `delete` removes it with the conversation.
 _WRITE = """
 if redis.call('GET', KEYS[3]) == ARGV[1] then return 1 end
+if ARGV[7] ~= '' and redis.call('LPOS', KEYS[4], ARGV[7]) then return 1 end
 if ARGV[2] == '1' and redis.call('GET', KEYS[2]) ~= ARGV[3] then return 0 end
 if ARGV[4] == 'commit' then
   local drop = tonumber(ARGV[5])
@@ -51,7 +55,12 @@ if ARGV[4] == 'commit' then
 else
   redis.call('DEL', KEYS[1])
 end
-for i = 7, #ARGV, 1000 do
+if ARGV[4] == 'delete' then redis.call('DEL', KEYS[4]) end
+if ARGV[7] ~= '' then
+  redis.call('LPUSH', KEYS[4], ARGV[7])
+  redis.call('LTRIM', KEYS[4], 0, tonumber(ARGV[8]) - 1)
+end
+for i = 9, #ARGV, 1000 do
   redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
 redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[6])
@@ -171,13 +180,21 @@ class RedisStore:
         return [message_from_json(item) for item in await anyio.to_thread.run_sync(read)]
 
     async def commit(
-        self, key: str, messages: Sequence[ChatMessage], *, drop: int = 0, owner: str | None = None
+        self,
+        key: str,
+        messages: Sequence[ChatMessage],
+        *,
+        drop: int = 0,
+        owner: str | None = None,
+        turn: str | None = None,
     ) -> None:
         """Drop the first `drop` messages and append `messages` in one script; with `owner`, only while
-        it holds the lock (else `ConversationLockLostError`, nothing changed)."""
+        it holds the lock (else `ConversationLockLostError`, nothing changed); with `turn`, only if
+        no commit recorded that turn id (a list at `{prefix}turns:{key}`, written by the same
+        script)."""
         if drop < 0:
             raise ValueError(f"drop must not be negative, not {drop}")
-        await self._run_write(key, "commit", messages, drop, owner)
+        await self._run_write(key, "commit", messages, drop, owner, turn)
 
     async def replace(self, key: str, messages: Sequence[ChatMessage], *, owner: str | None = None) -> None:
         """Make the conversation exactly `messages` in one script (`owner` as in `commit`)."""
@@ -188,7 +205,13 @@ class RedisStore:
         await self._run_write(key, "delete", (), 0, owner)
 
     async def _run_write(
-        self, key: str, mode: str, messages: Sequence[ChatMessage], drop: int, owner: str | None
+        self,
+        key: str,
+        mode: str,
+        messages: Sequence[ChatMessage],
+        drop: int,
+        owner: str | None,
+        turn: str | None = None,
     ) -> None:
         # Serialize here, before the thread: a message that does not serialize fails before any I/O.
         items = [message_to_json(m) for m in messages]
@@ -199,9 +222,11 @@ class RedisStore:
             mode,
             drop,
             _OP_MEMORY_MS,
+            turn or "",
+            TURNS_REMEMBERED,
             *items,
         ]
-        keys = [self._conv(key), self._lock(key), self._op(key)]
+        keys = [self._conv(key), self._lock(key), self._op(key), f"{self._prefix}turns:{key}"]
         done = await anyio.to_thread.run_sync(lambda: self._write(keys=keys, args=args))
         if not done:
             raise ConversationLockLostError(

@@ -29,6 +29,7 @@ import anyio.to_thread
 from .._errors import ConfigurationError, ConversationLockLostError
 from .._messages import message_from_json, message_to_json
 from ._lease import LeaseRenewer, check_lease_seconds
+from ._store import TURNS_REMEMBERED
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterator, Sequence
@@ -59,6 +60,12 @@ _SCHEMA = (
         run TEXT NOT NULL,
         body BLOB NOT NULL
     )""",
+    # The turns committed with an id (`commit(turn=...)`), the last TURNS_REMEMBERED per key.
+    """CREATE TABLE IF NOT EXISTS agentrt_turns (
+        key TEXT NOT NULL,
+        turn TEXT NOT NULL,
+        PRIMARY KEY (key, turn)
+    )""",
 )
 
 _LOAD = "SELECT body FROM agentrt_messages WHERE key = ? ORDER BY seq"
@@ -78,6 +85,13 @@ _TAKE = (
 )
 _RENEW = "UPDATE agentrt_leases SET expires = ? WHERE key = ? AND owner = ?"
 _UNLOCK = "DELETE FROM agentrt_leases WHERE key = ? AND owner = ?"
+_TURN_OF = "SELECT 1 FROM agentrt_turns WHERE key = ? AND turn = ?"
+_ADD_TURN = "INSERT INTO agentrt_turns (key, turn) VALUES (?, ?)"
+_FORGET_TURNS = (
+    "DELETE FROM agentrt_turns WHERE key = ? AND rowid NOT IN "
+    "(SELECT rowid FROM agentrt_turns WHERE key = ? ORDER BY rowid DESC LIMIT ?)"
+)
+_DELETE_TURNS = "DELETE FROM agentrt_turns WHERE key = ?"
 _SAVE_PENDING = "INSERT OR REPLACE INTO agentrt_pending (key, run, body) VALUES (?, ?, ?)"
 _LOAD_PENDING = "SELECT run, body FROM agentrt_pending WHERE key = ?"
 _PENDING_OF = "SELECT body FROM agentrt_pending WHERE key = ? AND run = ?"
@@ -182,24 +196,40 @@ class SQLiteStore:
         return [message_from_json(body) for body in await anyio.to_thread.run_sync(read)]
 
     async def commit(
-        self, key: str, messages: Sequence[ChatMessage], *, drop: int = 0, owner: str | None = None
+        self,
+        key: str,
+        messages: Sequence[ChatMessage],
+        *,
+        drop: int = 0,
+        owner: str | None = None,
+        turn: str | None = None,
     ) -> None:
         """Drop the first `drop` rows and append `messages` in one transaction; with `owner`, only while
-        the lease row is still its own (else `ConversationLockLostError`, nothing changed)."""
+        the lease row is still its own (else `ConversationLockLostError`, nothing changed); with
+        `turn`, only if no commit recorded that turn id (a row of `agentrt_turns`, written in the
+        same transaction)."""
         if drop < 0:
             raise ValueError(f"drop must not be negative, not {drop}")
-        await self._run_write(key, messages, drop, owner)
+        await self._run_write(key, messages, drop, owner, turn)
 
     async def replace(self, key: str, messages: Sequence[ChatMessage], *, owner: str | None = None) -> None:
         """Make the conversation exactly `messages` in one transaction (`owner` as in `commit`)."""
         await self._run_write(key, messages, None, owner)
 
     async def delete(self, key: str, *, owner: str | None = None) -> None:
-        """Remove the conversation in one transaction (`owner` as in `commit`)."""
-        await self._run_write(key, (), None, owner)
+        """Remove the conversation, and the turn ids it recorded, in one transaction (`owner` as in
+        `commit`)."""
+        await self._run_write(key, (), None, owner, delete=True)
 
     async def _run_write(
-        self, key: str, messages: Sequence[ChatMessage], drop: int | None, owner: str | None
+        self,
+        key: str,
+        messages: Sequence[ChatMessage],
+        drop: int | None,
+        owner: str | None,
+        turn: str | None = None,
+        *,
+        delete: bool = False,
     ) -> None:
         """`drop=None` removes every row first (`replace`, `delete`)."""
         # Serialize here, before the thread: a message that does not serialize fails before any I/O.
@@ -210,8 +240,16 @@ class SQLiteStore:
                 return _transaction(db, lambda: apply(db))
 
         def apply(db: sqlite3.Connection) -> bool:
+            if turn is not None:
+                if db.execute(_TURN_OF, (key, turn)).fetchone() is not None:
+                    return True  # this turn is stored already
             if owner is not None and not _owns(db, key, owner):
                 return False
+            if turn is not None:
+                db.execute(_ADD_TURN, (key, turn))
+                db.execute(_FORGET_TURNS, (key, key, TURNS_REMEMBERED))
+            if delete:
+                db.execute(_DELETE_TURNS, (key,))
             if drop is None:
                 db.execute(_DELETE, (key,))
             elif drop:

@@ -14,14 +14,17 @@ with the next holder's.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from .._messages import ChatMessage
 
-__all__ = ["ChatMemoryStore", "PendingStore", "SharedChatMemoryStore"]
+__all__ = ["TURNS_REMEMBERED", "ChatMemoryStore", "PendingStore", "SharedChatMemoryStore"]
+
+TURNS_REMEMBERED: Final = 100
+"""How many committed turn ids a store remembers per conversation (see `ChatMemoryStore.commit`)."""
 
 
 @runtime_checkable
@@ -36,12 +39,25 @@ class ChatMemoryStore(Protocol):
         ...
 
     async def commit(
-        self, key: str, messages: Sequence[ChatMessage], *, drop: int = 0, owner: str | None = None
+        self,
+        key: str,
+        messages: Sequence[ChatMessage],
+        *,
+        drop: int = 0,
+        owner: str | None = None,
+        turn: str | None = None,
     ) -> None:
         """In one atomic write: remove the first `drop` stored messages, then append `messages`.
 
         With `owner` (shared stores), only while `owner` holds the conversation's lock; otherwise
         raise `ConversationLockLostError` and change nothing.
+
+        With `turn` (a turn's id; durable turns, `agentrt.durable`), the write also records the id,
+        and a commit with an id the conversation already recorded changes nothing and returns: a
+        commit run again after a crash between the write and the caller's record of it stores the
+        turn once. A store remembers the last `TURNS_REMEMBERED` ids of each conversation, until it
+        is deleted. Callers pass `turn` only when they need it: a store of an older agentrt
+        without the parameter works as before for every other turn.
         """
         ...
 

@@ -107,6 +107,7 @@ class _ToolMarker:
     immediate: bool
     timeout: float | None
     needs_approval: NeedsApproval = False
+    idempotent: bool = False
 
 
 @overload
@@ -122,6 +123,7 @@ def tool(
     immediate: bool = False,
     timeout: float | None = None,
     needs_approval: NeedsApproval = False,
+    idempotent: bool = False,
 ) -> Callable[[_F], _F]: ...
 
 
@@ -133,6 +135,7 @@ def tool(
     immediate: bool = False,
     timeout: float | None = None,
     needs_approval: NeedsApproval = False,
+    idempotent: bool = False,
 ) -> Any:
     """Mark a function or method as a tool.
 
@@ -146,12 +149,15 @@ def tool(
       (by parameter name) and its `ToolContext`: e.g. `lambda args, ctx: args["amount"] > 100`.
       A predicate that raises refuses the call (it is not run; the model is told). See
       `agentrt.Approvals` and `agentrt.resume`.
+    - `idempotent`: running the call again has no further effect (its annotation `idempotentHint`).
+      A durable turn (`agentrt.durable`) runs such a call again after a worker died inside it; any
+      other call that started in a dead worker is reported to the model as of unknown outcome.
     """
     if callable(description):
         setattr(description, _TOOL_ATTR, _ToolMarker(None, None, False, None))
         return description
     check_needs_approval(needs_approval, f"@tool {name or description!r}")
-    marker = _ToolMarker(description, name, immediate, timeout, needs_approval)
+    marker = _ToolMarker(description, name, immediate, timeout, needs_approval, idempotent)
 
     def decorate(function: _F) -> _F:
         if not callable(function):
@@ -224,6 +230,7 @@ def _strip_titles(node: Any) -> Any:
 
 
 _NO_ANNOTATIONS: Final[Mapping[str, Any]] = MappingProxyType({})
+_IDEMPOTENT: Final[Mapping[str, Any]] = MappingProxyType({"idempotentHint": True})
 
 
 class _Injected:
@@ -355,6 +362,7 @@ def define_tool(function: Callable[..., Any], *, owner: str | None = None) -> To
         immediate=marker.immediate,
         timeout=marker.timeout,
         needs_approval=marker.needs_approval,
+        annotations=_IDEMPOTENT if marker.idempotent else _NO_ANNOTATIONS,
     )
 
 

@@ -29,7 +29,17 @@ from .._errors import (
 from .._events import ToolExecution, ToolOutcome
 from .._messages import ImageContent, ToolCall, ToolResultMessage
 from ._declare import ToolContext, ToolDefinition, _Injected
-from ._run import LoopLimit, ToolFailure, ToolReturn, ToolSettings, arguments_hash, result_text
+from ._run import (
+    OUTCOME_UNKNOWN,
+    LoopLimit,
+    OutcomeUnknownError,
+    ToolFailure,
+    ToolReturn,
+    ToolSettings,
+    arguments_hash,
+    result_text,
+    safe_again,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -270,6 +280,12 @@ class ToolLoop:
         value: Any = None
         if definition is None:
             outcome = ToolOutcome.UNKNOWN_TOOL
+        elif OUTCOME_UNKNOWN.get() and not safe_again(definition.annotations):
+            outcome = ToolOutcome.ERROR
+            error = OutcomeUnknownError(
+                f"the outcome of this call of {call.name} is unknown: it started in a worker that stopped "
+                "before it finished, and it was not run again"
+            )
         else:
             timeout = definition.timeout if definition.timeout is not None else self.settings.timeout
             try:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -20,14 +21,33 @@ from .._messages import ImageContent, ToolCall
 from ..models._protocol import ToolChoice  # at runtime: `get_type_hints(ToolSettings)` resolves it
 
 __all__ = [
+    "OUTCOME_UNKNOWN",
     "FailurePolicy",
     "LoopLimit",
+    "OutcomeUnknownError",
     "ToolFailure",
     "ToolReturn",
     "ToolSettings",
     "arguments_hash",
     "result_text",
 ]
+
+OUTCOME_UNKNOWN: Final[ContextVar[bool]] = ContextVar("agentrt_outcome_unknown", default=False)
+"""Set by a durable turn (`agentrt.durable`) while it runs again a tool round whose first run died with
+its worker: a call of it that is not safe to run again (see `safe_again`) is not run; it fails with
+`OutcomeUnknownError` under the tool failure policy. One read per call, none per token."""
+
+
+class OutcomeUnknownError(Exception):
+    """A tool call started in a worker that died before it finished: whether it took effect is
+    unknown, and it was not run again (the tool is not declared idempotent)."""
+
+
+def safe_again(annotations: Mapping[str, Any]) -> bool:
+    """Whether a tool may run again after a run whose outcome is unknown: its owner says it is
+    idempotent (`idempotentHint`, `@tool(idempotent=True)`) or changes nothing (`readOnlyHint`)."""
+    return annotations.get("idempotentHint") is True or annotations.get("readOnlyHint") is True
+
 
 SUCCESS_TEXT: Final = "Success"
 """What the model sees when a tool returns None."""

@@ -1,0 +1,32 @@
+"""Durable turns (preview, issue 28): a turn that survives the worker running it, on DBOS Transact.
+
+Opt-in, with the extra `agentrt[durable]` (the `dbos` package), and **asyncio only**: DBOS's async
+workflows need a running asyncio loop (under trio they fail with "no running event loop"). Everything
+else in agentrt keeps running on asyncio and trio; importing this module without `dbos` raises
+`ImportError`.
+
+A turn runs as one DBOS workflow whose steps are the segments of the turn between its checkpoints
+(`Invocation.checkpoint` / `Invocation.restore`): prepare | model request (and response, answer) |
+tool round | ... | commit. DBOS records each step's result (a checkpoint, as JSON) once it completes;
+a recovered turn replays the recorded steps and goes on from the last one, so a completed tool round
+is never run again. A tool round whose worker died inside it runs again only for tools declared safe
+to run again (`@tool(idempotent=True)`, or an `idempotentHint`/`readOnlyHint` annotation); any other
+call of it is reported to the model as failed with `OutcomeUnknownError` (under the tool failure
+policy), not run. The commit stores the turn once, even when run again (`ChatMemoryStore.commit`'s
+`turn`).
+
+    engine = Engine("sqlite:///turns.sqlite", executor_id="worker-1")
+    engine.register("shop", shop)           # every worker registers its services by the same names
+    async with engine:                      # launched in the app's loop: this executor's turns resume
+        answer = await engine.call("shop", "ask", turn_id="t-1", question="Refund order A1")
+        engine.adopt(["worker-0"])          # a dead worker's pending turns continue here
+
+See `Engine` for what is not supported yet.
+"""
+
+from __future__ import annotations
+
+from ..tools._run import OutcomeUnknownError
+from ._engine import Engine
+
+__all__ = ["Engine", "OutcomeUnknownError"]

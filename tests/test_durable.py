@@ -1,0 +1,125 @@
+"""Durable turns (`agentrt.durable`, on DBOS): a worker killed with SIGKILL at a point of a turn, then
+the turn recovered by the restarted worker or by another one, on SQLite and on a real Postgres.
+
+asyncio only: DBOS's async workflows need an asyncio loop (under trio they fail with "no running
+event loop"), so durable mode is asyncio only; the workers run asyncio whatever the test runs on, and
+the tests themselves are marked for asyncio alone. Each worker is a process of its own (DBOS is one
+per process; tests/durable_worker.py): the worker kills itself at the point the test chooses, so
+no timing decides where it dies.
+
+The turn: a round calling `lookup` (idempotent), a round calling `refund` (not idempotent), an
+answer the output guardrail rejects, the accepted answer. After recovery: the turn's value, each
+tool's runs (its side-effect file), and the conversation as stored (one whole turn).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from depth import FULL
+
+pytest_plugins = ["postgres_server"]
+
+# asyncio only (see above): DBOS's async workflows do not run under trio.
+pytestmark = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+
+WORKER = str(Path(__file__).with_name("durable_worker.py"))
+POINTS = [
+    "request:1",  # the first model request
+    "lookup_before:1",
+    "lookup_after:1",
+    "request:2",  # the request after the lookup round
+    "refund_before:1",
+    "refund_after:1",
+    "request:3",  # the answer the guardrail rejects
+    "request:4",  # the re-ask
+    "commit_after:1",  # the store wrote the turn, DBOS did not record it
+]
+
+
+async def worker(database: str, executor: str, mode: str, directory: Path, kill: str = "") -> Any:
+    command = [sys.executable, WORKER, database, executor, mode, str(directory), *([kill] if kill else [])]
+    with anyio.fail_after(120):
+        return await anyio.run_process(command, check=False)
+
+
+def runs(directory: Path, tool: str) -> int:
+    path = directory / tool
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+async def crash_and_recover(database: str, directory: Path, kill: str, how: str) -> None:
+    """w1 runs the turn and dies at `kill`; it is recovered by w1 restarted or by w2 adopting."""
+    first = await worker(database, "w1", "start", directory, kill)
+    assert first.returncode == -signal.SIGKILL, first.stderr.decode()[-3000:]
+    executor = "w1" if how == "restart" else "w2"
+    second = await worker(database, executor, how, directory)
+    assert second.returncode == 0, second.stderr.decode()[-3000:]
+    out = json.loads(second.stdout.decode().splitlines()[-1])
+
+    point = kill.split(":")[0]
+    # A completed call is never run again; a call killed inside runs again only if idempotent.
+    assert runs(directory, "lookup") == (2 if point == "lookup_after" else 1)
+    assert runs(directory, "refund") == (0 if point == "refund_before" else 1)
+    unknown = point in ("refund_before", "refund_after")
+    refund_text = "Error: tool 'refund' failed (OutcomeUnknownError)." if unknown else "refunded A1"
+    answer = f"Order A1 is refunded ({refund_text})."
+    assert out["value"] == answer
+    # One whole turn, stored once: no rejected answer, no second copy.
+    assert out["memory"] == [
+        ["UserMessage", "Refund A1"],
+        ["AssistantMessage", ""],
+        ["ToolResultMessage", "order A1: paid"],
+        ["AssistantMessage", ""],
+        ["ToolResultMessage", refund_text],
+        ["AssistantMessage", answer],
+    ]
+
+
+def sqlite(directory: Path) -> str:
+    return f"sqlite:///{directory / 'dbos.sqlite'}"
+
+
+async def test_a_turn_runs_whole_without_a_crash(tmp_path: Path) -> None:
+    done = await worker(sqlite(tmp_path), "w1", "start", tmp_path)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    out = json.loads(done.stdout.decode().splitlines()[-1])
+    assert out["value"] == "Order A1 is refunded (refunded A1)."
+    assert len(out["memory"]) == 6
+    assert (runs(tmp_path, "lookup"), runs(tmp_path, "refund")) == (1, 1)
+
+
+# make test: the points where each guarantee shows, on each database and each way of recovering;
+# make test-deep: every point, both ways, on both databases.
+CHOSEN = [
+    ("sqlite", "request:2", "restart"),  # a completed round is not run again
+    ("sqlite", "refund_after:1", "adopt"),  # killed inside a non-idempotent call: unknown, not re-run
+    ("sqlite", "lookup_after:1", "adopt"),  # killed inside an idempotent call: run again
+    ("sqlite", "commit_after:1", "restart"),  # the commit step run again stores the turn once
+    ("postgres", "refund_before:1", "adopt"),
+    ("postgres", "commit_after:1", "adopt"),
+]
+SWEEP = (
+    [(db, point, how) for db in ("sqlite", "postgres") for point in POINTS for how in ("restart", "adopt")]
+    if FULL
+    else CHOSEN
+)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize(("db", "kill", "how"), SWEEP)
+async def test_a_turn_killed_at_a_point_completes_once_after_recovery(
+    request: pytest.FixtureRequest, tmp_path: Path, db: str, kill: str, how: str
+) -> None:
+    if db == "sqlite":
+        database = sqlite(tmp_path)
+    else:
+        database = f"{request.getfixturevalue('postgres_url')}/t{uuid.uuid4().hex}"
+    await crash_and_recover(database, tmp_path, kill, how)
