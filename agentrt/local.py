@@ -42,9 +42,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Self
+from typing import Any, Final, Self
 
 import anyio
 import httpx
@@ -54,14 +55,16 @@ from ._errors import AgentError
 from .models._protocol import Capabilities, ModelSettings
 from .models._retry import RetryPolicy
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from types import TracebackType
 
     from .models.openai import OpenAIChatModel
     from .rag.openai import OpenAIEmbeddingModel
 
 __all__ = [
+    "EMBEDDING_ALIAS",
     "LOCAL_CAPABILITIES",
+    "MODEL_ALIAS",
     "LocalModelError",
     "LocalModelServer",
     "local_chat_model",
@@ -70,7 +73,9 @@ __all__ = [
 ]
 
 MODEL_ALIAS: Final = "gemma-agent"
+"""The chat model's name on the local server (what `local_chat_model` asks for)."""
 EMBEDDING_ALIAS: Final = "gemma-embed"
+"""The embedding model's name on the local server (what `local_embedding_model` asks for)."""
 
 LOCAL_CAPABILITIES: Final = Capabilities(
     tools=True,

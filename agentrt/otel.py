@@ -44,7 +44,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Final
+import typing
+from typing import Any, Final
 
 try:
     from opentelemetry import metrics, trace
@@ -69,7 +70,6 @@ from ._events import (
     ToolExecuted,
 )
 from ._otel_attributes import (
-    Attributes,
     error_type,
     guardrail_attributes,
     input_message,
@@ -81,13 +81,14 @@ from ._otel_attributes import (
     to_json,
 )
 
-if TYPE_CHECKING:
+if typing.TYPE_CHECKING:
     from collections.abc import Callable
 
     from opentelemetry.context import Context
     from opentelemetry.trace import Span
 
     from ._events import LifecycleEvent
+    from ._otel_attributes import Attributes
     from .models._protocol import ChatModel
 
 __all__ = ["OTelListener", "instrument"]

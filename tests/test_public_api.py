@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pkgutil
 import subprocess
 import sys
 import types
@@ -10,10 +11,13 @@ import typing
 import pytest
 
 import agentrt
+import agentrt.durable
+import agentrt.local
 import agentrt.mcp
 import agentrt.memory
 import agentrt.models
 import agentrt.moderation
+import agentrt.otel
 import agentrt.output
 import agentrt.rag
 import agentrt.runs
@@ -26,23 +30,27 @@ def _isort_order(name: str) -> tuple[int, str]:
     return (0 if len(name) > 1 and name.isupper() else 1 if name[:1].isupper() else 2, name)
 
 
-@pytest.mark.parametrize(
-    ("module", "owner"),
-    [
-        (agentrt, "agentrt"),
-        (agentrt.guardrails, "agentrt"),
-        (agentrt.mcp, "agentrt.mcp"),
-        (agentrt.memory, "agentrt"),
-        (agentrt.models, "agentrt"),
-        (agentrt.moderation, "agentrt"),
-        (agentrt.rag, "agentrt"),
-        (agentrt.output, "agentrt"),
-        (agentrt.testing, "agentrt.testing"),
-        (agentrt.tools, "agentrt"),
-        (agentrt.sse, "agentrt.sse"),
-        (agentrt.runs, "agentrt.runs"),
-    ],
-)
+PUBLIC_MODULES = [
+    (agentrt, "agentrt"),
+    (agentrt.guardrails, "agentrt"),
+    (agentrt.mcp, "agentrt.mcp"),
+    (agentrt.memory, "agentrt"),
+    (agentrt.models, "agentrt"),
+    (agentrt.moderation, "agentrt"),
+    (agentrt.rag, "agentrt"),
+    (agentrt.output, "agentrt"),
+    (agentrt.testing, "agentrt.testing"),
+    (agentrt.tools, "agentrt"),
+    (agentrt.sse, "agentrt.sse"),
+    (agentrt.runs, "agentrt.runs"),
+    (agentrt.otel, "agentrt.otel"),
+    (agentrt.local, "agentrt.local"),
+    (agentrt.durable, "agentrt"),
+]
+"""Every public module and the package its own public names are defined under."""
+
+
+@pytest.mark.parametrize(("module", "owner"), PUBLIC_MODULES)
 async def test_all_is_sorted_and_lists_every_public_name(module: types.ModuleType, owner: str) -> None:
     public = set()
     for name, value in vars(module).items():
@@ -53,6 +61,7 @@ async def test_all_is_sorted_and_lists_every_public_name(module: types.ModuleTyp
             # package once anything imports them; they are imported on their own (`import agentrt.sse`).
             # The adapter modules of `agentrt.rag` and `agentrt.moderation` are reached the same way.
             if value.__name__.startswith("agentrt.") and value.__name__ not in (
+                "agentrt.durable",
                 "agentrt.local",
                 "agentrt.mcp",
                 "agentrt.otel",
@@ -66,6 +75,9 @@ async def test_all_is_sorted_and_lists_every_public_name(module: types.ModuleTyp
             continue
         if isinstance(value, types.UnionType) or typing.get_origin(value) is not None:
             public.add(name)  # a type alias defined here
+            continue
+        if name.isupper() and type(value).__module__.startswith(("builtins", "agentrt")):
+            public.add(name)  # a constant (`LOCAL_CAPABILITIES`: an instance of a class from elsewhere)
             continue
         defined_in = getattr(value, "__module__", None)
         if defined_in is None or defined_in.startswith(owner):
@@ -83,11 +95,17 @@ async def test_all_is_sorted_and_lists_every_public_name(module: types.ModuleTyp
         assert getattr(module, name) is not None
 
 
+def test_every_public_module_is_checked_here() -> None:
+    """The modules above are every public one: a new public module cannot skip these checks."""
+    checked = {module.__name__ for module, _ in PUBLIC_MODULES if module is not agentrt}
+    public = {f"agentrt.{m.name}" for m in pkgutil.iter_modules(agentrt.__path__) if m.name[0] != "_"}
+    assert public == checked
+
+
 def test_every_public_name_has_one_home() -> None:
     """A public object is exported by one public module: the top level for what users of services
     touch (events, the model and tool declarations), a subpackage for the rest."""
-    modules = [agentrt, agentrt.guardrails, agentrt.mcp, agentrt.memory, agentrt.models, agentrt.moderation]
-    modules += [agentrt.rag, agentrt.output, agentrt.testing, agentrt.tools, agentrt.sse, agentrt.runs]
+    modules = [module for module, _ in PUBLIC_MODULES]
     homes: dict[int, list[str]] = {}
     for module in modules:
         for name in module.__all__:
@@ -158,6 +176,9 @@ def test_errors_show_the_public_module_they_are_imported_from_and_still_pickle()
     assert len(errors) > 20
     assert [e.__qualname__ for e in errors if e.__module__ != "agentrt"] == []
     assert repr(agentrt.BudgetExceededError) == "<class 'agentrt.BudgetExceededError'>"
+    unknown = agentrt.durable.OutcomeUnknownError  # an error of one extra's module: named by it
+    assert issubclass(unknown, agentrt.AgentError) and unknown.__module__ == "agentrt.durable"
+    assert pickle.loads(pickle.dumps(unknown("lost"))).args == ("lost",)
     assert pickle.loads(pickle.dumps(agentrt.ConfigurationError("bad"))).args == ("bad",)
     # the classes are still their defining module's: one class, two names
     from agentrt import _errors

@@ -30,3 +30,5 @@ from ..tools._run import OutcomeUnknownError
 from ._engine import Engine
 
 __all__ = ["Engine", "OutcomeUnknownError"]
+
+OutcomeUnknownError.__module__ = __name__  # tracebacks name where it is imported from (it pickles by it)

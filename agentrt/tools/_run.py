@@ -15,7 +15,7 @@ from typing import Any, Final, Literal
 import orjson
 from pydantic import BaseModel
 
-from .._errors import ConfigurationError
+from .._errors import AgentError, ConfigurationError
 from .._events import ToolOutcome
 from .._messages import ImageContent, ToolCall
 from ..models._protocol import ToolChoice  # at runtime: `get_type_hints(ToolSettings)` resolves it
@@ -38,7 +38,7 @@ its worker: a call of it that is not safe to run again (see `safe_again`) is not
 `OutcomeUnknownError` under the tool failure policy. One read per call, none per token."""
 
 
-class OutcomeUnknownError(Exception):
+class OutcomeUnknownError(AgentError):
     """A tool call started in a worker that died before it finished: whether it took effect is
     unknown, and it was not run again (the tool is not declared idempotent)."""
 
