@@ -176,6 +176,41 @@ async def test_only_the_conversation_s_owner_may_resume_and_unknown_runs_are_404
     assert (unnamed.status_code, unnamed.json()["error"]["type"]) == (400, "no_run")
 
 
+async def test_a_run_of_one_endpoint_is_not_resumed_or_stopped_through_another_sharing_the_manager() -> None:
+    # One `Runs` for the app's endpoints (the documented set-up: one lifespan). A run's record keeps
+    # its owner's key only (`_owner_key`: the memory id as JSON), not the endpoint, so another
+    # endpoint whose resolver gives the same key (the same user) reads the run (its frames are the
+    # other protocol's: a native stream under AG-UI's headers) and stops it.
+    gate = Gate()
+    model = ScriptedModel([CallTool("wait_for_gate", {}, id="c1")], ["a"])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gate])
+    other = agentrt.build(Chat, model=ScriptedModel(["b"]), memory=agentrt.memory.window())
+    runs = Runs()
+    native = agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach")
+    agui = agentrt.sse.endpoint(
+        other.chat, memory_id=user_of, runs=runs, protocol="ag-ui", message="question"
+    )
+    app = Starlette(
+        routes=[
+            Route("/chat", native, methods=["POST"]),
+            Route("/agui/resume", agui.resume, methods=["GET"]),
+            Route("/agui/stop", agui.stop, methods=["POST"]),
+        ]
+    )
+    client = Client(b'{"question": "Hi"}')
+    async with runs, anyio.create_task_group() as group, asgi(app) as http:
+        group.start_soon(run_client, app, client)
+        await client.frames.wait()
+        run = client.headers["agentrt-run-id"]
+        stopped = await http.post(
+            "/agui/stop", json={"runId": run, "threadId": "t"}, headers={"x-user": "ada"}
+        )
+        gate.open.set()
+        read = await http.get("/agui/resume", params={"run": run}, headers={"x-user": "ada"})
+    assert (read.status_code, stopped.status_code) == (404, 404)
+    assert [e["event"] for e in client.events()] == ["tool_call", "tool_result", "token", "done"]
+
+
 async def gated_run(policy: str) -> tuple[Any, Runs, Starlette, Client, ScriptedModel, Gate]:
     gate = Gate()
     model = ScriptedModel([CallTool("wait_for_gate", {}, id="c1")], ["The", " answer"])
