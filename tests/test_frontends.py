@@ -82,6 +82,11 @@ AGUI_BODY = {
 }
 
 
+PROTOCOLS = ("agentrt", "vercel-ui", "ag-ui")
+BODIES: dict[str, Any] = {"agentrt": {"question": "Hi"}, "vercel-ui": VERCEL_BODY, "ag-ui": AGUI_BODY}
+THREADS = {"agentrt": "None", "vercel-ui": "chat-1", "ag-ui": "t1"}  # by_thread's, from each body
+
+
 def client(handler: Any, stop: Any = None) -> httpx.AsyncClient:
     routes = [Route("/chat", handler, methods=["POST"])]
     if stop is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,9 +26,9 @@ import pytest
 import redis
 from redis_server import _free_port
 from starlette.applications import Starlette
-from test_frontends import AGUI_BODY, VERCEL_BODY, by_thread
+from test_frontends import AGUI_BODY, BODIES, VERCEL_BODY, by_thread
 from test_run_logs import frame, gone, read_all, serving
-from test_runs import Chat, Client, Gate, TwoGates, app_with, run_client, user_of
+from test_runs import Chat, Client, Gate, TwoGates, app_with, asgi, frames, run_client, run_id_of, user_of
 from test_sse_endpoint import parse_sse
 
 import agentrt
@@ -349,8 +350,6 @@ async def test_a_redis_restart_mid_run_ends_that_run_and_leaves_the_manager_goin
 
 # --- F9b: a run log that cannot be reached --------------------------------------------------------
 
-BODIES: dict[str, Any] = {"agentrt": {"question": "Hi"}, "vercel-ui": VERCEL_BODY, "ag-ui": AGUI_BODY}
-
 
 def endpoint_for(protocol: str, svc: Any, runs: Runs, **options: Any) -> Any:
     extra = {"message": "question"} if protocol == "ag-ui" else {}
@@ -493,6 +492,89 @@ async def test_a_last_event_id_with_a_non_ascii_digit_is_a_400_not_a_500(digit: 
             )
     assert (got.status_code, got.text) == (400, got.text) and got.json()["error"]["type"] == "bad_event_id"
     assert posted.status_code == 400 and posted.json()["error"]["type"] == "bad_event_id"
+
+
+@pytest.mark.parametrize("where", ["same worker", "another worker"])
+async def test_a_resume_after_the_last_frame_its_client_got_is_not_refused_before_redis_has_it(
+    redis_url: str, where: str
+) -> None:
+    # The first client's response sends each frame as soon as it is appended to the log, and
+    # RedisRunLog writes its frames to Redis in batches (after `flush_interval`, or seconds later
+    # while Redis is slow or down). A client cut there resumes after the last id it got: the check
+    # for an id past the run's end (`last_seq`) looked at Redis only, and refused it (400
+    # `bad_event_id`): the client could not resume its run at all.
+    prefix = f"test-{uuid.uuid4().hex[:12]}:"
+    gates = TwoGates()
+    model = ScriptedModel(
+        [CallTool("first_gate", {}, id="c1")], [CallTool("second_gate", {}, id="c2")], ["done"]
+    )
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gates])
+    log = RedisRunLog(redis_url, prefix=prefix)
+    writes = threading.Event()  # cleared: Redis takes the writer's writes only once it is set again
+    writes.set()
+    script = log._write  # type: ignore[attr-defined]
+
+    def slow_write(**kw: Any) -> Any:
+        writes.wait(10)
+        return script(**kw)
+
+    log._write = slow_write  # type: ignore[attr-defined]
+    runs = Runs(log)
+    app = app_with(runs, agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach"))
+    if where == "same worker":
+        other_log, other_runs, other_app = log, runs, app
+    else:
+        other_log = RedisRunLog(redis_url, prefix=prefix)
+        other_runs = Runs(other_log)
+        other_app = app_with(other_runs, agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=other_runs))
+    reading = anyio.Event()
+    read_batches = other_log.read_batches
+
+    def reads(run: str, after: int) -> Any:
+        reading.set()  # the resume was accepted: it reads the log
+        return read_batches(run, after)
+
+    other_log.read_batches = reads  # type: ignore[method-assign]
+    client = Client(b'{"question": "Hi"}')
+    resumed: list[Any] = []
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(runs)
+            if other_runs is not runs:
+                await stack.enter_async_context(other_runs)
+            group = await stack.enter_async_context(anyio.create_task_group())
+            group.start_soon(run_client, app, client)
+            await client.frames.wait()  # the first tool call (frame 1)
+            run = run_id_of(client)
+            await log.flush(run)  # Redis has frame 1
+            writes.clear()  # and, for now, nothing after it
+            gates.first.set()
+            with anyio.fail_after(10):
+                while '"c2"' not in client.text:  # the second tool call (frame 3) reached the client
+                    await anyio.lowlevel.checkpoint()
+            client.hang_up()
+            last = frames(client.text)[-1][0]
+            assert last == f"{run}:3"
+
+            async def resume() -> None:
+                async with asgi(other_app) as http:
+                    resumed.append(
+                        await http.get("/chat/resume", headers={"x-user": "ada", "last-event-id": last})
+                    )
+
+            group.start_soon(resume)
+            with anyio.fail_after(10):
+                while not (reading.is_set() or resumed):
+                    await anyio.lowlevel.checkpoint()
+            writes.set()
+            gates.second.set()
+    finally:
+        writes.set()
+        await log.aclose()
+        if other_log is not log:
+            await other_log.aclose()
+    assert resumed[0].status_code == 200, resumed[0].text
+    assert [kind for _, kind in frames(resumed[0].text)] == ["tool_result", "token", "done"]
 
 
 # --- F11: a memory id that cannot key a run -------------------------------------------------------

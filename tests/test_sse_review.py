@@ -20,9 +20,8 @@ import anyio.lowlevel
 import pytest
 from starlette.applications import Starlette
 from starlette.routing import Route
-from test_frontends import AGUI_BODY, by_thread
-from test_runs import Client, app_with, asgi, run_client
-from test_runs_review2 import BODIES, PROTOCOLS, THREADS, frames
+from test_frontends import AGUI_BODY, BODIES, PROTOCOLS, THREADS, by_thread
+from test_runs import Client, app_with, asgi, frames, run_client
 
 import agentrt
 import agentrt.sse

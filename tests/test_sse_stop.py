@@ -1,6 +1,8 @@
 """Stopping a run (`endpoint(...).stop`, `Runs.stop`): a stop that lands while the run's log opens (on
 this worker or from another), or before the model answered, ends the run with the protocol's stopped
-end and stores nothing. asyncio and trio, the Redis tests on a real redis-server
+end and stores nothing; one after the answer's end was sent comes too late, as without a manager; one
+that lands as a detached run is handed over to the manager ends its log once; one from another
+worker reaches a run the manager took over. asyncio and trio, the Redis tests on a real redis-server
 (tests/redis_server.py). The stop route's basics are in tests/test_runs.py and
 tests/test_frontends.py, a stop across uvicorn workers in tests/test_runs_processes.py.
 """
@@ -14,17 +16,57 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+import redis
 from asgi_scope import post_scope
 from starlette.applications import Starlette
 from starlette.routing import Route
-from test_frontends import AGUI_BODY, by_thread
-from test_runs import Chat, Client, asgi, run_client
+from test_frontends import AGUI_BODY, BODIES, PROTOCOLS, THREADS, by_thread
+from test_run_logs import poll
+from test_runs import (
+    Chat,
+    Client,
+    Gate,
+    TwoGates,
+    app_with,
+    asgi,
+    frames,
+    logged,
+    run_client,
+    run_id_of,
+    user_of,
+)
 from test_sse_endpoint import parse_sse
 
 import agentrt
 import agentrt.sse
+from agentrt import AssistantMessage
 from agentrt.runs import RedisRunLog, Runs
-from agentrt.testing import Hang, ScriptedModel
+from agentrt.testing import CallTool, Hang, ScriptedModel
+
+
+def stopped_end(protocol: str) -> list[str]:
+    return {
+        "agentrt": ["stopped"],
+        "vercel-ui": ["abort", "[DONE]"],
+        "ag-ui": ["RUN_FINISHED"],
+    }[protocol]
+
+
+def gated(protocol: str, policy: str) -> tuple[Any, Runs, Any, Client, ScriptedModel, Gate]:
+    gate = Gate()
+    model = ScriptedModel([CallTool("wait_for_gate", {}, id="c1")], ["The", " answer"])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gate])
+    runs = Runs()
+    handler = agentrt.sse.endpoint(
+        svc.chat,
+        memory_id=by_thread,
+        runs=runs,
+        protocol=protocol,  # type: ignore[arg-type]
+        on_disconnect=policy,  # type: ignore[arg-type]
+    )
+    client = Client(json.dumps(BODIES[protocol]).encode())
+    return svc, runs, app_with(runs, handler), client, model, gate
+
 
 # --- a stop that lands while the run's log opens --------------------------------------------------
 
@@ -171,3 +213,151 @@ async def test_a_run_stopped_before_the_model_answered_ends_its_log_with_the_sto
         "runId": "r1",
         "outcome": {"type": "cancelled"},
     }, kinds  # as without a manager (tests/test_frontends.py)
+
+
+# --- a stop that reaches the run through its manager after the answer's end was sent --------------
+
+
+class StopsOnTheEnd(Client):
+    """A client whose user presses stop just as the answer's final frame reached it: the stop
+    (`Runs.stop`, what the stop route and another worker's request call) lands right after the
+    final frame's send returned."""
+
+    def __init__(self, body: bytes, final: bytes, runs: Runs) -> None:
+        super().__init__(body)
+        self.final = final
+        self.runs = runs
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await super().send(message)
+        if self.final in message.get("body", b""):
+            await self.runs.stop(run_id_of(self))
+
+
+FINALS = {"agentrt": b"event: done", "vercel-ui": b'"type":"finish"', "ag-ui": b'"type":"RUN_FINISHED"'}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("policy", ["cancel", "detach"])
+async def test_a_stop_after_the_answer_s_end_was_sent_is_too_late_as_without_a_manager(
+    protocol: str, policy: str
+) -> None:
+    # Without a manager the endpoint forgets the run at `Completed` ("a stop now would come too
+    # late"): the stop route answers 404 and the turn is stored. With one, the manager still knew
+    # the run: the stop cancelled the response in its settle turns, so under "cancel" the turn the
+    # client was sent the end of was not stored, and the client (and the log) got a stopped end
+    # after the answer's end.
+    svc = agentrt.build(Chat, model=ScriptedModel(["The", " answer"]), memory=agentrt.memory.window())
+    runs = Runs()
+    handler = agentrt.sse.endpoint(
+        svc.chat,
+        memory_id=by_thread,
+        runs=runs,
+        protocol=protocol,  # type: ignore[arg-type]
+        on_disconnect=policy,  # type: ignore[arg-type]
+    )
+    client = StopsOnTheEnd(json.dumps(BODIES[protocol]).encode(), FINALS[protocol], runs)
+    async with runs:
+        await run_client(app_with(runs, handler), client)
+        run = run_id_of(client)
+        log = await logged(runs, run)
+    got = frames(client.text)
+    assert got == log
+    kinds = [kind for _, kind in got]
+    assert not set(kinds) & {"stopped", "abort", "RUN_ERROR"}, kinds
+    assert kinds.count("RUN_FINISHED") <= 1 and kinds.count("[DONE]") <= 1, kinds
+    stored = await agentrt.memory.access(svc).read(f"ada:{THREADS[protocol]}")
+    assert stored[-1:] == [AssistantMessage(text="The answer")]
+    assert not runs._live  # type: ignore[attr-defined]
+
+
+# --- a stop that lands while a detached run is handed over to the manager -------------------------
+
+
+def stop_on_hand_over(runs: Runs) -> list[str]:
+    """Make a stop land between `adopt`'s start of the manager's task and that task's first step
+    (as the stop route's or another worker's stop can: they run in tasks of their own). The runs
+    handed over are listed."""
+    start = runs.start
+    handed: list[str] = []
+
+    def starting(run: str, body: Any, stop: Any) -> None:
+        async def stopped_first() -> None:
+            stop()
+            await body()
+
+        handed.append(run)
+        start(run, stopped_first, stop)
+
+    runs.start = starting  # type: ignore[method-assign]
+    return handed
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_stop_landing_as_a_detached_run_is_handed_over_ends_its_log_once(protocol: str) -> None:
+    svc, runs, app, client, model, gate = gated(protocol, "detach")
+    stop_on_hand_over(runs)
+    async with runs, anyio.create_task_group() as group:
+        group.start_soon(run_client, app, client)
+        await client.frames.wait()  # the tool call was sent; the tool waits
+        client.hang_up()
+        await anyio.wait_all_tasks_blocked()  # the response heard of it
+        gate.open.set()  # the next event: the run is handed over, and stopped as it is
+        run = run_id_of(client)
+        log = await logged(runs, run)
+    kinds = [kind for _, kind in log]
+    assert kinds[-len(stopped_end(protocol)) :] == stopped_end(protocol), kinds
+    assert [seq for seq, _ in log] == [f"{run}:{n}" for n in range(1, len(log) + 1)]
+    assert not set(kinds) & {"error", "RUN_ERROR"}, kinds
+    for kind in ("[DONE]", "RUN_FINISHED", "stopped", "abort"):
+        assert kinds.count(kind) <= 1, kinds
+    assert await agentrt.memory.access(svc).read(f"ada:{THREADS[protocol]}") == []
+    assert len(model.requests) == 1  # stopped: no second request
+    assert not runs._live  # type: ignore[attr-defined]
+
+
+# --- a stop from another worker reaches a run its manager took over -------------------------------
+
+
+async def test_a_stop_from_another_worker_stops_a_run_the_manager_took_over(redis_url: str) -> None:
+    prefix = f"test-{uuid.uuid4().hex[:12]}:"
+    gates = TwoGates()
+    model = ScriptedModel(
+        [CallTool("first_gate", {}, id="c1")], [CallTool("second_gate", {}, id="c2")], ["done"]
+    )
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gates])
+    log, other_log = RedisRunLog(redis_url, prefix=prefix), RedisRunLog(redis_url, prefix=prefix)
+    runs, other = Runs(log), Runs(other_log)
+    app = app_with(runs, agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach"))
+    other_app = app_with(other, agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=other))
+    raw = redis.Redis.from_url(redis_url)
+    client = Client(b'{"question": "Hi"}')
+    responded = anyio.Event()
+
+    async def respond() -> None:
+        await run_client(app, client)
+        responded.set()
+
+    try:
+        async with runs, other, anyio.create_task_group() as group:
+            channel = f"{prefix}runs:stop"
+            await poll(lambda: dict(raw.pubsub_numsub(channel)).get(channel.encode(), 0) >= 2)
+            group.start_soon(respond)
+            await client.frames.wait()
+            client.hang_up()
+            await anyio.wait_all_tasks_blocked()
+            gates.first.set()  # handed over: the manager waits at the second gate
+            with anyio.fail_after(10):
+                await responded.wait()
+            run = run_id_of(client)
+            async with asgi(other_app) as http:
+                stopped = await http.post("/chat/stop", json={"runId": run}, headers={"x-user": "ada"})
+            assert stopped.status_code == 202
+            log_frames = await logged(runs, run)  # ends once the stop reached the run
+    finally:
+        raw.close()
+        await log.aclose()
+        await other_log.aclose()
+    assert [kind for _, kind in log_frames] == ["tool_call", "tool_result", "tool_call", "stopped"]
+    assert await agentrt.memory.access(svc).read("ada") == []
+    assert not gates.second.is_set() and len(model.requests) == 2
