@@ -59,6 +59,16 @@ def app_with(runs: Runs, handler: Any) -> Starlette:
     )
 
 
+def chat_app(handler: Any) -> Starlette:
+    """The endpoint and its stop route (the resume routes are `app_with`'s)."""
+    return Starlette(
+        routes=[
+            Route("/chat", handler, methods=["POST"]),
+            Route("/chat/stop", handler.stop, methods=["POST"]),
+        ]
+    )
+
+
 class Client:
     """One ASGI request driven by hand: `receive` gives the body, then waits until `hang_up()`."""
 

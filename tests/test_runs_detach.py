@@ -4,8 +4,9 @@ takes over is whole: a stalled client whose send times out (a frame's or a keep-
 the run going; a run cut at any frame logs exactly what a client that never dropped got, a structured
 answer's repair and a failure included; an approval asked after the hand-over is in the log and
 resumes, one that ends the run as its client hangs up is not followed by a stop; nothing keeps the
-hung-up response alive. The basic hand-over is in tests/test_runs.py, stops that land during it in
-tests/test_sse_stop.py. asyncio and trio.
+hung-up response alive; a hang-up before the model answered leaves the run going too. The basic
+hand-over is in tests/test_runs.py, stops that land during it in tests/test_sse_stop.py. asyncio and
+trio.
 """
 
 from __future__ import annotations
@@ -340,3 +341,56 @@ async def test_detach_an_approval_after_its_client_hung_up_is_not_followed_by_a_
         run = run_id_of(client)
         log = await logged(runs, run)
     assert [kind for _, kind in log] == ["tool_call", "approval_required"]
+
+
+# --- a hang-up before the model answered ----------------------------------------------------------
+
+
+class Loading(agentrt.memory.InMemoryStore):
+    """A store whose first load waits for the test (a remote store's round trip, a busy conversation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loading = anyio.Event()
+        self.gate = anyio.Event()
+
+    async def load(self, key: str) -> Any:
+        self.loading.set()
+        await self.gate.wait()
+        return await super().load(key)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_detach_a_hang_up_before_the_model_answered_leaves_the_run_going(protocol: str) -> None:
+    # resumable-runs.md: "detach" lets a run "run to its end (or its budget), store the turn, and
+    # keep its log for a client that comes back". A phone that drops while the model has not
+    # answered (its first-token latency, a busy conversation, a slow store) lost the question: 499,
+    # nothing asked, nothing stored, no run to resume (AG-UI's client knows its runId: 404).
+    store = Loading()
+    model = ScriptedModel(["Hello", " world"])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(store=store))
+    runs = Runs()
+    handler = agentrt.sse.endpoint(
+        svc.chat,
+        memory_id=by_thread,
+        protocol=protocol,  # type: ignore[arg-type]
+        runs=runs,
+        on_disconnect="detach",
+    )
+    client = Client(json.dumps(BODIES[protocol]).encode())
+    async with runs:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(run_client, app_with(runs, handler), client)
+                await store.loading.wait()
+                client.hang_up()
+                for _ in range(10):  # the hang-up is heard
+                    await anyio.lowlevel.checkpoint()
+                store.gate.set()
+        conversation = agentrt.memory.access(svc)
+        for _ in range(1000):  # the manager reads the run to its end (checkpoints, not time)
+            if await conversation.read(f"ada:{THREADS[protocol]}"):
+                break
+            await anyio.lowlevel.checkpoint()
+    stored = [m.text for m in await conversation.read(f"ada:{THREADS[protocol]}")]
+    assert stored[-1:] == ["Hello world"]

@@ -4,7 +4,8 @@ those after it) and what came with them: what a run log holds in all (memory) an
 looks at, what it buffers while Redis is down, a run the manager could not start, a Redis log that
 lost its keys, the answers when the log is unavailable, a Last-Event-ID past a run's end, not a
 number, or past what Redis has written yet, memory ids and client ids the endpoint cannot key a run
-by (AG-UI's, and a memoryless AG-UI endpoint's), and a log read that fails mid-response.
+by (AG-UI's, a memoryless AG-UI endpoint's, one run id named by two users at once), and a log read
+that fails mid-response.
 
 Each test failed before its fix. asyncio and trio; the Redis tests use a real redis-server
 (tests/redis_server.py).
@@ -13,6 +14,7 @@ Each test failed before its fix. asyncio and trio; the Redis tests use a real re
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import uuid
@@ -35,7 +37,7 @@ import agentrt
 import agentrt.sse
 from agentrt import AssistantMessage, ConfigurationError
 from agentrt.runs import MemoryRunLog, RedisRunLog, RunGone, RunRecord, Runs
-from agentrt.testing import CallTool, ScriptedModel
+from agentrt.testing import CallTool, Hang, ScriptedModel
 
 
 def http(app: Starlette) -> httpx.AsyncClient:
@@ -662,6 +664,53 @@ def test_a_memoryless_ag_ui_endpoint_keeps_no_runs() -> None:
         agentrt.sse.endpoint(svc.answer, protocol="ag-ui", runs=Runs())
     agentrt.sse.endpoint(svc.answer, protocol="ag-ui")  # without runs, as before
     agentrt.sse.endpoint(svc.answer, protocol="vercel-ui", runs=Runs())  # the server names those
+
+
+class Gated(agentrt.memory.InMemoryStore):
+    """A store whose loads wait for the test, one conversation at a time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loading: dict[str, anyio.Event] = {}
+        self.gates: dict[str, anyio.Event] = {}
+
+    async def load(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        user = "bob" if "bob" in key else "ada"
+        self.loading.setdefault(user, anyio.Event()).set()
+        await self.gates.setdefault(user, anyio.Event()).wait()
+        return await super().load(key, *args, **kwargs)
+
+
+async def test_a_run_id_another_user_starts_at_the_same_time_does_not_unhook_the_first_run() -> None:
+    # An AG-UI client names its runs, and the check that a run id is new (`find`) comes before the
+    # model is asked; the run is registered with the manager (`reserve`) after. Two users naming one
+    # run id at once both passed the check; the second's `reserve` replaced the first's stop, and
+    # its refusal (409 `run_exists` at the log's `open`) removed it: leaving the manager no longer
+    # stopped the first user's run, which went on after the app's runs had ended.
+    store = Gated()
+    model = ScriptedModel(["Hel", Hang()], "never")
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(store=store))
+    runs = Runs()
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=by_thread, protocol="ag-ui", runs=runs)
+    app = app_with(runs, handler)
+    ada = Client(json.dumps(AGUI_BODY).encode())
+    bob = Client(json.dumps(AGUI_BODY).encode(), user=b"bob")
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            async with runs:
+                group.start_soon(run_client, app, ada)
+                await store.loading.setdefault("ada", anyio.Event()).wait()
+                group.start_soon(run_client, app, bob)
+                await store.loading.setdefault("bob", anyio.Event()).wait()
+                store.gates.setdefault("ada", anyio.Event()).set()
+                await ada.frames.wait()  # ada's run streams
+                store.gates.setdefault("bob", anyio.Event()).set()
+                while not bob.sent:
+                    await anyio.lowlevel.checkpoint()
+                assert bob.status == 409
+            # Leaving the manager stops ada's run (`fail_after` fails the test if it goes on).
+    assert [kind for _, kind in frames(ada.text)][-1] == "RUN_FINISHED"
+    assert model.streams[0].closed
 
 
 # --- a log read that fails mid-response -----------------------------------------------------------

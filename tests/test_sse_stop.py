@@ -1,8 +1,10 @@
 """Stopping a run (`endpoint(...).stop`, `Runs.stop`): a stop that lands while the run's log opens (on
 this worker or from another), or before the model answered, ends the run with the protocol's stopped
-end and stores nothing; one after the answer's end was sent comes too late, as without a manager; one
-that lands as a detached run is handed over to the manager ends its log once; one from another
-worker reaches a run the manager took over. asyncio and trio, the Redis tests on a real redis-server
+end and stores nothing; one after the answer's end was sent comes too late, as without a manager,
+and one after the run ended is a 404, with a manager too; one that lands as a detached run is handed
+over to the manager ends its log once; one from another worker reaches a run the manager took over.
+A request cancelled from outside leaves no run to stop, and the stop route reads JSON only, no more
+than `max_body`, as the endpoint does. asyncio and trio, the Redis tests on a real redis-server
 (tests/redis_server.py). The stop route's basics are in tests/test_runs.py and
 tests/test_frontends.py, a stop across uvicorn workers in tests/test_runs_processes.py.
 """
@@ -29,6 +31,7 @@ from test_runs import (
     TwoGates,
     app_with,
     asgi,
+    chat_app,
     frames,
     logged,
     run_client,
@@ -271,6 +274,33 @@ async def test_a_stop_after_the_answer_s_end_was_sent_is_too_late_as_without_a_m
     assert not runs._live  # type: ignore[attr-defined]
 
 
+# --- a stop after the run ended -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("log", ["memory", "redis"])
+async def test_a_stop_after_the_run_ended_is_404_with_a_run_manager_too(
+    protocol: str, log: str, request: pytest.FixtureRequest
+) -> None:
+    # frontends.md: "Once the run's end was sent ... a stop comes too late: the run completes (404
+    # after its end)". Without a manager it is; with one the stop found the run's record (kept for
+    # resumes) and answered 202 `{"stopped": ...}` for a run that had ended and been stored.
+    svc = agentrt.build(Chat, model=ScriptedModel(["Hello"]), memory=agentrt.memory.window())
+    if log == "redis":
+        url = request.getfixturevalue("redis_url")
+        runs = Runs(RedisRunLog(url, prefix=f"test-late-stop-{uuid.uuid4().hex[:8]}:"))
+    else:
+        runs = Runs()
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=by_thread, protocol=protocol, runs=runs)  # type: ignore[arg-type]
+    async with runs, asgi(app_with(runs, handler)) as http:
+        answer = await http.post("/chat", json=BODIES[protocol])
+        stop = {"runId": answer.headers["agentrt-run-id"], "threadId": THREADS[protocol]}
+        late = await http.post("/chat/stop", json=stop)
+    assert [kind for _, kind in frames(answer.text)][-1] in ("done", "[DONE]", "RUN_FINISHED")
+    assert late.status_code == 404
+    assert late.json()["error"]["type"] == "run_not_found"
+
+
 # --- a stop that lands while a detached run is handed over to the manager -------------------------
 
 
@@ -361,3 +391,69 @@ async def test_a_stop_from_another_worker_stops_a_run_the_manager_took_over(redi
     assert [kind for _, kind in log_frames] == ["tool_call", "tool_result", "tool_call", "stopped"]
     assert await agentrt.memory.access(svc).read("ada") == []
     assert not gates.second.is_set() and len(model.requests) == 2
+
+
+# --- a request cancelled from outside leaves nothing to stop --------------------------------------
+
+
+@pytest.mark.parametrize("with_runs", [False, True])
+async def test_a_request_cancelled_while_the_model_is_asked_leaves_no_run_behind(with_runs: bool) -> None:
+    # The server's task is cancelled (a shutdown, a timeout middleware) while the model has not
+    # answered: the run was stoppable from the moment it was named, and stayed so for good: its
+    # stop answered 202, and the client's next request with that run id 409 `run_in_progress`.
+    model = ScriptedModel([Hang()], "Hello")
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    runs = Runs() if with_runs else None
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=by_thread, protocol="ag-ui", runs=runs)
+    app = chat_app(handler)
+    client = Client(json.dumps(AGUI_BODY).encode())
+    async with Runs() if runs is None else runs:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(app, client.scope, client.receive, client.send)
+                while not model.streams:  # the model was asked, and has not answered
+                    await anyio.lowlevel.checkpoint()
+                group.cancel_scope.cancel()
+        assert model.streams[0].closed
+        async with asgi(app) as http:
+            stop = await http.post("/chat/stop", json={"runId": "r1", "threadId": "t1"})
+            again = await http.post("/chat", json=AGUI_BODY)
+    assert stop.status_code == 404
+    assert again.status_code == 200
+    assert [kind for _, kind in frames(again.text)][-1] == "RUN_FINISHED"
+
+
+# --- the stop route reads what the endpoint reads -------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["vercel-ui", "ag-ui"])
+async def test_the_stop_route_takes_json_only_and_no_more_than_max_body(protocol: str) -> None:
+    # The endpoint refuses a body that is not JSON (a form or text/plain POST needs no CORS
+    # preflight: any site could make a signed-in user's browser send one) and one past `max_body`;
+    # its stop route read any body whole, and stopped the user's run from a text/plain POST.
+    model = ScriptedModel(["Hel", Hang()])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    handler = agentrt.sse.endpoint(
+        svc.chat,
+        memory_id=by_thread,
+        protocol=protocol,  # type: ignore[arg-type]
+        max_body=1024,
+    )
+    app = chat_app(handler)
+    client = Client(json.dumps(BODIES[protocol]).encode())
+    async with asgi(app) as http, anyio.create_task_group() as group:
+        with anyio.fail_after(10):
+            group.start_soon(run_client, app, client)
+            await client.frames.wait()
+            stop = {"runId": client.headers["agentrt-run-id"], "threadId": THREADS[protocol]}
+            text = await http.post(
+                "/chat/stop", content=json.dumps(stop), headers={"content-type": "text/plain"}
+            )
+            large = await http.post("/chat/stop", json={**stop, "pad": "x" * 2048})
+            json_stop = await http.post("/chat/stop", json=stop)
+    assert text.status_code == 415
+    assert text.json()["error"]["type"] == "unsupported_media_type"
+    assert large.status_code == 413
+    assert large.json()["error"]["type"] == "body_too_large"
+    assert json_stop.status_code == 202
+    assert model.streams[0].closed
