@@ -2,12 +2,16 @@
 
 Every test reads what the code under test did: the requests the model received, the calls each tool
 got (a side-effect log), the conversation in the store, the pending record in the store, the events
-in order. Cross-process tests are in test_approval_processes.py, the stores' contract in
-test_memory_pending.py, the SSE and frontend protocols in test_sse_approval.py.
+in order. Where a waiting turn is found (memory ids, other builds) is in
+test_approval_conversations.py, approval inside the tool loop (tool mode, limits, budgets) in
+test_approval_loop.py, the streaming and Result views in test_approval_views.py, cross-process tests
+in test_approval_processes.py, the stores' contract in test_memory_pending.py, the SSE and frontend
+protocols in test_sse_approval.py.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 import anyio
@@ -223,6 +227,121 @@ async def test_an_invalid_edit_is_refused_nothing_runs_and_the_turn_still_waits(
     assert await agentrt.resume(svc, approval.run_id, {"c2": Approve()}, memory_id="u1") == "Done."
 
 
+@pytest.mark.parametrize("arguments", ["{}", [("order", "A1"), ("amount", 5)], 5, Approve()])
+async def test_edited_arguments_that_are_not_a_mapping_are_refused(arguments: Any) -> None:
+    svc, _, shop = service(GATED_ROUND, ANSWER)
+    approval = await suspended(svc)
+    with pytest.raises(ApprovalDecisionError, match="mapping"):
+        await agentrt.resume(svc, approval.run_id, {"c2": Approve(arguments=arguments)}, memory_id="u1")
+    assert len(shop.ran) == 2 and (await pending_of(svc)) is not None
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"order": "A1", "amount": 5, "extra": 1},  # unknown field: the arguments model forbids extras
+        {"order": "A1", "amount": 5, "ctx": None},
+        {"order": 5, "amount": 5},  # strict enough? an int is not an order number
+    ],
+)
+async def test_an_edit_with_fields_the_schema_forbids_is_refused(arguments: dict[str, Any]) -> None:
+    svc, _, shop = service(GATED_ROUND, ANSWER)
+    approval = await suspended(svc)
+    with pytest.raises(ApprovalDecisionError):
+        await agentrt.resume(svc, approval.run_id, {"c2": Approve(arguments=arguments)}, memory_id="u1")
+    assert len(shop.ran) == 2 and (await pending_of(svc)) is not None
+
+
+async def test_an_edit_by_the_arguments_models_internal_field_names_is_refused() -> None:
+    svc, _, shop = service(GATED_ROUND, ANSWER)
+    approval = await suspended(svc)
+    with pytest.raises(ApprovalDecisionError):
+        await agentrt.resume(
+            svc, approval.run_id, {"c2": Approve(arguments={"p0": "A1", "p1": 5})}, memory_id="u1"
+        )
+    assert len(shop.ran) == 2 and (await pending_of(svc)) is not None
+
+
+async def test_an_edit_cannot_set_injected_parameters() -> None:
+    seen: list[Any] = []
+
+    @tool("Transfer.", needs_approval=True)
+    async def transfer(amount: float, owner: Annotated[str, MemoryId], context: ToolContext) -> str:
+        seen.append((amount, owner, context.memory_id))
+        return "ok"
+
+    svc, _, _ = service([CallTool("transfer", {"amount": 5}, id="t1")], ANSWER, tools=[transfer])
+    approval = await suspended(svc)
+    assert approval.calls[0].arguments == {"amount": 5.0}
+    for forged in ({"amount": 5, "owner": "u2"}, {"amount": 5, "context": {"memory_id": "u2"}}):
+        with pytest.raises(ApprovalDecisionError):
+            await agentrt.resume(svc, approval.run_id, {"t1": Approve(arguments=forged)}, memory_id="u1")
+    assert seen == []
+    assert await agentrt.resume(svc, approval.run_id, {"t1": Approve()}, memory_id="u1") == "Done."
+    assert seen == [(5.0, "u1", "u1")]
+
+
+@pytest.mark.parametrize("amount", [math.nan, math.inf])
+async def test_an_edit_the_tool_cannot_take_is_refused_before_anything_is_claimed(amount: float) -> None:
+    svc, model, _shop = service(GATED_ROUND, ANSWER)
+    approval = await suspended(svc)
+    with pytest.raises(ApprovalDecisionError):
+        await agentrt.resume(
+            svc, approval.run_id, {"c2": Approve(arguments={"order": "A1", "amount": amount})}, memory_id="u1"
+        )
+    assert len(model.requests) == 1 and (await pending_of(svc)) is not None
+
+
+async def test_an_edit_whose_values_are_not_json_is_a_decision_error() -> None:
+    @tool("Store data.", needs_approval=True)
+    async def store(data: dict[str, Any]) -> str:
+        return "ok"
+
+    svc, _, _ = service([CallTool("store", {"data": {"a": 1}}, id="s1")], ANSWER, tools=[store])
+    approval = await suspended(svc)
+    with pytest.raises(ApprovalDecisionError):
+        await agentrt.resume(
+            svc, approval.run_id, {"s1": Approve(arguments={"data": {"a": object()}})}, memory_id="u1"
+        )
+    assert (await pending_of(svc)) is not None
+
+
+async def test_a_huge_nested_edit_runs_once_with_what_was_approved() -> None:
+    got: list[Any] = []
+
+    @tool("Store data.", needs_approval=True)
+    async def store(data: dict[str, Any]) -> str:
+        got.append(data)
+        return "ok"
+
+    nested: dict[str, Any] = {"leaf": "x" * 100_000}
+    for _ in range(50):
+        nested = {"n": nested, "list": list(range(100))}
+    svc, _model, _ = service([CallTool("store", {"data": {"a": 1}}, id="s1")], ANSWER, tools=[store])
+    approval = await suspended(svc)
+    assert (
+        await agentrt.resume(
+            svc, approval.run_id, {"s1": Approve(arguments={"data": nested})}, memory_id="u1"
+        )
+        == "Done."
+    )
+    assert got == [nested]
+
+
+async def test_after_an_edit_the_partial_transcript_of_an_error_shows_the_call_as_it_ran() -> None:
+    svc, _, shop = service(GATED_ROUND, ANSWER, budget=Budget(model_requests=1))
+    approval = await suspended(svc)
+    with pytest.raises(agentrt.BudgetExceededError) as info:
+        await agentrt.resume(
+            svc, approval.run_id, {"c2": Approve(arguments={"order": "A1", "amount": 90})}, memory_id="u1"
+        )
+    assert shop.ran[-1] == ("refund", ("A1", 90.0))
+    [asked] = [
+        m for m in info.value.partial.messages if isinstance(m, agentrt.AssistantMessage) and m.tool_calls
+    ]
+    assert asked.tool_calls[1].arguments == '{"order":"A1","amount":90.0}'
+
+
 # --- decisions that do not fit, and runs that are not there ---------------------------------------
 
 
@@ -269,6 +388,53 @@ async def test_resume_refuses_what_is_not_a_service() -> None:
     svc, _, _ = service(GATED_ROUND, ANSWER)
     with pytest.raises(ApprovalDecisionError):
         await agentrt.resume(svc, "run", [("c2", Approve())], memory_id="u1")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("run_id", [None, 7, b"run", "", ["r"]])
+async def test_a_run_id_that_is_not_text_is_not_found_and_nothing_runs(run_id: Any) -> None:
+    svc, model, shop = service(GATED_ROUND, ANSWER)
+    await suspended(svc)
+    with pytest.raises(ApprovalNotFoundError):
+        await agentrt.resume(svc, run_id, {"c2": Approve()}, memory_id="u1")
+    assert len(shop.ran) == 2 and len(model.requests) == 1
+    assert (await pending_of(svc)) is not None
+
+
+async def test_decision_keys_of_mixed_types_are_a_decision_error() -> None:
+    svc, _model, shop = service(GATED_ROUND, ANSWER)
+    approval = await suspended(svc)
+    with pytest.raises(ApprovalDecisionError):
+        await agentrt.resume(
+            svc, approval.run_id, {"c2": Approve(), 1: Approve(), "forged": Approve()}, memory_id="u1"
+        )
+    assert len(shop.ran) == 2 and (await pending_of(svc)) is not None
+
+
+@pytest.mark.parametrize(
+    "decision", [{"approve": True}, {"approve": True, "arguments": {}}, "approve", None, Approve, Deny, 1]
+)
+async def test_a_decision_that_is_not_an_approve_or_deny_is_refused(decision: Any) -> None:
+    svc, _, shop = service(GATED_ROUND, ANSWER)
+    approval = await suspended(svc)
+    with pytest.raises(ApprovalDecisionError, match="not Approve"):
+        await agentrt.resume(svc, approval.run_id, {"c2": decision}, memory_id="u1")
+    assert len(shop.ran) == 2 and (await pending_of(svc)) is not None
+
+
+async def test_bad_decisions_on_a_stream_resume_are_raised_by_the_await_and_free_the_conversation() -> None:
+    svc, model, shop = service(GATED_ROUND, ANSWER)
+    async with await svc.chat_stream("u1", "q") as stream:
+        await stream.result()
+    approval = stream.approval
+    assert approval is not None
+    with pytest.raises(ApprovalDecisionError):
+        await agentrt.resume(svc, approval.run_id, {"c2": Approve(arguments={"order": 1})}, memory_id="u1")
+    assert len(model.requests) == 1 and (await pending_of(svc)) is not None
+    with anyio.fail_after(5):
+        resumed = await agentrt.resume(svc, approval.run_id, {"c2": Approve()}, memory_id="u1")
+    async with resumed:
+        assert [token async for token in resumed] == ["Done."]
+    assert shop.ran.count(("refund", ("A1", 250.0))) == 1
 
 
 # --- more rounds, parallel calls --------------------------------------------------------------------
@@ -357,6 +523,30 @@ async def test_arguments_that_do_not_validate_fail_closed_without_waiting() -> N
     assert is_error and "invalid arguments" in text
 
 
+async def test_an_async_predicate_that_returns_no_bool_fails_closed_as_a_sync_one_does() -> None:
+    ran: list[str] = []
+
+    def sync_none(args: Any, ctx: ToolContext) -> Any:
+        return None
+
+    async def async_none(args: Any, ctx: ToolContext) -> Any:
+        return None
+
+    for predicate in (sync_none, async_none):
+
+        @tool("Email.", needs_approval=predicate)
+        async def email(text: str) -> str:
+            ran.append(text)
+            return "sent"
+
+        svc, _, _ = service([CallTool("email", {"text": predicate.__name__}, id="e1")], ANSWER, tools=[email])
+        try:
+            await svc.chat("u1", "mail")
+        except ApprovalRequired:
+            pass
+    assert ran == []  # neither ran without a human: the sync one is refused, the async one too
+
+
 # --- where approvals are declared -------------------------------------------------------------------
 
 
@@ -397,6 +587,22 @@ async def test_approvals_name_tools_a_provider_returns_and_a_method_can_turn_the
     assert ran == ["/tmp/x"]
 
 
+class NoPendingStore:
+    """A store with the four message methods only (keeps no pending turns)."""
+
+    async def load(self, key: str) -> list[Any]:
+        return []
+
+    async def commit(self, key: str, messages: Any, *, drop: int = 0, owner: str | None = None) -> None:
+        pass
+
+    async def replace(self, key: str, messages: Any, *, owner: str | None = None) -> None:
+        pass
+
+    async def delete(self, key: str, *, owner: str | None = None) -> None:
+        pass
+
+
 def test_bad_declarations_are_refused_at_build() -> None:
     with pytest.raises(agentrt.ConfigurationError, match="needs_approval"):
         tool("x", needs_approval="yes")  # type: ignore[arg-type]
@@ -407,21 +613,30 @@ def test_bad_declarations_are_refused_at_build() -> None:
     with pytest.raises(agentrt.ConfigurationError, match="approvals must be"):
         agentrt.build(Support, model=ScriptedModel(), approvals={"refund": True})  # type: ignore[arg-type]
 
-    class Plain:  # a store with the four message methods only
-        async def load(self, key: str) -> list[Any]:
-            return []
-
-        async def commit(self, key: str, messages: Any, *, drop: int = 0, owner: str | None = None) -> None:
-            pass
-
-        async def replace(self, key: str, messages: Any, *, owner: str | None = None) -> None:
-            pass
-
-        async def delete(self, key: str, *, owner: str | None = None) -> None:
-            pass
-
     with pytest.raises(agentrt.ConfigurationError, match="keeps no pending turns"):
-        agentrt.build(Support, model=ScriptedModel(), tools=[Shop()], memory=Plain())
+        agentrt.build(Support, model=ScriptedModel(), tools=[Shop()], memory=NoPendingStore())
+
+
+async def test_a_provider_tool_needing_approval_on_a_store_without_pending_runs_nothing_of_its_round() -> (
+    None
+):
+    shop = Shop()
+
+    def provider(request: Any) -> list[object]:
+        return [shop.email]
+
+    svc = agentrt.build(
+        Support,
+        model=ScriptedModel(
+            [CallTool("lookup", {"order": "A1"}, id="c1"), CallTool("email", {"text": "hi"}, id="e1")], ANSWER
+        ),
+        tools=[shop.lookup],
+        tool_provider=provider,
+        memory=NoPendingStore(),
+    )
+    with pytest.raises(agentrt.ConfigurationError):
+        await svc.chat("u1", "x")
+    assert shop.ran == []
 
 
 # --- a new message while a turn waits ----------------------------------------------------------------
@@ -462,6 +677,121 @@ async def test_the_deny_policy_stores_the_waiting_turn_with_denials_and_goes_on(
         await agentrt.resume(svc, approval.run_id, {"c2": Approve()}, memory_id="u1")
 
 
+async def test_a_new_message_under_deny_first_then_the_resume_is_not_found_and_nothing_runs() -> None:
+    svc, _, shop = service(GATED_ROUND, ["Hello."], approvals=Approvals(while_pending="deny"))
+    approval = await suspended(svc)
+    assert await svc.chat("u1", "hello?") == "Hello."
+    with pytest.raises(ApprovalNotFoundError):
+        await agentrt.resume(svc, approval.run_id, {"c2": Approve()}, memory_id="u1")
+    assert ("refund", ("A1", 250.0)) not in shop.ran
+
+
+async def test_a_new_message_under_deny_racing_a_resume_waits_for_it_and_nothing_runs_twice() -> None:
+    entered, release = anyio.Event(), anyio.Event()
+    ran: list[str] = []
+
+    @tool("Email.", needs_approval=True)
+    async def email(text: str) -> str:
+        ran.append(text)
+        entered.set()
+        await release.wait()
+        return "sent"
+
+    svc, _model, _ = service(
+        [CallTool("email", {"text": "hi"}, id="e1")],
+        ["Done."],
+        ["Hello again."],
+        tools=[email],
+        approvals=Approvals(while_pending="deny"),
+    )
+    approval = await suspended(svc)
+    got: dict[str, Any] = {}
+
+    async def resume() -> None:
+        got["resume"] = await agentrt.resume(svc, approval.run_id, {"e1": Approve()}, memory_id="u1")
+
+    async def new_message() -> None:
+        got["new"] = await svc.chat("u1", "hello?")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(resume)
+        await entered.wait()
+        group.start_soon(new_message)
+        for _ in range(20):
+            await anyio.lowlevel.checkpoint()
+        release.set()
+    assert got == {"resume": "Done.", "new": "Hello again."}
+    assert ran == ["hi"]
+    stored = await access(svc).read("u1")
+    assert [r[1] for r in tool_results(stored)] == ["sent"]  # the approved result, not a denial
+    assert [type(m).__name__ for m in stored] == [
+        "UserMessage",
+        "AssistantMessage",
+        "ToolResultMessage",
+        "AssistantMessage",
+        "UserMessage",
+        "AssistantMessage",
+    ]
+
+
+async def test_a_refused_new_message_leaves_the_conversation_free_for_the_resume() -> None:
+    svc, _, shop = service(GATED_ROUND, ANSWER)
+    approval = await suspended(svc)
+    with pytest.raises(ApprovalPendingError):
+        await svc.chat_stream("u1", "hello?")  # the stream's await raises it
+    with pytest.raises(ApprovalPendingError):
+        await svc.chat("u1", "hello?")
+    with anyio.fail_after(5):
+        assert await agentrt.resume(svc, approval.run_id, {"c2": Approve()}, memory_id="u1") == "Done."
+    assert shop.ran.count(("refund", ("A1", 250.0))) == 1
+
+
+# --- two resumes of one run at once ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("memory", [True, False])
+async def test_two_tasks_resuming_the_same_run_run_it_exactly_once(
+    memory: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load = InMemoryStore.load_pending
+
+    async def interleaved(self: InMemoryStore, key: str) -> tuple[str, bytes] | None:
+        found = await load(self, key)
+        await anyio.lowlevel.checkpoint()  # let the other resume load it too (trio runs on otherwise)
+        return found
+
+    monkeypatch.setattr(InMemoryStore, "load_pending", interleaved)
+    gate = anyio.Event()
+    ran: list[str] = []
+
+    @tool("Email.", needs_approval=True)
+    async def email(text: str) -> str:
+        ran.append(text)
+        await gate.wait()
+        return "sent"
+
+    svc, _, _ = service(
+        [CallTool("email", {"text": "hi"}, id="e1")], ANSWER, ANSWER, tools=[email], memory=memory
+    )
+    approval = await suspended(svc)
+    outcomes: list[Any] = []
+
+    async def resume() -> None:
+        try:
+            outcomes.append(await agentrt.resume(svc, approval.run_id, {"e1": Approve()}, memory_id="u1"))
+        except ApprovalNotFoundError as error:
+            outcomes.append(type(error))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(resume)
+        group.start_soon(resume)
+        for _ in range(50):
+            await anyio.lowlevel.checkpoint()
+        gate.set()
+    assert ran == ["hi"]
+    assert sorted(map(str, outcomes)) == sorted(["Done.", str(ApprovalNotFoundError)])
+
+
 # --- expiry -----------------------------------------------------------------------------------------
 
 
@@ -487,6 +817,29 @@ async def test_a_new_message_after_expiry_goes_on_whatever_the_policy(clock: lis
     clock[0] += 2
     assert await svc.chat("u1", "hello?") == "Hello."
     assert "expired" in tool_results(await access(svc).read("u1"))[1][1]
+
+
+async def test_at_exactly_its_expiry_the_approval_is_expired_for_resume_and_for_a_new_message(
+    clock: list[float],
+) -> None:
+    svc, _model, shop = service(GATED_ROUND, ANSWER, approvals=Approvals(expires_after=60))
+    approval = await suspended(svc)
+    clock[0] = approval.expires_at  # type: ignore[assignment]
+    assert await agentrt.resume(svc, approval.run_id, {"c2": Approve()}, memory_id="u1") == "Done."
+    assert ("refund", ("A1", 250.0)) not in shop.ran
+
+    svc, _, shop = service(GATED_ROUND, ["Hi."], approvals=Approvals(expires_after=60))
+    approval = await suspended(svc)
+    clock[0] = approval.expires_at  # type: ignore[assignment]
+    assert await svc.chat("u1", "hello") == "Hi."  # refuse does not apply: it expired
+
+
+async def test_just_before_its_expiry_the_approval_runs(clock: list[float]) -> None:
+    svc, _, shop = service(GATED_ROUND, ANSWER, approvals=Approvals(expires_after=60))
+    approval = await suspended(svc)
+    clock[0] = math.nextafter(approval.expires_at, 0)  # type: ignore[arg-type]
+    assert await agentrt.resume(svc, approval.run_id, {"c2": Approve()}, memory_id="u1") == "Done."
+    assert shop.ran.count(("refund", ("A1", 250.0))) == 1
 
 
 # --- views, events, listeners -----------------------------------------------------------------------
@@ -537,6 +890,31 @@ async def test_a_buffered_stream_releases_what_it_held_before_the_approval_event
         events = [event async for event in stream.events()]
     assert isinstance(events[-1], ApprovalRequested)
     assert sum(isinstance(e, ToolCallRequested) for e in events) == 3  # held, then released
+
+
+async def test_listeners_see_each_call_requested_and_executed_once_across_the_wait() -> None:
+    heard: list[Any] = []
+    svc, _, _ = service(GATED_ROUND, ANSWER, listeners=[heard.append])
+    approval = await suspended(svc)
+    await agentrt.resume(svc, approval.run_id, {"c2": Approve()}, memory_id="u1")
+    requested = [e.call.id for e in heard if isinstance(e, ToolCallRequested)]
+    executed = [e.execution.call_id for e in heard if isinstance(e, agentrt.ToolExecuted)]
+    assert sorted(requested) == ["c1", "c2", "c3"]
+    assert sorted(executed) == ["c1", "c2", "c3"]
+    kinds = [type(e).__name__ for e in heard]
+    assert kinds.count("Started") == 2 and kinds.count("Completed") == 1
+    assert kinds.count("ApprovalRequested") == 1 and "CancelledEvent" not in kinds
+
+
+async def test_a_listener_that_raises_on_the_approval_event_changes_nothing() -> None:
+    def broken(event: Any) -> None:
+        if isinstance(event, ApprovalRequested):
+            raise RuntimeError("listener bug")
+
+    svc, _, shop = service(GATED_ROUND, ANSWER, listeners=[broken])
+    approval = await suspended(svc)
+    assert await agentrt.resume(svc, approval.run_id, {"c2": Approve()}, memory_id="u1") == "Done."
+    assert shop.ran.count(("refund", ("A1", 250.0))) == 1
 
 
 # --- budgets -------------------------------------------------------------------------------------------
@@ -707,6 +1085,41 @@ async def test_cancelled_while_an_approved_call_runs_it_never_runs_again() -> No
         await agentrt.resume(svc, approval.run_id, {"e1": Approve()}, memory_id="u1")
     assert ran == ["hi"]
     assert await access(svc).read("u1") == []  # and nothing of the turn was stored
+
+
+async def test_cancelled_during_the_predicate_nothing_ran_nothing_is_stored_the_conversation_is_free() -> (
+    None
+):
+    entered = anyio.Event()
+
+    async def slow(args: Any, ctx: ToolContext) -> bool:
+        entered.set()
+        await anyio.sleep_forever()
+        return True
+
+    shop = Shop()
+
+    @tool("Refund.", needs_approval=slow)
+    async def refund(order: str, amount: float) -> str:
+        shop.ran.append(("refund", order))
+        return "ok"
+
+    svc, _, _ = service(
+        [
+            CallTool("lookup", {"order": "A1"}, id="c1"),
+            CallTool("refund", {"order": "A1", "amount": 5}, id="c2"),
+        ],
+        ["Hi."],
+        tools=[refund, shop.lookup],
+    )
+    async with anyio.create_task_group() as group:
+        group.start_soon(svc.chat, "u1", "refund")
+        await entered.wait()
+        group.cancel_scope.cancel()
+    assert shop.ran == []  # the round's other calls run only after the gate
+    assert (await pending_of(svc)) is None
+    with anyio.fail_after(5):
+        assert await svc.chat("u1", "hello") == "Hi."
 
 
 async def test_a_round_whose_every_call_was_denied_is_not_a_failed_round() -> None:

@@ -7,6 +7,9 @@ user with three calls in one round: `refund A 5` and `refund B 7` need approval,
 Every tool call appends a line `PID TOOL ORDER AMOUNT` to a counter file: the side effect, which shows
 which process ran which call, and how many times. What the store holds is read back by this process
 through a store of its own.
+
+One test suspends its turn in a child process that runs a function of this module
+(`suspend_in_this_process`, the service built as an application builds it), and resumes it here.
 """
 
 from __future__ import annotations
@@ -26,10 +29,21 @@ import orjson
 import pytest
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
+from test_approval import ANSWER, GATED_ROUND, Support, tool_results
 
 import agentrt
-from agentrt import AssistantMessage, ChatMessage, ToolResultMessage, UserMessage
-from agentrt.memory import ChatMemory, InMemoryStore, RedisStore, SQLiteStore
+from agentrt import (
+    ApprovalNotFoundError,
+    ApprovalRequired,
+    Approve,
+    AssistantMessage,
+    ChatMessage,
+    ToolResultMessage,
+    UserMessage,
+    tool,
+)
+from agentrt.memory import ChatMemory, InMemoryStore, RedisStore, SQLiteStore, access
+from agentrt.testing import ScriptedModel
 
 WORKER = Path(worker.__file__)
 ROOT = WORKER.parent.parent  # the worktree: the workers import this agentrt
@@ -316,6 +330,85 @@ async def test_an_approval_expired_by_the_time_another_process_resumes_denies_ev
     assert resumed["value"] == "done: " + "; ".join(results)
     assert where.calls() == [(suspended["pid"], "lookup A -")]
     check_whole_turn(await where.open().load(worker.KEY), results, c3={"order": "B", "amount": 7})
+
+
+# --- a turn the application suspended in one process, resumed in another (its own service) --------
+
+
+class LoggedShop:
+    """Tools whose side effects are lines of a file, so that two processes can be counted."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _log(self, line: str) -> None:
+        with open(self.path, "a") as log:
+            log.write(line + "\n")
+
+    @tool("Refund an order.", needs_approval=lambda args, ctx: args["amount"] > 100)
+    async def refund(self, order: str, amount: float) -> str:
+        self._log(f"refund {order} {amount:g}")
+        return f"refunded {amount:g} on {order}"
+
+    @tool("Look an order up.")
+    def lookup(self, order: str) -> str:
+        self._log(f"lookup {order}")
+        return f"{order}: delivered"
+
+
+def shared_store(kind: str, where: str) -> Any:
+    return SQLiteStore(where) if kind == "sqlite" else RedisStore(where, prefix="approval-processes:")
+
+
+def process_service(kind: str, where: str, log: str, *script: Any) -> tuple[Any, Any]:
+    store = shared_store(kind, where)
+    svc = agentrt.build(
+        Support,
+        model=ScriptedModel(*script),
+        tools=[LoggedShop(log)],
+        memory=agentrt.memory.window(store=store, namespace="approval-processes"),
+    )
+    return svc, store
+
+
+async def suspend_in_this_process(kind: str, where: str, log: str, conversation: str) -> str:
+    svc, store = process_service(kind, where, log, GATED_ROUND)
+    try:
+        with pytest.raises(ApprovalRequired) as info:
+            await svc.chat(conversation, "refund A1")
+        return info.value.approval.run_id
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_a_turn_suspended_in_one_process_is_resumed_in_another_once(
+    kind: str, tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
+    where = str(tmp_path / "db.sqlite") if kind == "sqlite" else request.getfixturevalue("redis_url")
+    log = str(tmp_path / "log")
+    conversation = f"c-{uuid.uuid4().hex[:8]}"
+    code = (
+        "import sys, anyio\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "from test_approval_processes import suspend_in_this_process\n"
+        f"print(anyio.run(suspend_in_this_process, {kind!r}, {where!r}, {log!r}, {conversation!r}))\n"
+    )
+    done = await anyio.run_process([sys.executable, "-c", code], check=True)
+    run_id = done.stdout.decode().strip().splitlines()[-1]
+    assert sorted((await anyio.Path(log).read_text()).splitlines()) == ["lookup A1", "lookup B2"]
+
+    svc, store = process_service(kind, where, log, ANSWER)
+    try:
+        assert await agentrt.resume(svc, run_id, {"c2": Approve()}, memory_id=conversation) == "Done."
+        with pytest.raises(ApprovalNotFoundError):
+            await agentrt.resume(svc, run_id, {"c2": Approve()}, memory_id=conversation)
+        stored = await access(svc).read(conversation)
+        assert [r[0] for r in tool_results(stored)] == ["c1", "c2", "c3"]
+    finally:
+        await store.aclose()
+    lines = (await anyio.Path(log).read_text()).splitlines()
+    assert sorted(lines[:2]) == ["lookup A1", "lookup B2"] and lines[2:] == ["refund A1 250"]
 
 
 # --- budgets ------------------------------------------------------------------------------------------

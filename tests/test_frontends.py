@@ -1,8 +1,9 @@
 """The frontend protocols of `agentrt.sse.endpoint` (`protocol="vercel-ui"`, `"ag-ui"`): golden event
 sequences for one conversation (reasoning, two tool calls in one round, a guardrail reprompt, a
-final answer), the documented headers, the clients' request bodies, stop by run id, and the
-mistakes refused at build. Run through httpx's ASGI transport; tests/test_frontends_node.py runs
-the clients' own libraries over real HTTP."""
+final answer), the documented headers, the clients' request bodies, stop by run id, the mistakes
+refused at build, and what follows the final event when the turn cannot be stored (every protocol).
+Run through httpx's ASGI transport; tests/test_frontends_node.py runs the clients' own libraries over
+real HTTP."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from asgi_scope import post_scope
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
+from test_runs import Chat, Client, chat_app, frames, run_client
 
 import agentrt
 import agentrt.sse
@@ -80,6 +82,11 @@ AGUI_BODY = {
     "context": [],
     "forwardedProps": {},
 }
+
+
+PROTOCOLS = ("agentrt", "vercel-ui", "ag-ui")
+BODIES: dict[str, Any] = {"agentrt": {"question": "Hi"}, "vercel-ui": VERCEL_BODY, "ag-ui": AGUI_BODY}
+THREADS = {"agentrt": "None", "vercel-ui": "chat-1", "ag-ui": "t1"}  # by_thread's, from each body
 
 
 def client(handler: Any, stop: Any = None) -> httpx.AsyncClient:
@@ -427,6 +434,22 @@ async def test_a_client_body_that_cannot_be_read_is_422(protocol: str, body: Any
     assert model.requests == []
 
 
+@pytest.mark.parametrize("run_id", ["r\u20ac", "r\r\nset-cookie: s=1", "r\n", "run 1", "r\x00"])
+async def test_an_ag_ui_run_id_a_header_cannot_carry_is_422_before_the_model_is_asked(run_id: str) -> None:
+    # The client names its run, and the run id is the `agentrt-run-id` header (and, with a run
+    # manager, the `{run}:{seq}` of a Last-Event-ID): a character past latin-1 made the response
+    # fail to build (a 500, with the model asked and its stream left open), and CR LF reached the
+    # header (Vercel's message id, the other client-named id, is checked for a header already).
+    model = ScriptedModel(["Hello"])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=by_thread, protocol="ag-ui")
+    client = Client(json.dumps({**AGUI_BODY, "runId": run_id}).encode())
+    await run_client(chat_app(handler), client)
+    assert client.status == 422
+    assert json.loads(client.text)["detail"][0]["loc"] == ["runId"]
+    assert model.requests == []
+
+
 def test_protocol_mistakes_are_configuration_errors() -> None:
     svc = agentrt.build(Desk, model=ScriptedModel(), memory=agentrt.memory.window())
     with pytest.raises(
@@ -581,3 +604,36 @@ async def test_tool_call_ids_repeated_across_rounds_are_made_unique(protocol: st
         outputs = [(c["toolCallId"], c["content"]) for c in out if c["type"] == "TOOL_CALL_RESULT"]
     assert starts == ["call_0", "call_0~2"]
     assert outputs == [("call_0", "A: shipped"), ("call_0~2", "B: shipped")]
+
+
+# --- a turn that cannot be stored after its final event was sent ----------------------------------
+
+
+class Unstorable(agentrt.memory.InMemoryStore):
+    """A store that cannot take the turn (a remote store gone down between the load and the commit)."""
+
+    async def commit(self, key: str, messages: Any, *, drop: int = 0, owner: str | None = None) -> None:
+        raise agentrt.ChatMemoryError("the store is down")
+
+
+FINAL = {"agentrt": "done", "vercel-ui": "finish", "ag-ui": "RUN_FINISHED"}
+ERROR = {"agentrt": "error", "vercel-ui": "error", "ag-ui": "RUN_ERROR"}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_after_the_final_event_a_failed_commit_adds_an_error_and_nothing_else(protocol: str) -> None:
+    # The turn is stored once the final event was sent (`DEFER_COMMIT`); a store that fails then
+    # can only be told after it. AG-UI's client accepts nothing after RUN_FINISHED but a RUN_ERROR
+    # (@ag-ui/client's verifier: "The run has already finished"): the text cannot be withdrawn
+    # (MESSAGES_SNAPSHOT) there, and stays shown as it does on the other protocols, the error its
+    # cue that it was not kept.
+    svc = agentrt.build(
+        Chat, model=ScriptedModel(["Hello"]), memory=agentrt.memory.window(store=Unstorable())
+    )
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=by_thread, protocol=protocol)  # type: ignore[arg-type]
+    client = Client(json.dumps(BODIES[protocol]).encode())
+    await run_client(chat_app(handler), client)
+    kinds = [kind for _, kind in frames(client.text)]
+    after = kinds[kinds.index(FINAL[protocol]) + 1 :]
+    end = [ERROR[protocol], "[DONE]"] if protocol == "vercel-ui" else [ERROR[protocol]]
+    assert after == end, kinds

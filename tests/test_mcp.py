@@ -20,7 +20,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import pytest
@@ -34,6 +34,7 @@ from agentrt import (
     BudgetExceededError,
     ConfigurationError,
     Deny,
+    MemoryId,
     Result,
     ToolCallRequested,
     ToolExecuted,
@@ -58,6 +59,10 @@ PATIENCE = 60  # seconds a test may take at most (process starts are slow on a b
 
 class Desk:
     async def ask(self, question: str) -> Result[str]: ...
+
+
+class Chat:
+    async def ask(self, conversation: Annotated[str, MemoryId], question: str) -> str: ...
 
 
 class Launcher:
@@ -231,6 +236,21 @@ async def test_arguments_structured_and_text_results_and_errors_reach_the_model(
     ]
 
 
+async def test_only_image_types_every_provider_takes_are_sent_the_others_are_named(stdio: Launcher) -> None:
+    source = MCPTools(stdio.server())
+    model = ScriptedModel([CallTool("drawings", id="d1")], "Seen.")
+    desk = agentrt.build(Desk, model=model, tools=[source])
+    with anyio.fail_after(PATIENCE):
+        async with source:
+            await desk.ask("draw")
+    (sent,) = [m for m in model.requests[-1].messages if isinstance(m, ToolResultMessage)]
+    # the PNG (its type as the providers spell it) goes as an image; an SVG and an untyped image,
+    # which providers refuse (and would refuse in every later request), are named
+    assert sent.images == (agentrt.ImageContent(data=PIXEL, media_type="image/png"),)
+    assert sent.text == "[image image/svg+xml, not shown]\n[image , not shown]"
+    assert not sent.is_error
+
+
 async def test_a_round_s_calls_run_in_parallel_and_raise_typed_errors_by_policy(launcher: Launcher) -> None:
     source = MCPTools(launcher.server())
     # `meet` returns only once two calls of it are running at the same time.
@@ -280,6 +300,53 @@ async def test_a_budget_counts_mcp_calls_as_tool_calls(stdio: Launcher) -> None:
             with pytest.raises(BudgetExceededError) as info:
                 await service.ask("add twice")
     assert info.value.limit == "tool_calls"
+
+
+async def test_closing_the_source_while_a_call_runs_fails_the_call_and_the_turn_goes_on(
+    launcher: Launcher,
+) -> None:
+    source = MCPTools(launcher.server())
+    model = ScriptedModel([CallTool("slow", id="c1")], "it stopped")
+    parked = agentrt.build(Desk, model=model, tools=[source])
+    check = agentrt.build(Desk, model=ScriptedModel([CallTool("is_parked", id="c2")], "yes"), tools=[source])
+    finished: list[Result[str]] = []
+
+    async def park() -> None:
+        finished.append(await parked.ask("slow"))
+
+    with anyio.fail_after(PATIENCE):
+        async with anyio.create_task_group() as group:
+            async with source:
+                group.start_soon(park)
+                await check.ask("is it parked?")  # returns once the server runs the call
+            # (leaving closed the connection under the running call)
+
+    assert [r.value for r in finished] == ["it stopped"]
+    assert results(model) == [("c1", "Error: tool 'slow' failed (MCPServerError).", True)]
+
+
+async def test_a_turn_cancelled_during_a_call_cancels_it_on_the_server_and_the_connection_goes_on(
+    launcher: Launcher,
+) -> None:
+    source = MCPTools(launcher.server())
+    parked = agentrt.build(Desk, model=ScriptedModel([CallTool("slow", id="c1")], "never"), tools=[source])
+    check_model = ScriptedModel([CallTool("is_parked", id="c2")], "parked", [CallTool("pid", id="c3")], "p")
+    check = agentrt.build(Desk, model=check_model, tools=[source])
+    confirm_model = ScriptedModel([CallTool("was_cancelled", id="c4")], "it was")
+    confirm = agentrt.build(Desk, model=confirm_model, tools=[source])
+    with anyio.fail_after(PATIENCE):
+        async with source:
+            link = source._states[0].link
+            async with anyio.create_task_group() as group:
+                group.start_soon(parked.ask, "slow")
+                await check.ask("is it parked?")
+                group.cancel_scope.cancel()  # the caller gives up on the parked turn
+            await confirm.ask("was it cancelled?")  # the server saw MCP's cancellation
+            await check.ask("and your pid?")
+            assert source._states[0].link is link  # the same connection carried on
+
+    assert results(confirm_model) == [("c4", '{"result":"cancelled"}', False)]
+    assert json.loads(results(check_model)[0][1])["result"] > 0
 
 
 # --- the tool list changes --------------------------------------------------------------------------
@@ -373,6 +440,58 @@ async def test_a_server_that_died_stays_an_error_when_reconnect_is_off(launcher:
             with pytest.raises(MCPServerError, match="'notes': the connection closed, and reconnect is off"):
                 await service.ask("pid?")
     assert results(model) == [("c1", "Error: tool 'crash' failed (MCPServerError).", True)]
+
+
+async def test_a_server_that_dies_while_its_changed_list_is_read_fails_that_turn_and_the_next_reconnects(
+    launcher: Launcher,
+) -> None:
+    changed = anyio.Event()
+    source = MCPTools(launcher.server(), on_change=lambda server: changed.set())
+    model = ScriptedModel(
+        [CallTool("die_at_next_listing", id="c1")], "armed", [CallTool("pid", id="c2")], "p"
+    )
+    service = agentrt.build(Desk, model=model, tools=[source])
+    with anyio.fail_after(PATIENCE):
+        async with source:
+            await service.ask("arm it")
+            await changed.wait()
+            with pytest.raises(MCPServerError, match="'notes': could not list its tools") as info:
+                await service.ask("the list is read again: the server dies")
+            launcher.restart_killed()
+            await service.ask("and now?")
+
+    assert info.value.server == "notes"
+    assert json.loads(results(model)[0][1])["result"] > 0
+
+
+async def test_servers_that_must_connect_again_do_so_at_once_not_one_after_another(
+    stdio: Launcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each dead server may take its `connect_timeout` to fail: an invocation must not wait for the
+    sum. Two servers to connect again: the second starts before the first has finished."""
+    from agentrt import mcp as agentrt_mcp
+
+    source = MCPTools(stdio.server(name="a", prefix="a_"), stdio.server(name="b", prefix="b_"))
+    with anyio.fail_after(PATIENCE):
+        async with source:
+            entered: list[str] = []
+            both = anyio.Event()
+            original = agentrt_mcp._State.ready
+
+            async def ready(state: Any) -> Any:
+                entered.append(state.server.label)
+                if len(entered) == 2:
+                    both.set()
+                with anyio.fail_after(10):  # one after another, the first waits here alone
+                    await both.wait()
+                return await original(state)
+
+            monkeypatch.setattr(agentrt_mcp._State, "ready", ready)
+            for state in source._states:
+                state.stale = True  # both said their lists changed
+            tools = await source()
+    assert sorted(entered) == ["a", "b"]
+    assert {t.name for t in tools} >= {"a_add", "b_add"}
 
 
 # --- connecting -----------------------------------------------------------------------------------
@@ -531,6 +650,22 @@ async def test_a_tool_provider_and_local_tools_work_beside_it_and_a_clash_is_an_
                 await clashing.ask("hi")
 
     assert results(model) == [("c1", "noon", False), ("c2", "hi", False)]
+
+
+async def test_two_services_share_one_source_and_call_it_at_the_same_time(launcher: Launcher) -> None:
+    source = MCPTools(launcher.server())
+    left_model = ScriptedModel([CallTool("meet", id="c1")], "left met")
+    right_model = ScriptedModel([CallTool("meet", id="c2")], "right met")
+    left = agentrt.build(Desk, model=left_model, tools=[source])
+    right = agentrt.build(Chat, model=right_model, tool_provider=source)
+    with anyio.fail_after(PATIENCE):
+        async with source:
+            async with anyio.create_task_group() as group:  # `meet` returns once both run at once
+                group.start_soon(left.ask, "meet")
+                group.start_soon(right.ask, "u1", "meet")
+
+    assert results(left_model) == [("c1", '{"result":"met"}', False)]
+    assert results(right_model) == [("c2", '{"result":"met"}', False)]
 
 
 async def test_a_calls_event_sse_data_and_span_carry_its_tools_annotations(stdio: Launcher) -> None:

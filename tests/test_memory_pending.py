@@ -4,7 +4,8 @@ Each test runs on `InMemoryStore`, `SQLiteStore` and `RedisStore` (a real redis-
 trio. Where a store can have a second instance on the same data (the same file, the same server and
 prefix), what was written is read back through it: what is asserted is what the store holds, not
 what one object remembers. Owner checks are the shared stores' only (the in-memory store has no
-leases).
+leases). The last section resumes a turn waiting for approval on Redis whose claim's reply was lost
+on the way back (tests/test_approval.py's service).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from typing import Any, ClassVar
 import anyio
 import pytest
 import redis
+from test_approval import ANSWER, GATED_ROUND, pending_of, service, suspended
 
-from agentrt import ConversationLockLostError, UserMessage
+import agentrt
+from agentrt import ApprovalNotFoundError, Approve, ConversationLockLostError, UserMessage
 from agentrt.memory import (
     InMemoryStore,
     PendingStore,
@@ -262,6 +265,26 @@ async def test_an_in_memory_store_never_evicts_a_pending_turn() -> None:
     assert await store.take_pending(KEY, "run-1") == DATA  # ...its pending turn was not
 
 
+async def test_the_pending_contract_save_load_take_once(stores: Stores) -> None:
+    store = stores.make()
+    assert await store.load_pending("k") is None
+    assert await store.take_pending("k", "r1") is None
+    await store.save_pending("k", "r1", b"one")
+    await store.save_pending("k2", "r9", b"other conversation")
+    assert await store.load_pending("k") == ("r1", b"one")
+    assert await store.take_pending("k", "r2") is None  # another run: nothing taken
+    assert await store.load_pending("k") == ("r1", b"one")
+    await store.save_pending("k", "r2", b"two")  # a newer turn replaces the waiting one
+    assert await store.take_pending("k", "r1") is None
+    assert await store.take_pending("k", "r2") == b"two"
+    assert await store.take_pending("k", "r2") is None  # once
+    assert await store.load_pending("k") is None
+    assert await store.load_pending("k2") == ("r9", b"other conversation")
+    big = bytes(range(256)) * 40_000  # 10 MB, every byte value
+    await store.save_pending("k", "r3", big)
+    assert await store.take_pending("k", "r3") == big
+
+
 # --- Redis: a take whose reply is lost is retried by redis-py ---------------------------------------
 
 
@@ -315,3 +338,83 @@ async def test_a_redis_take_retried_after_a_lost_reply_still_returns_the_record(
         await store.aclose()
         await check.aclose()
         client.close()
+
+
+# --- Redis: a resume whose claim's reply is lost runs the approved call once, or still waits ------
+
+
+@pytest.fixture
+def lost_reply(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Drop the reply of the next EVALSHA of a script (the server ran it): what a timeout or a dropped
+    connection does; a client with retries sends the command again."""
+    import redis
+    import redis.connection
+
+    state: dict[str, Any] = {"sha": None}
+    send, read = (
+        redis.connection.AbstractConnection.send_command,
+        redis.connection.AbstractConnection.read_response,
+    )
+
+    def sending(self: Any, *args: Any, **kw: Any) -> Any:
+        self._last_sent = args
+        return send(self, *args, **kw)
+
+    def reading(self: Any, *args: Any, **kw: Any) -> Any:
+        reply = read(self, *args, **kw)
+        last = getattr(self, "_last_sent", ())
+        if state["sha"] is not None and last[:2] == ("EVALSHA", state["sha"]):
+            state["sha"] = None
+            self.disconnect()
+            raise redis.ConnectionError("the reply was lost")
+        return reply
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_command", sending)
+    monkeypatch.setattr(redis.connection.AbstractConnection, "read_response", reading)
+    return state
+
+
+async def test_a_redis_claim_whose_reply_was_lost_and_retried_still_runs_the_approved_call(
+    redis_url: str, lost_reply: Any
+) -> None:
+    import redis
+
+    from agentrt.memory import RedisStore
+
+    host, port = redis_url.split("//")[1].split("/")[0].split(":")
+    # A client of the user's own, as RedisStore(client=...) takes it: redis-py retries 3 times.
+    store = RedisStore(client=redis.Redis(host=host, port=int(port)), prefix=f"test-{uuid.uuid4().hex[:8]}:")
+    try:
+        svc, _, shop = service(GATED_ROUND, ANSWER, store=store)
+        approval = await suspended(svc)
+        lost_reply["sha"] = store._take_pending.sha
+        try:
+            result = await agentrt.resume(svc, approval.run_id, {"c2": Approve()}, memory_id="u1")
+        except ApprovalNotFoundError:
+            result = None
+        # Either the claim counts (the call runs once) or the run still waits: never lost.
+        assert result == "Done." or (await pending_of(svc)) is not None
+        assert shop.ran.count(("refund", ("A1", 250.0))) == (1 if result == "Done." else 0)
+    finally:
+        await store.aclose()
+
+
+async def test_a_redis_claim_whose_reply_was_lost_without_retries_puts_the_run_back(
+    redis_url: str, lost_reply: Any
+) -> None:
+    import redis
+
+    from agentrt.memory import RedisStore
+
+    store = RedisStore(redis_url, prefix=f"test-{uuid.uuid4().hex[:8]}:")  # its own client: no retries
+    try:
+        svc, _, shop = service(GATED_ROUND, ANSWER, store=store)
+        approval = await suspended(svc)
+        lost_reply["sha"] = store._take_pending.sha
+        with pytest.raises(redis.ConnectionError):
+            await agentrt.resume(svc, approval.run_id, {"c2": Approve()}, memory_id="u1")
+        assert (await pending_of(svc)) is not None and len(shop.ran) == 2
+        assert await agentrt.resume(svc, approval.run_id, {"c2": Approve()}, memory_id="u1") == "Done."
+        assert shop.ran.count(("refund", ("A1", 250.0))) == 1
+    finally:
+        await store.aclose()

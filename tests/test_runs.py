@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import uuid
 from typing import Annotated, Any
 
 import anyio
@@ -25,7 +26,7 @@ from test_sse_endpoint import parse_sse
 import agentrt
 import agentrt.sse
 from agentrt import AssistantMessage, ConfigurationError, MemoryId, TokenStream, UserMessage, tool
-from agentrt.runs import MemoryRunLog, RunGone, RunRecord, Runs
+from agentrt.runs import MemoryRunLog, RedisRunLog, RunGone, RunRecord, Runs
 from agentrt.testing import CallTool, ScriptedModel
 
 
@@ -54,6 +55,16 @@ def app_with(runs: Runs, handler: Any) -> Starlette:
             Route("/chat/stop", handler.stop, methods=["POST"]),
             Route("/chat/resume", handler.resume, methods=["GET"]),
             Route("/chat/{id}/stream", handler.resume, methods=["GET"]),
+        ]
+    )
+
+
+def chat_app(handler: Any) -> Starlette:
+    """The endpoint and its stop route (the resume routes are `app_with`'s)."""
+    return Starlette(
+        routes=[
+            Route("/chat", handler, methods=["POST"]),
+            Route("/chat/stop", handler.stop, methods=["POST"]),
         ]
     )
 
@@ -109,6 +120,42 @@ async def run_client(app: Starlette, client: Client) -> None:
 
 def asgi(app: Starlette) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+def frames(text: str | bytes) -> list[tuple[str | None, str]]:
+    """An SSE body's frames as (id, kind): the native event name, or the JSON data's `type`, or the
+    data itself (Vercel's `[DONE]`)."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    out: list[tuple[str | None, str]] = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.split("\n"):
+            if not line or line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            fields[name] = value[1:] if value.startswith(" ") else value
+        if "data" not in fields:
+            continue
+        kind = fields.get("event")
+        if kind is None:
+            try:
+                data = json.loads(fields["data"])
+            except ValueError:
+                data = fields["data"]
+            kind = data.get("type", "?") if isinstance(data, dict) else str(data)
+        out.append((fields.get("id"), kind))
+    return out
+
+
+async def logged(runs: Runs, run: str) -> list[tuple[str | None, str]]:
+    """What the run's log holds (what a resume from its start reads)."""
+    with anyio.fail_after(10):  # a log that never ends fails here
+        return frames(b"".join([frame async for _, frame in runs.log.read(run, 0)]))
+
+
+def run_id_of(client: Client) -> str:
+    return client.headers["agentrt-run-id"]
 
 
 async def test_every_frame_has_a_run_scoped_id_and_the_turn_is_stored() -> None:
@@ -174,6 +221,41 @@ async def test_only_the_conversation_s_owner_may_resume_and_unknown_runs_are_404
     assert (unknown.status_code, unknown.json()["error"]["type"]) == (404, "run_not_found")
     assert (bad.status_code, bad.json()["error"]["type"]) == (400, "bad_event_id")
     assert (unnamed.status_code, unnamed.json()["error"]["type"]) == (400, "no_run")
+
+
+async def test_a_run_of_one_endpoint_is_not_resumed_or_stopped_through_another_sharing_the_manager() -> None:
+    # One `Runs` for the app's endpoints (the documented set-up: one lifespan). A run's record keeps
+    # its owner's key only (`_owner_key`: the memory id as JSON), not the endpoint, so another
+    # endpoint whose resolver gives the same key (the same user) reads the run (its frames are the
+    # other protocol's: a native stream under AG-UI's headers) and stops it.
+    gate = Gate()
+    model = ScriptedModel([CallTool("wait_for_gate", {}, id="c1")], ["a"])
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gate])
+    other = agentrt.build(Chat, model=ScriptedModel(["b"]), memory=agentrt.memory.window())
+    runs = Runs()
+    native = agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach")
+    agui = agentrt.sse.endpoint(
+        other.chat, memory_id=user_of, runs=runs, protocol="ag-ui", message="question"
+    )
+    app = Starlette(
+        routes=[
+            Route("/chat", native, methods=["POST"]),
+            Route("/agui/resume", agui.resume, methods=["GET"]),
+            Route("/agui/stop", agui.stop, methods=["POST"]),
+        ]
+    )
+    client = Client(b'{"question": "Hi"}')
+    async with runs, anyio.create_task_group() as group, asgi(app) as http:
+        group.start_soon(run_client, app, client)
+        await client.frames.wait()
+        run = client.headers["agentrt-run-id"]
+        stopped = await http.post(
+            "/agui/stop", json={"runId": run, "threadId": "t"}, headers={"x-user": "ada"}
+        )
+        gate.open.set()
+        read = await http.get("/agui/resume", params={"run": run}, headers={"x-user": "ada"})
+    assert (read.status_code, stopped.status_code) == (404, 404)
+    assert [e["event"] for e in client.events()] == ["tool_call", "tool_result", "token", "done"]
 
 
 async def gated_run(policy: str) -> tuple[Any, Runs, Starlette, Client, ScriptedModel, Gate]:
@@ -313,6 +395,29 @@ async def test_a_reader_at_the_tail_gets_each_frame_as_it_is_appended() -> None:
     assert got == [(1, b"a"), (2, b"b"), (3, b"c")]
 
 
+async def test_a_memory_log_reader_closed_early_closes_its_batches_at_once() -> None:
+    # `read` reads `read_batches`: closed at one of its frames, it left that generator to the
+    # garbage collector (trio warns: "Async generator ... was garbage collected before it had been
+    # exhausted"), where RedisRunLog.read closes it.
+    log = MemoryRunLog()
+    await log.open(RunRecord("r", None))
+    for seq in (1, 2, 3):
+        log.append("r", seq, b"%d" % seq)
+    batches: list[Any] = []
+    read_batches = log.read_batches
+
+    def tracked(run: str, after: int) -> Any:
+        batches.append(read_batches(run, after))
+        return batches[-1]
+
+    log.read_batches = tracked  # type: ignore[method-assign]
+    async with contextlib.aclosing(log.read("r", 0)) as reading:
+        async for seq, _ in reading:
+            if seq == 2:
+                break
+    assert batches[0].ag_frame is None  # closed
+
+
 # --- every protocol: a run through the manager sends what the endpoint sends without one -----------
 
 
@@ -382,6 +487,73 @@ async def test_leaving_the_manager_ends_its_runs_as_stopped_ones() -> None:
     assert [e["event"] for e in client.events()] == ["tool_call", "stopped"]
     assert await agentrt.memory.access(svc).read("ada") == []
     assert not gate.open.is_set()
+
+
+@pytest.mark.parametrize("log_kind", ["memory", "redis"])
+async def test_leaving_the_manager_ends_every_run_s_log_with_the_stopped_end(
+    request: pytest.FixtureRequest, log_kind: str
+) -> None:
+    # Three runs when the app shuts down: one read by its client's response under "cancel", one
+    # under "detach", one whose client hung up (the manager reads it). Each waits in a tool.
+    prefix = f"test-{uuid.uuid4().hex[:12]}:"
+    log: Any = (
+        RedisRunLog(request.getfixturevalue("redis_url"), prefix=prefix) if log_kind == "redis" else None
+    )
+    runs = Runs(log)
+    apps = {}
+    gates = {}
+    services = {}
+    for name, policy in (("cancel", "cancel"), ("detach", "detach"), ("adopted", "detach")):
+        gate = TwoGates()
+        model = ScriptedModel(
+            [CallTool("first_gate", {}, id="c1")], [CallTool("second_gate", {}, id="c2")], ["done"]
+        )
+        svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gate])
+        handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect=policy)  # type: ignore[arg-type]
+        apps[name], gates[name], services[name] = app_with(runs, handler), gate, svc
+    clients = {name: Client(b'{"question": "Hi"}') for name in apps}
+    try:
+        async with anyio.create_task_group() as group:
+            async with runs:
+                for name in apps:
+                    group.start_soon(run_client, apps[name], clients[name])
+                    await clients[name].frames.wait()
+                adopted = clients["adopted"]
+                adopted.hang_up()
+                await anyio.wait_all_tasks_blocked()
+                gates["adopted"].first.set()  # handed over: the manager waits at the second gate
+                with anyio.fail_after(10):
+                    while '"c2"' not in (await logged_so_far(runs, run_id_of(adopted))):
+                        await anyio.lowlevel.checkpoint()
+            # the app shut down
+        for name, client in clients.items():
+            run = run_id_of(client)
+            log_frames = await logged(runs, run)
+            kinds = [kind for _, kind in log_frames]
+            assert kinds[-1] == "stopped", (name, kinds)
+            assert kinds.count("stopped") == 1, (name, kinds)
+            assert [seq for seq, _ in log_frames] == [f"{run}:{n}" for n in range(1, len(kinds) + 1)]
+            assert await agentrt.memory.access(services[name]).read("ada") == [], name
+        for name in ("cancel", "detach"):
+            assert [kind for _, kind in frames(clients[name].text)] == ["tool_call", "stopped"], name
+        assert not runs._live  # type: ignore[attr-defined]
+    finally:
+        if log is not None:
+            await log.aclose()
+
+
+async def logged_so_far(runs: Runs, run: str) -> str:
+    """The run's log as it is now (memory, or what Redis has after a flush)."""
+    await runs.log.flush(run)
+    last = await runs.log.last_seq(run)  # type: ignore[attr-defined]
+    got: list[bytes] = []
+    if last:
+        async with contextlib.aclosing(runs.log.read_batches(run, 0)) as reading:  # type: ignore[attr-defined]
+            async for first, batch in reading:
+                got += batch
+                if first + len(batch) > last:
+                    break
+    return b"".join(got).decode()
 
 
 async def test_a_client_protocol_run_is_resumed_by_its_id_for_its_user_only() -> None:

@@ -1,8 +1,11 @@
 """The bounds and failure answers of runs that outlive their connection (`agentrt.runs`,
-`endpoint(runs=...)`), from the outside review of issue 27 (F8-F12, /work/notes/review27.md) and what
-came with them: what a run log holds in all (memory) or buffers while Redis is down, the answers when
-the log is unavailable, a Last-Event-ID past a run's end, memory ids and client ids the endpoint
-cannot key a run by, and a log read that fails mid-response.
+`endpoint(runs=...)`), from the outside reviews of issue 27 (F8-F12, /work/notes/review27.md, and
+those after it) and what came with them: what a run log holds in all (memory) and what its sweep
+looks at, what it buffers while Redis is down, a run the manager could not start, a Redis log that
+lost its keys, the answers when the log is unavailable, a Last-Event-ID past a run's end, not a
+number, or past what Redis has written yet, memory ids and client ids the endpoint cannot key a run
+by (AG-UI's, a memoryless AG-UI endpoint's, one run id named by two users at once), and a log read
+that fails mid-response.
 
 Each test failed before its fix. asyncio and trio; the Redis tests use a real redis-server
 (tests/redis_server.py).
@@ -11,7 +14,9 @@ Each test failed before its fix. asyncio and trio; the Redis tests use a real re
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,15 +28,16 @@ import pytest
 import redis
 from redis_server import _free_port
 from starlette.applications import Starlette
-from test_frontends import AGUI_BODY, VERCEL_BODY, by_thread
+from test_frontends import AGUI_BODY, BODIES, VERCEL_BODY, by_thread
 from test_run_logs import frame, gone, read_all, serving
-from test_runs import Chat, Client, Gate, app_with, run_client, user_of
+from test_runs import Chat, Client, Gate, TwoGates, app_with, asgi, frames, run_client, run_id_of, user_of
 from test_sse_endpoint import parse_sse
 
 import agentrt
 import agentrt.sse
+from agentrt import AssistantMessage, ConfigurationError
 from agentrt.runs import MemoryRunLog, RedisRunLog, RunGone, RunRecord, Runs
-from agentrt.testing import CallTool, ScriptedModel
+from agentrt.testing import CallTool, Hang, ScriptedModel
 
 
 def http(app: Starlette) -> httpx.AsyncClient:
@@ -160,6 +166,21 @@ async def test_the_memory_log_s_total_is_kept_without_looking_at_the_other_runs(
     assert log.total_bytes == 2000 * 10 + 10
 
 
+async def test_the_memory_log_s_sweep_does_not_look_at_every_kept_run_on_each_open() -> None:
+    # `MemoryRunLog.open` sweeps by scanning every run it keeps (`_sweep`), on the event loop: with
+    # the default ttl (300 s) an app that starts 170 runs a second keeps 50 000, and each open then
+    # takes ~3 ms of loop time (measured), for every request of the app.
+    log = MemoryRunLog(ttl=300)
+    log._runs = CountingRuns()
+    for n in range(2000):
+        await log.open(RunRecord(f"r{n}", None))
+        log.append(f"r{n}", 1, b"x")
+        await log.end(f"r{n}")
+    CountingRuns.looked = 0
+    await log.open(RunRecord("next", None))
+    assert CountingRuns.looked < 100
+
+
 def test_memory_run_log_total_is_checked() -> None:
     assert MemoryRunLog().max_total_bytes == 256 * 1024 * 1024
     for bad in (0, -1, 1.5, True, "1"):
@@ -253,9 +274,83 @@ def test_redis_run_log_buffer_bounds_are_checked() -> None:
         RedisRunLog(max_buffered_bytes=200, max_total_buffered_bytes=100)
 
 
-# --- F9b: a run log that cannot be reached --------------------------------------------------------
+# --- a run the manager could not start, or whose Redis log lost its keys --------------------------
 
-BODIES: dict[str, Any] = {"agentrt": {"question": "Hi"}, "vercel-ui": VERCEL_BODY, "ag-ui": AGUI_BODY}
+
+async def test_a_run_the_manager_could_not_start_is_not_left_active_in_its_log() -> None:
+    # `start_run` opens the run's log (`log.open`) before `runs.start`, which raises when the manager
+    # is not running (not started, or already left at shutdown); nothing ends the log then. The
+    # record stays "active" for its conversation, so the Vercel client's resume of the chat (GET
+    # /{id}/stream) reads a run that will never write a frame: the response never ends.
+    svc = agentrt.build(Chat, model=ScriptedModel(["a"]), memory=agentrt.memory.window())
+    runs = Runs()
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=by_thread, protocol="vercel-ui", runs=runs)
+    app = app_with(runs, handler)
+    async with http(app) as client:
+        refused = await client.post("/chat", json=VERCEL_BODY, headers={"x-user": "ada"})
+        async with runs:
+            with anyio.move_on_after(5) as hung:  # bound on a hang, not a timed assertion
+                resumed = await client.get("/chat/chat-1/stream", headers={"x-user": "ada"})
+    assert refused.status_code == 500
+    assert not hung.cancelled_caught, "the resume of the chat never ended"
+    assert resumed.status_code == 204
+
+
+async def test_a_redis_restart_mid_run_ends_that_run_and_leaves_the_manager_going(redis_url: str) -> None:
+    # Redis restarted without persistence (its keys deleted here) while a run streams: the next
+    # batched write finds the run's record gone and forgets the run (`_send`), so its next `append`
+    # raises KeyError, in `write`'s `except Exception` too (it appends the error frame), out of the
+    # run's task: the manager's task group fails, every other run of the app is cancelled, the
+    # manager's block raises, and no run starts any more.
+    gates, other_gate = TwoGates(), Gate()
+    model = ScriptedModel(
+        [CallTool("first_gate", {}, id="c1")], [CallTool("second_gate", {}, id="c2")], ["done"]
+    )
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gates])
+    other_model = ScriptedModel([CallTool("wait_for_gate", {}, id="o1")], ["fine"])
+    other_svc = agentrt.build(Chat, model=other_model, memory=agentrt.memory.window(), tools=[other_gate])
+    prefix = f"test-restart-{uuid.uuid4().hex[:8]}:"
+    log = RedisRunLog(redis_url, prefix=prefix)
+    runs = Runs(log)
+    app = app_with(runs, agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach"))
+    other_app = app_with(
+        runs, agentrt.sse.endpoint(other_svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach")
+    )
+    raw = redis.Redis.from_url(redis_url)
+    client, other = Client(b'{"question": "Hi"}'), Client(b'{"question": "Hi"}', user=b"bob")
+    failure: BaseException | None = None
+    try:
+        async with runs, anyio.create_task_group() as group:
+            group.start_soon(run_client, app, client)
+            await client.frames.wait()  # the first tool call was written to Redis and read back
+            run = client.headers["agentrt-run-id"]
+            for key in raw.scan_iter(f"{prefix}*"):  # the restart: Redis lost every key
+                raw.delete(key)
+            gates.first.set()  # the tool's result, the next call: written, refused, the run forgotten
+            with anyio.fail_after(10):
+                while run in log._writing:
+                    await anyio.lowlevel.checkpoint()
+            group.start_soon(run_client, other_app, other)  # a run after the restart
+            await other.frames.wait()
+            gates.second.set()  # the first run's next frame: KeyError
+            other_gate.open.set()
+    except BaseException as error:
+        failure = error
+    finally:
+        raw.close()
+        await log.aclose()
+    assert failure is None, repr(failure)
+    # The run that lost its log streams on to its client, which reads the stream itself (not the
+    # log), but its log is gone for a resume; the run after it runs to its end.
+    assert client.events()[-1]["event"] == "done"
+    async with http(app) as resumer:
+        resumed = await resumer.get("/chat/resume", params={"run": run}, headers={"x-user": "ada"})
+    assert (resumed.status_code, resumed.json()["error"]["type"]) == (404, "run_not_found")
+    assert [e["event"] for e in other.events()][-1] == "done"
+    assert (await agentrt.memory.access(other_svc).read("bob"))[-1] == AssistantMessage(text="fine")
+
+
+# --- F9b: a run log that cannot be reached --------------------------------------------------------
 
 
 def endpoint_for(protocol: str, svc: Any, runs: Runs, **options: Any) -> Any:
@@ -370,6 +465,120 @@ async def test_a_last_event_id_past_the_run_s_last_event_is_a_400(
     assert [e["event"] for e in parse_sse(resumed[0].text)] == ["tool_result", "token", "done"]
 
 
+# --- a Last-Event-ID that is not a number, or past what Redis has written -------------------------
+
+
+async def finished_run(runs: Runs, app: Starlette) -> str:
+    client = Client(b'{"question": "Hi"}')
+    await run_client(app, client)
+    return client.headers["agentrt-run-id"]
+
+
+@pytest.mark.parametrize("digit", [b"\xb2", b"\xb9", b"\xb3"])  # latin-1 superscripts: '2', '1', '3'
+async def test_a_last_event_id_with_a_non_ascii_digit_is_a_400_not_a_500(digit: bytes) -> None:
+    # Starlette decodes header bytes as latin-1: b"\xb2" is "²", which str.isdigit() accepts and
+    # int() refuses (ValueError: a 500, or an exception out of the app).
+    svc = agentrt.build(Chat, model=ScriptedModel(["a"]), memory=agentrt.memory.window())
+    runs = Runs()
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs)
+    app = app_with(runs, handler)
+    async with runs:
+        run = await finished_run(runs, app)
+        transport = http(app)
+        async with transport as client:
+            got = await client.get(
+                "/chat/resume", headers={"x-user": "ada", "last-event-id": run.encode() + b":" + digit}
+            )
+            posted = await client.post(
+                "/chat", json={}, headers={"x-user": "ada", "last-event-id": run.encode() + b":1" + digit}
+            )
+    assert (got.status_code, got.text) == (400, got.text) and got.json()["error"]["type"] == "bad_event_id"
+    assert posted.status_code == 400 and posted.json()["error"]["type"] == "bad_event_id"
+
+
+@pytest.mark.parametrize("where", ["same worker", "another worker"])
+async def test_a_resume_after_the_last_frame_its_client_got_is_not_refused_before_redis_has_it(
+    redis_url: str, where: str
+) -> None:
+    # The first client's response sends each frame as soon as it is appended to the log, and
+    # RedisRunLog writes its frames to Redis in batches (after `flush_interval`, or seconds later
+    # while Redis is slow or down). A client cut there resumes after the last id it got: the check
+    # for an id past the run's end (`last_seq`) looked at Redis only, and refused it (400
+    # `bad_event_id`): the client could not resume its run at all.
+    prefix = f"test-{uuid.uuid4().hex[:12]}:"
+    gates = TwoGates()
+    model = ScriptedModel(
+        [CallTool("first_gate", {}, id="c1")], [CallTool("second_gate", {}, id="c2")], ["done"]
+    )
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(), tools=[gates])
+    log = RedisRunLog(redis_url, prefix=prefix)
+    writes = threading.Event()  # cleared: Redis takes the writer's writes only once it is set again
+    writes.set()
+    script = log._write  # type: ignore[attr-defined]
+
+    def slow_write(**kw: Any) -> Any:
+        writes.wait(10)
+        return script(**kw)
+
+    log._write = slow_write  # type: ignore[attr-defined]
+    runs = Runs(log)
+    app = app_with(runs, agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=runs, on_disconnect="detach"))
+    if where == "same worker":
+        other_log, other_runs, other_app = log, runs, app
+    else:
+        other_log = RedisRunLog(redis_url, prefix=prefix)
+        other_runs = Runs(other_log)
+        other_app = app_with(other_runs, agentrt.sse.endpoint(svc.chat, memory_id=user_of, runs=other_runs))
+    reading = anyio.Event()
+    read_batches = other_log.read_batches
+
+    def reads(run: str, after: int) -> Any:
+        reading.set()  # the resume was accepted: it reads the log
+        return read_batches(run, after)
+
+    other_log.read_batches = reads  # type: ignore[method-assign]
+    client = Client(b'{"question": "Hi"}')
+    resumed: list[Any] = []
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(runs)
+            if other_runs is not runs:
+                await stack.enter_async_context(other_runs)
+            group = await stack.enter_async_context(anyio.create_task_group())
+            group.start_soon(run_client, app, client)
+            await client.frames.wait()  # the first tool call (frame 1)
+            run = run_id_of(client)
+            await log.flush(run)  # Redis has frame 1
+            writes.clear()  # and, for now, nothing after it
+            gates.first.set()
+            with anyio.fail_after(10):
+                while '"c2"' not in client.text:  # the second tool call (frame 3) reached the client
+                    await anyio.lowlevel.checkpoint()
+            client.hang_up()
+            last = frames(client.text)[-1][0]
+            assert last == f"{run}:3"
+
+            async def resume() -> None:
+                async with asgi(other_app) as http:
+                    resumed.append(
+                        await http.get("/chat/resume", headers={"x-user": "ada", "last-event-id": last})
+                    )
+
+            group.start_soon(resume)
+            with anyio.fail_after(10):
+                while not (reading.is_set() or resumed):
+                    await anyio.lowlevel.checkpoint()
+            writes.set()
+            gates.second.set()
+    finally:
+        writes.set()
+        await log.aclose()
+        if other_log is not log:
+            await other_log.aclose()
+    assert resumed[0].status_code == 200, resumed[0].text
+    assert [kind for _, kind in frames(resumed[0].text)] == ["tool_result", "token", "done"]
+
+
 # --- F11: a memory id that cannot key a run -------------------------------------------------------
 
 
@@ -439,6 +648,69 @@ async def test_ag_ui_run_and_thread_ids_longer_than_a_resume_takes_are_refused_a
     assert ran.status_code == 200 and ran.headers["agentrt-run-id"] == longest
     assert resumed.status_code == 200
     assert parse_sse(resumed.text) == parse_sse(ran.text)[1:]
+
+
+class Stateless:
+    async def answer(self, question: str) -> agentrt.TokenStream: ...
+
+
+def test_a_memoryless_ag_ui_endpoint_keeps_no_runs() -> None:
+    # A method without memory keeps no owner: "the unguessable run id is the only key". But AG-UI's
+    # client names its runs (`runId` in its body): the id is the client's, as guessable as it
+    # makes it ("r1", a counter), and another client that named it would read the run (and stop
+    # it). Such an endpoint is refused a run manager.
+    svc = agentrt.build(Stateless, model=ScriptedModel(["secret"]))
+    with pytest.raises(ConfigurationError, match="names its runs"):
+        agentrt.sse.endpoint(svc.answer, protocol="ag-ui", runs=Runs())
+    agentrt.sse.endpoint(svc.answer, protocol="ag-ui")  # without runs, as before
+    agentrt.sse.endpoint(svc.answer, protocol="vercel-ui", runs=Runs())  # the server names those
+
+
+class Gated(agentrt.memory.InMemoryStore):
+    """A store whose loads wait for the test, one conversation at a time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loading: dict[str, anyio.Event] = {}
+        self.gates: dict[str, anyio.Event] = {}
+
+    async def load(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        user = "bob" if "bob" in key else "ada"
+        self.loading.setdefault(user, anyio.Event()).set()
+        await self.gates.setdefault(user, anyio.Event()).wait()
+        return await super().load(key, *args, **kwargs)
+
+
+async def test_a_run_id_another_user_starts_at_the_same_time_does_not_unhook_the_first_run() -> None:
+    # An AG-UI client names its runs, and the check that a run id is new (`find`) comes before the
+    # model is asked; the run is registered with the manager (`reserve`) after. Two users naming one
+    # run id at once both passed the check; the second's `reserve` replaced the first's stop, and
+    # its refusal (409 `run_exists` at the log's `open`) removed it: leaving the manager no longer
+    # stopped the first user's run, which went on after the app's runs had ended.
+    store = Gated()
+    model = ScriptedModel(["Hel", Hang()], "never")
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window(store=store))
+    runs = Runs()
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=by_thread, protocol="ag-ui", runs=runs)
+    app = app_with(runs, handler)
+    ada = Client(json.dumps(AGUI_BODY).encode())
+    bob = Client(json.dumps(AGUI_BODY).encode(), user=b"bob")
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            async with runs:
+                group.start_soon(run_client, app, ada)
+                await store.loading.setdefault("ada", anyio.Event()).wait()
+                group.start_soon(run_client, app, bob)
+                await store.loading.setdefault("bob", anyio.Event()).wait()
+                store.gates.setdefault("ada", anyio.Event()).set()
+                await ada.frames.wait()  # ada's run streams
+                store.gates.setdefault("bob", anyio.Event()).set()
+                while not bob.sent:
+                    await anyio.lowlevel.checkpoint()
+                assert bob.status == 409
+            # Leaving the manager stops ada's run (`fail_after` fails the test if it goes on).
+    assert [kind for _, kind in frames(ada.text)][-1] == "RUN_FINISHED"
+    assert model.streams[0].closed
 
 
 # --- a log read that fails mid-response -----------------------------------------------------------

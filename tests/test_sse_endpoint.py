@@ -855,6 +855,21 @@ async def test_a_resolver_that_names_no_conversation_is_refused(
     assert model.requests == []
 
 
+@pytest.mark.parametrize("part", [float("nan"), float("inf"), float("-inf")])
+async def test_a_memory_id_holding_a_float_json_cannot_carry_is_refused(part: float) -> None:
+    # JSON has no NaN nor infinities: orjson writes them as null, so `("ada", nan)`, `("ada", inf)`
+    # and `("ada", -inf)` were one conversation, `["ada",null]`, that of `("ada", None)` (which is
+    # refused). A lone NaN was refused already (500 `memory_id_failed`), not one in a tuple.
+    model = ScriptedModel("never")
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    handler = agentrt.sse.endpoint(svc.chat, memory_id=lambda request: ("ada", part))
+    async with app_for(("/chat", handler)) as http:
+        response = await http.post("/chat", json={"question": "q"})
+    assert response.status_code == 500
+    assert response.json()["error"]["type"] == "memory_id_failed"
+    assert model.requests == []
+
+
 class NotSignedIn(Exception):
     pass
 

@@ -3,10 +3,13 @@
 (tests/servers/openai_app.py). A client that goes away mid-stream must make the endpoint close its
 upstream model connection; the upstream server says when its response ended (a long poll, no
 polling loop). A client that resets the connection must not make the server write on to the dead
-socket (tests/servers/reset_app.py)."""
+socket (tests/servers/reset_app.py). The last test drives the endpoint in this process: the loop's
+turn every three writes, which keeps such a server from writing on, also when the events took time
+(a strict xfail: not yet so)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import struct
@@ -14,11 +17,19 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
+import anyio.lowlevel
 import httpx
 import pytest
 from served import serve
+from test_frontends import by_thread
+from test_runs import Chat, Client, chat_app, run_client
+
+import agentrt
+import agentrt.sse
+from agentrt.testing import ScriptedModel
 
 SERVERS = Path(__file__).parent / "servers"
 
@@ -131,3 +142,54 @@ def test_a_client_that_resets_the_connection_leaves_no_socket_send_warnings(prot
             logged = httpx.get(f"{str(url).removesuffix('/v1')}/log", timeout=20).json()
     assert received.startswith(b"HTTP/1.1 200")
     assert "socket.send() raised exception." not in logged, logged
+
+
+# --- the loop's turn every three writes, in process -----------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the response takes time between two events for a turn of the loop (_response._WAITED); "
+    "a fix counts the loop's turns, not the time",
+)
+async def test_the_loop_gets_a_turn_every_three_writes_even_when_the_events_took_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # serving.md: "the endpoint gives the loop a turn every three writes" (so that a server hears of
+    # a lost client before asyncio logs "socket.send() raised exception."). The response counts
+    # writes since a turn, and starts the count again when an event came more than 0.5 ms after the
+    # last write, taking it that the event was waited for. Time spent without a turn (a guardrail,
+    # a listener or a structured answer's parse that takes 1 ms an event, in a burst of events from
+    # one network read) is taken for a wait: every write then goes out without a turn.
+    from agentrt.sse import _response
+
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.001  # each event took 1 ms of the loop's time: no turn was had
+        return now[0]
+
+    turns = [0]
+    checkpoint = anyio.lowlevel.checkpoint
+
+    async def counted() -> None:
+        turns[0] += 1
+        await checkpoint()
+
+    monkeypatch.setattr(_response, "clock", clock)
+    monkeypatch.setattr(anyio.lowlevel, "checkpoint", counted)
+    model = ScriptedModel([f"t{i} " for i in range(30)])  # a burst: no turn between its chunks
+    svc = agentrt.build(Chat, model=model, memory=agentrt.memory.window())
+    client = Client(b'{"question": "Hi"}')
+    writes: list[int] = []
+    send = client.send
+
+    async def sending(message: dict[str, Any]) -> None:
+        if message.get("body"):
+            writes.append(turns[0])  # the turns had before this write
+        await send(message)
+
+    client.send = sending  # type: ignore[method-assign]
+    await run_client(chat_app(agentrt.sse.endpoint(svc.chat, memory_id=by_thread)), client)
+    assert len(writes) == 31
+    assert max(len(list(run)) for _, run in itertools.groupby(writes)) <= 3

@@ -1,8 +1,9 @@
 """Images from tools (issue 30): a tool returns `ToolReturn(value, images=...)` (an MCP tool's image
-content becomes one), the loop puts them on the tool result message, memory and checkpoints keep them,
-and each adapter sends them the way its API can carry them: in the tool result (Anthropic), in a user
-message after the round's results when the model takes images (Chat Completions, Ollama), else named
-in the result's text. The adapters' bodies are read off the wire (`httpx.MockTransport`)."""
+content becomes one), the loop puts them on the tool result message, memory and checkpoints keep them
+(across an approval's wait too), token estimates count them as a user's, and each adapter sends them
+the way its API can carry them: in the tool result (Anthropic), in a user message after the round's
+results when the model takes images (Chat Completions, Ollama), else named in the result's text. The
+adapters' bodies are read off the wire (`httpx.MockTransport`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from agentrt import (
     ImageContent,
     MemoryId,
     ModelRequest,
+    Result,
     ToolCall,
     ToolOutcome,
     ToolResultMessage,
@@ -57,6 +59,24 @@ class Charts:
     async def plain(self) -> str:
         """No picture."""
         return "nothing to see"
+
+
+class ChartsOf:
+    """A chart tool whose result is text, with the images it was made with."""
+
+    def __init__(self, *images: ImageContent) -> None:
+        self.images = images
+
+    @tool
+    async def chart(self, series: str) -> ToolReturn:
+        """Draw a chart of a series."""
+        return ToolReturn(f"the chart of {series}", images=self.images)
+
+
+class Stateless:
+    """A method without memory, answering with its `Result`."""
+
+    async def ask(self, question: str) -> Result[str]: ...
 
 
 # --- through the loop -----------------------------------------------------------------------------
@@ -137,6 +157,167 @@ async def test_a_checkpoint_keeps_an_executions_images() -> None:
     execution = agentrt.ToolExecution("chart", "c1", "h", "{}", images=(PIXEL, LINKED))
     event = agentrt.ToolExecuted("inv", execution)
     assert _loaded(orjson.loads(orjson.dumps(_event(event))), "inv") == event
+
+
+async def test_odd_tool_returns_images_only_empty_text_and_a_tool_return_inside_one() -> None:
+    class Odd:
+        @tool
+        async def only_images(self) -> ToolReturn:
+            """Only a picture."""
+            return ToolReturn("", images=[PIXEL])
+
+        @tool
+        async def wrapped(self) -> ToolReturn:
+            """A picture, through a wrapper that adds another."""
+            return ToolReturn(ToolReturn({"points": 3}, images=[PIXEL]), images=[LINKED])
+
+    model = ScriptedModel([CallTool("only_images", id="c1"), CallTool("wrapped", id="c2")], "seen")
+    result = await agentrt.build(Stateless, model=model, tools=[Odd()]).ask("show me")
+    sent = [(m.text, m.images) for m in model.requests[-1].messages if isinstance(m, ToolResultMessage)]
+    # a ToolReturn in a ToolReturn: its value is the model's text, the images add up (they were
+    # sent to the model as JSON text, base64 data and all)
+    assert sent == [("", (PIXEL,)), ('{"points":3}', (LINKED, PIXEL))]
+    assert [e.value for e in result.tool_executions] == ["", {"points": 3}]
+
+
+async def test_a_tools_images_count_in_the_token_estimates_as_a_users_do() -> None:
+    # What a request's input is estimated at (usage when the model reports none, the budget's check
+    # before a request, a max_tokens window) counts a tool's image as it counts one a user sent.
+    def run(*images: ImageContent) -> Any:
+        model = ScriptedModel([CallTool("chart", {"series": "s"}, id="c1")], "ok")
+        return agentrt.build(Stateless, model=model, tools=[ChartsOf(*images)]).ask("chart it")
+
+    plain, pictured = await run(), await run(PIXEL)
+    assert pictured.usage.input_tokens - plain.usage.input_tokens == 64  # 256 characters, as a user's
+
+    store = InMemoryStore()
+    model = ScriptedModel([CallTool("chart", {"series": "s"}, id="c1")], "ok", "again")
+    chat = agentrt.build(
+        Desk, model=model, tools=[ChartsOf(PIXEL, PIXEL, PIXEL)], memory=window(max_tokens=150, store=store)
+    )
+    await chat.ask("u1", "chart it")
+    await chat.ask("u1", "hi")
+    # three images are more than the window holds: the turn with them is left out
+    assert [type(m).__name__ for m in model.requests[-1].messages] == ["UserMessage"]
+
+
+async def test_a_turn_with_a_tools_images_restored_at_any_boundary_sends_and_stores_the_same() -> None:
+    from agentrt._pipeline import Invocation
+    from agentrt._service import _RUNTIMES
+
+    script = [
+        [CallTool("chart", {"series": "s"}, id="c1")],
+        [CallTool("chart", {"series": "t"}, id="c2")],
+        "ok",
+    ]
+
+    class Stop(Exception):
+        pass
+
+    def run(store: InMemoryStore, script: list[Any]) -> tuple[Any, ScriptedModel, Any]:
+        model = ScriptedModel(*script)
+        chat = agentrt.build(Desk, model=model, tools=[ChartsOf(PIXEL, LINKED)], memory=window(store=store))
+        return chat, model, (_RUNTIMES[type(chat)], chat.ask.__agentrt_spec__)
+
+    chat, model, (runtime, spec) = run(InMemoryStore(), script)
+    whole = Invocation(runtime, spec, {"conversation": "u1", "question": "chart"})
+    phases: list[Any] = []
+    whole.on_boundary(phases.append)
+    await whole.result()
+    expected = (model.requests[-1].messages, await access(chat).read("u1"))
+    assert sum(len(m.images) for m in expected[1] if isinstance(m, ToolResultMessage)) == 4
+
+    for stop_at in range(len(phases)):
+        store = InMemoryStore()
+        chat, model, (runtime, spec) = run(store, script)
+        stopped = Invocation(runtime, spec, {"conversation": "u1", "question": "chart"})
+        saved: list[Any] = []
+
+        def boundary(
+            phase: Any, stopped: Invocation = stopped, saved: list[Any] = saved, stop_at: int = stop_at
+        ) -> None:
+            if len(saved) == stop_at:
+                saved.append(orjson.loads(orjson.dumps(stopped.checkpoint())))  # through JSON text
+                raise Stop
+            saved.append(None)
+
+        stopped.on_boundary(boundary)
+        with pytest.raises(Stop):
+            await stopped.result()
+        again, again_model, (runtime, spec) = run(store, script[len(model.requests) :])
+        await Invocation.restore(runtime, spec, saved[-1]).result()
+        last = (again_model.requests or model.requests)[-1]
+        assert (last.messages, await access(again).read("u1")) == expected, f"stopped at {phases[stop_at]}"
+
+
+# --- through an approval's wait -------------------------------------------------------------------
+
+
+class Gated:
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    @tool("Delete a chart.", needs_approval=True)
+    async def delete_chart(self, series: str) -> ToolReturn:
+        self.ran.append(series)
+        return ToolReturn(f"deleted {series}", images=[LINKED])
+
+
+async def test_images_of_a_round_that_waits_for_approval_reach_the_model_and_memory_on_resume() -> None:
+    store = InMemoryStore()
+    gated = Gated()
+    model = ScriptedModel(
+        [
+            CallTool("chart", {"series": "sales"}, id="c1"),
+            CallTool("delete_chart", {"series": "old"}, id="c2"),
+        ],
+        "done",
+    )
+    chat = agentrt.build(Desk, model=model, tools=[ChartsOf(PIXEL), gated], memory=window(store=store))
+    with pytest.raises(agentrt.ApprovalRequired) as stopped:
+        await chat.ask("u1", "chart sales, delete old")
+    pending = stopped.value.approval
+    assert await agentrt.resume(chat, pending.run_id, {"c2": agentrt.Approve()}, memory_id="u1") == "done"
+
+    sent = [
+        (m.tool_call_id, m.text, m.images)
+        for m in model.requests[-1].messages
+        if isinstance(m, ToolResultMessage)
+    ]
+    assert sent == [("c1", "the chart of sales", (PIXEL,)), ("c2", "deleted old", (LINKED,))]
+    stored = [m for m in await access(chat).read("u1") if isinstance(m, ToolResultMessage)]
+    assert [m.images for m in stored] == [(PIXEL,), (LINKED,)]
+    assert gated.ran == ["old"]
+
+
+async def test_a_waiting_turn_denied_by_a_new_message_keeps_the_images_of_the_calls_that_ran() -> None:
+    store = InMemoryStore()
+    gated = Gated()
+    model = ScriptedModel(
+        [
+            CallTool("chart", {"series": "sales"}, id="c1"),
+            CallTool("delete_chart", {"series": "old"}, id="c2"),
+        ],
+        "next answer",
+    )
+    chat = agentrt.build(
+        Desk,
+        model=model,
+        tools=[ChartsOf(PIXEL), gated],
+        memory=window(store=store),
+        approvals=agentrt.Approvals(while_pending="deny"),
+    )
+    with pytest.raises(agentrt.ApprovalRequired):
+        await chat.ask("u1", "chart sales, delete old")
+    assert await chat.ask("u1", "never mind") == "next answer"  # the waiting calls are denied
+
+    sent = {m.tool_call_id: m.images for m in model.requests[-1].messages if isinstance(m, ToolResultMessage)}
+    assert sent == {"c1": (PIXEL,), "c2": ()}
+    stored = {
+        m.tool_call_id: m.images for m in await access(chat).read("u1") if isinstance(m, ToolResultMessage)
+    }
+    assert stored == {"c1": (PIXEL,), "c2": ()}
+    assert gated.ran == []
 
 
 # --- on the wire ----------------------------------------------------------------------------------
@@ -277,3 +458,103 @@ async def test_ollama_sends_a_tools_images_in_a_user_message_after_the_rounds_re
         {"role": "tool", "content": "nothing to see", "tool_name": "plain", "tool_call_id": "c2"},
         {"role": "user", "content": "The tool call c1 (chart) returned 1 image:", "images": [PNG]},
     ]
+
+
+OLLAMA_DONE = orjson.dumps(
+    {"model": "m", "message": {"role": "assistant", "content": "ok"}, "done": True, "done_reason": "stop"}
+)
+
+
+async def test_on_ollama_a_tools_image_by_url_is_named_and_does_not_break_the_conversation() -> None:
+    # Ollama takes inline images only: one by URL in a stored tool result made every later request
+    # of the conversation a BadRequestError.
+    bodies: list[dict[str, Any]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = orjson.loads(request.content)
+        bodies.append(body)
+        if len(bodies) == 1:
+            message = {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "function": {"name": "chart", "arguments": {"series": "sales"}}}
+            ]}  # fmt: skip
+            return httpx.Response(
+                200,
+                content=orjson.dumps({"model": "m", "message": message, "done": True}) + b"\n",
+                headers={"content-type": "application/x-ndjson"},
+            )
+        return httpx.Response(
+            200, content=OLLAMA_DONE + b"\n", headers={"content-type": "application/x-ndjson"}
+        )
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+        model = OllamaChatModel("m", base_url="http://x.test", client=client)
+        chat = agentrt.build(Desk, model=model, tools=[ChartsOf(LINKED, PIXEL)], memory=window())
+        assert await chat.ask("u1", "How are sales?") == "ok"
+        assert await chat.ask("u1", "And then?") == "ok"
+
+    for body in bodies[1:]:
+        tool_message = next(m for m in body["messages"] if m["role"] == "tool")
+        assert tool_message["content"] == "the chart of sales\n[image by URL, not shown]"
+        after = body["messages"][body["messages"].index(tool_message) + 1]
+        assert after == {
+            "role": "user",
+            "content": "The tool call c1 (chart) returned 1 image:",
+            "images": [PNG],
+        }
+
+
+def chat_completions_well_formed(messages: list[dict[str, Any]]) -> None:
+    """What Chat Completions requires: each tool message right after the assistant message with its
+    call or another tool message, each call answered before anything else."""
+    open_calls: list[str] = []
+    for message in messages:
+        if message["role"] == "tool":
+            assert message["tool_call_id"] in open_calls, messages
+            open_calls.remove(message["tool_call_id"])
+            continue
+        assert open_calls == [], messages
+        if message["role"] == "assistant":
+            open_calls = [call["id"] for call in message.get("tool_calls", [])]
+    assert open_calls == []
+
+
+async def test_images_across_rounds_turns_and_windows_keep_chat_completions_order() -> None:
+    store = InMemoryStore()
+    script: list[Any] = []
+    for turn in range(3):
+        two = [
+            CallTool("chart", {"series": "a"}, id=f"t{turn}a"),
+            CallTool("chart", {"series": "b"}, id=f"t{turn}b"),
+        ]
+        script += [two, [CallTool("chart", {"series": "c"}, id=f"t{turn}c")], f"answer {turn}"]
+    model = ScriptedModel(*script)
+    chat = agentrt.build(Desk, model=model, tools=[ChartsOf(PIXEL)], memory=window(store=store))
+    for turn in range(3):
+        await chat.ask("u1", f"question {turn}")
+    history = list(await access(chat).read("u1"))
+
+    openai = OpenAIChatModel("m", base_url="http://x.test/v1", api_key="k")
+    try:
+        for start in range(len(history)):  # every cut a window could make, and those it never makes
+            kept = history[start:]
+            while kept and not isinstance(kept[0], UserMessage):
+                kept = kept[1:]
+            body = openai.request_body(ModelRequest(messages=(*kept, UserMessage.of("next"))))
+            chat_completions_well_formed(body["messages"])
+            images = [m for m in body["messages"] if m["role"] == "user" and "returned" in str(m["content"])]
+            rounds = [m for m in kept if isinstance(m, AssistantMessage) and m.tool_calls]
+            assert len(images) == len(rounds)  # one message after each round's results
+        last = openai.request_body(model.requests[-1])["messages"]
+    finally:
+        await openai.aclose()
+    assert [m["role"] for m in last[-7:]] == [
+        "assistant",
+        "tool",
+        "tool",
+        "user",
+        "assistant",
+        "tool",
+        "user",
+    ]
+    assert [c["type"] for c in last[-4]["content"]] == ["text", "image_url", "text", "image_url"]
+    assert last[-4]["content"][2]["text"] == "The tool call t2b (chart) returned 1 image:"
