@@ -14,6 +14,14 @@ request), `lookup_before` / `lookup_after` / `refund_before` / `refund_after` (i
 after its side effect), `commit_after` (the store wrote the turn; DBOS has not recorded the step).
 
 It prints one JSON line: the turn's value and the conversation as stored.
+
+The approval modes run the turn `a1` of `Shop.ask` on a service whose `refund` needs approval (one
+call, then the answer): `a-start` starts it and SIGKILLs itself once it waits; `a-restart` /
+`a-adopt` recover it, see that it waits, run `a-decide` (a `Client` in a process of its own, which
+approves it twice: a double click) and print the turn's value; `A-adopt` adopts executor `w2`'s turn
+(decided already) and prints its value; `a-deny` starts the turn in this worker alone, tries
+decisions that do not fit, sends an edit the tool refuses, then denies the call, and prints the
+errors met and the decisions the turn refused too.
 """
 
 from __future__ import annotations
@@ -27,9 +35,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
+from dbos import DBOS
+
 import agentrt
-from agentrt import MemoryId, ModelRequest, ToolResultMessage, tool
-from agentrt.durable import Engine
+from agentrt import Approve, Deny, MemoryId, ModelRequest, ToolResultMessage, tool
+from agentrt.durable import Client, Engine
 from agentrt.guardrails import GuardrailResult, OutputGuardrailRequest, reprompt, success
 from agentrt.memory import SQLiteStore
 from agentrt.testing import CallTool, FunctionModel
@@ -55,6 +65,12 @@ class Tools:
         return effect("lookup", f"order {order}: paid")
 
     @tool("Refund an order.")
+    async def refund(self, order: str) -> str:
+        return effect("refund", f"refunded {order}")
+
+
+class Gated:
+    @tool("Refund an order.", needs_approval=True)
     async def refund(self, order: str) -> str:
         return effect("refund", f"refunded {order}")
 
@@ -91,7 +107,88 @@ class Store(SQLiteStore):
         reach("commit_after")
 
 
+def gated(request: ModelRequest) -> Any:
+    reach("request")
+    results = [m for m in request.messages if isinstance(m, ToolResultMessage)]
+    return f"Order A1: {results[-1].text}" if results else [CallTool("refund", {"order": "A1"}, id="c1")]
+
+
+async def decide(database: str) -> None:
+    """Another process (no engine): approves the turn `a1`, twice."""
+    client = Client(database)
+    try:
+        approval = await client.approval("a1")
+        assert approval is not None and [c.id for c in approval.calls] == ["c1"], approval
+        for _ in range(2):
+            await client.decide("a1", {"c1": Approve()})
+    finally:
+        client.close()
+
+
+async def approval(database: str, executor: str, mode: str) -> None:
+    if mode == "a-decide":
+        await decide(database)
+        return
+    store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
+    shop = agentrt.build(
+        Shop,
+        model=FunctionModel(gated),
+        memory=agentrt.memory.window(namespace="shop", store=store),
+        tools=[Gated()],
+    )
+    engine = Engine(database, executor_id=executor, polling_seconds=0.05)
+    engine.register("shop", shop)
+    errors: list[str] = []
+    try:
+        async with engine:
+            if mode in ("a-start", "a-deny"):
+                await engine.start("shop", "ask", turn_id="a1", conversation="c", question="Refund A1")
+            elif mode != "a-restart":
+                engine.adopt(["w2" if mode == "A-adopt" else "w1"])
+            if mode == "A-adopt":  # decided already: the turn goes on here
+                await finish(engine, shop, errors)
+                return
+            waits = await engine.approval("a1", wait=60)
+            assert waits is not None and [c.tool for c in waits.calls] == ["refund"], waits
+            if mode == "a-start":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if mode == "a-deny":
+                for turn, decisions in (("nope", {"c1": Deny()}), ("a1", {"c2": Deny()}), ("a1", {})):
+                    try:
+                        await engine.decide(turn, decisions)
+                    except agentrt.ApprovalError as error:
+                        errors.append(f"{type(error).__name__}: {error}")
+                # An edit the tool's schema refuses: the turn refuses it and takes the next decisions.
+                await engine.decide("a1", {"c1": Approve(arguments={"order": 5})})
+                await engine.decide("a1", {"c1": Deny("not today")})
+            else:
+                decider = await asyncio.create_subprocess_exec(
+                    sys.executable, __file__, database, "d", "a-decide", str(DIR)
+                )
+                assert await decider.wait() == 0
+            await finish(engine, shop, errors)
+    finally:
+        store.close()
+
+
+async def finish(engine: Engine, shop: Shop, errors: list[str]) -> None:
+    value = await engine.result("a1")
+    try:
+        await engine.decide("a1", {"c1": Approve()})
+    except agentrt.ApprovalError as error:
+        errors.append(f"{type(error).__name__}: {error}")
+    stored = await agentrt.memory.access(shop).read("c")
+    memory = [[type(m).__name__, getattr(m, "text", None) or ""] for m in stored]
+    steps = await DBOS.list_workflow_steps_async("a1")
+    outputs = [step["output"] for step in steps if isinstance(step["output"], dict)]
+    refused = [output["refused"] for output in outputs if "refused" in output]
+    print(json.dumps({"value": value, "memory": memory, "errors": errors, "refused": refused}))
+
+
 async def main(database: str, executor: str, mode: str) -> None:
+    if mode.lower().startswith("a-"):
+        await approval(database, executor, mode)
+        return
     store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
     shop = agentrt.build(
         Shop,

@@ -27,8 +27,8 @@ See `Engine` for what is not supported yet.
 from __future__ import annotations
 
 from ..tools._run import OutcomeUnknownError
-from ._engine import Engine
+from ._engine import Client, Engine
 
-__all__ = ["Engine", "OutcomeUnknownError"]
+__all__ = ["Client", "Engine", "OutcomeUnknownError"]
 
 OutcomeUnknownError.__module__ = __name__  # tracebacks name where it is imported from (it pickles by it)
