@@ -21,7 +21,8 @@ call, then the answer): `a-start` starts it and SIGKILLs itself once it waits; `
 approves it twice: a double click) and print the turn's value; `A-adopt` adopts executor `w2`'s turn
 (decided already) and prints its value; `a-deny` starts the turn in this worker alone, tries
 decisions that do not fit, sends an edit the tool refuses, then denies the call, and prints the
-errors met and the decisions the turn refused too.
+errors met and the decisions the turn refused too; `a-expire` runs a turn whose approval expires
+after 0.5 s, and nobody decides.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Annotated, Any
 from dbos import DBOS
 
 import agentrt
-from agentrt import Approve, Deny, MemoryId, ModelRequest, ToolResultMessage, tool
+from agentrt import Approvals, Approve, Deny, MemoryId, ModelRequest, ToolResultMessage, tool
 from agentrt.durable import Client, Engine
 from agentrt.guardrails import GuardrailResult, OutputGuardrailRequest, reprompt, success
 from agentrt.memory import SQLiteStore
@@ -135,12 +136,17 @@ async def approval(database: str, executor: str, mode: str) -> None:
         model=FunctionModel(gated),
         memory=agentrt.memory.window(namespace="shop", store=store),
         tools=[Gated()],
+        approvals=Approvals(expires_after=0.5 if mode == "a-expire" else 3600.0),
     )
     engine = Engine(database, executor_id=executor, polling_seconds=0.05)
     engine.register("shop", shop)
     errors: list[str] = []
     try:
         async with engine:
+            if mode == "a-expire":  # nobody decides: the wait ends with the approval
+                await engine.call("shop", "ask", turn_id="a1", conversation="c", question="Refund A1")
+                await finish(engine, shop, errors)
+                return
             if mode in ("a-start", "a-deny"):
                 await engine.start("shop", "ask", turn_id="a1", conversation="c", question="Refund A1")
             elif mode != "a-restart":

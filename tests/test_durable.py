@@ -189,6 +189,17 @@ async def test_a_denied_call_never_runs_and_decisions_that_do_not_fit_are_refuse
     ]
 
 
+async def test_an_approval_nobody_decides_denies_its_calls_when_it_expires(tmp_path: Path) -> None:
+    out = last_line(await worker(sqlite(tmp_path), "w1", "a-expire", tmp_path))
+    expired = (
+        "The user denied this call of 'refund'; it was not run. "
+        "Reason: the approval request expired before anyone decided"
+    )
+    assert runs(tmp_path, "refund") == 0
+    assert out["value"] == f"Order A1: {expired}"
+    assert out["memory"] == one_turn(expired)
+
+
 APPROVED_KILLS = (
     [(db, kill) for db in ("sqlite", "postgres") for kill in ("refund_before:1", "refund_after:1")]
     if FULL

@@ -13,13 +13,15 @@ is never run again. A tool round whose worker died inside it runs again only for
 to run again (`@tool(idempotent=True)`, or an `idempotentHint`/`readOnlyHint` annotation); any other
 call of it is reported to the model as failed with `OutcomeUnknownError` (under the tool failure
 policy), not run. The commit stores the turn once, even when run again (`ChatMemoryStore.commit`'s
-`turn`).
+`turn`). A tool approval waits durably: the turn's workflow waits for a human's decisions
+(`Engine.decide`, from any worker) across restarts of every worker.
 
     engine = Engine("sqlite:///turns.sqlite", executor_id="worker-1")
     engine.register("shop", shop)           # every worker registers its services by the same names
     async with engine:                      # launched in the app's loop: this executor's turns resume
         answer = await engine.call("shop", "ask", turn_id="t-1", question="Refund order A1")
         engine.adopt(["worker-0"])          # a dead worker's pending turns continue here
+        await engine.decide("t-2", {"call-1": Approve()})  # a turn that waits for approval goes on
 
 See `Engine` for what is not supported yet.
 """

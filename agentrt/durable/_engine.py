@@ -10,6 +10,11 @@ looks like a first run. Before a tool round the workflow records a tiny step `ag
 returns a fresh token this process remembers (`_FRESH`); replayed, its token is unknown here, so when
 the round's own step then runs, a previous run died inside the round: the round runs with
 `OUTCOME_UNKNOWN` set, and its calls not safe to run again fail with `OutcomeUnknownError`.
+
+An approval: the segment that reaches `Phase.APPROVAL` stops there; the next runs agentrt's suspend
+and returns {"waiting": ...}; the body publishes it (`DBOS.set_event`) and waits for a message
+(`_decision`); the segment after it, behind an intent step, goes on from the pending record with the
+decisions (`_resumed`), or returns {"refused": ...} and the body waits again.
 """
 
 from __future__ import annotations
@@ -423,9 +428,18 @@ class Engine:
     its workflow id: a call with the id of a turn already started does not run it again, it returns
     its result. Arguments are recorded as JSON, so they must be JSON values.
 
+    A tool call that needs approval stops the turn as agentrt does without durability (the pending
+    record in the memory's store, so `agentrt.resume`'s checks apply; a service without memory
+    cannot wait durably: `ConfigurationError`); the workflow then waits in `DBOS.recv` until the
+    approval expires (its calls then count as denied), across restarts of every worker.
+    `approval(turn_id)` gives what it waits for, `decide(turn_id, decisions)` sends a human's
+    decisions from any worker (`Client`: from a process that runs no turns); the turn goes on as
+    `agentrt.resume` would, on whichever worker runs it. `call` returns once the turn has ended,
+    approval included: start a turn that may wait with `start`, then wait with `result`.
+
     Not yet (issue 28): streaming methods (a durable turn is awaited; its text arrives whole);
-    approvals (a turn that would wait for one fails with `ConfigurationError`); per-call intents (a
-    round of several calls killed between them reports all its unsafe calls unknown); keeping the
+    per-call intents (a round of several calls killed between them reports all its unsafe calls
+    unknown; an approved round likewise); keeping the
     conversation's lock between segments (another turn on it may commit in between); liveness
     (`adopt` is called by the application for executors it knows are dead); retention of finished
     turns. A turn that failed is recorded with its error's name and message only (JSON).
