@@ -316,8 +316,8 @@ def _decisions_of(data: dict[str, Any]) -> dict[str, Decision]:
 
 async def _decision(waiting: dict[str, Any]) -> dict[str, Any]:
     """Wait, durably, for a human's decisions on the approval `waiting` (published for `approval`
-    and `decide`): a restart of every worker replays up to here and waits again. Past the approval's
-    expiry, every call is denied as expired."""
+    and `decide` until the turn has gone past it): a restart of every worker replays up to here and
+    waits again. Past the approval's expiry, every call is denied as expired."""
     await DBOS.set_event_async(_TOPIC, waiting)
     expires = waiting["expires_at"]
     while True:
@@ -332,7 +332,6 @@ async def _decision(waiting: dict[str, Any]) -> dict[str, Any]:
             decisions = message["decisions"]
             break
         # (another decision sent on an earlier approval of the turn, after its first: not this one's)
-    await DBOS.set_event_async(_TOPIC, None)
     return {"run_id": waiting["run_id"], "decisions": decisions}
 
 
@@ -357,6 +356,9 @@ async def _turn(service_name: str, method: str, arguments: dict[str, Any]) -> di
             uncertain,
             decided,
         )
+        if decided is not None and "refused" not in out:
+            # Past the approval (only now: decisions sent while refused ones were read are taken).
+            await DBOS.set_event_async(_TOPIC, None)
         decided = None
         if "checkpoint" in out:
             checkpoint = out["checkpoint"]
@@ -533,7 +535,7 @@ class Engine:
         click). Raises `ApprovalNotFoundError` for an unknown turn or one that waits for no approval,
         `ApprovalDecisionError` for decisions that do not fit its calls. An edit the tool's schema
         refuses is refused by the turn itself (nothing runs), which then takes the next decisions
-        sent."""
+        sent; the first decisions that fit win (any sent after them are not read)."""
         await _decide(_status, DBOS.get_event_async, _send, turn_id, decisions)
 
     def adopt(self, executor_ids: list[str]) -> list[str]:
