@@ -21,8 +21,8 @@ call, then the answer): `a-start` starts it and SIGKILLs itself once it waits; `
 approves it twice: a double click) and print the turn's value; `A-adopt` adopts executor `w2`'s turn
 (decided already) and prints its value; `a-deny` starts the turn in this worker alone, tries
 decisions that do not fit, sends an edit the tool refuses, then denies the call, and prints the
-errors met and the decisions the turn refused too; `a-expire` runs a turn whose approval expires
-after 0.5 s, and nobody decides.
+errors met and the decisions the turn refused too, then runs the turn `a2` of a service whose
+approvals expire after 0.5 s, on which nobody decides.
 """
 
 from __future__ import annotations
@@ -131,31 +131,30 @@ async def approval(database: str, executor: str, mode: str) -> None:
         await decide(database)
         return
     store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
-    shop = agentrt.build(
-        Shop,
-        model=FunctionModel(gated),
-        memory=agentrt.memory.window(namespace="shop", store=store),
-        tools=[Gated()],
-        approvals=Approvals(expires_after=0.5 if mode == "a-expire" else 3600.0),
-    )
+
+    def service(expires: float) -> Shop:
+        return agentrt.build(
+            Shop,
+            model=FunctionModel(gated),
+            memory=agentrt.memory.window(namespace="shop", store=store),
+            tools=[Gated()],
+            approvals=Approvals(expires_after=expires),
+        )
+
+    shop = service(3600.0)
     engine = Engine(database, executor_id=executor, polling_seconds=0.05)
     engine.register("shop", shop)
+    engine.register("brief", brief := service(0.5))
     errors: list[str] = []
     try:
         async with engine:
-            if mode == "a-expire":  # nobody decides: the wait ends with the approval
-                await engine.call("shop", "ask", turn_id="a1", conversation="c", question="Refund A1")
-                await finish(engine, shop, errors)
-                return
             if mode in ("a-start", "a-deny"):
                 await engine.start("shop", "ask", turn_id="a1", conversation="c", question="Refund A1")
             elif mode != "a-restart":
                 engine.adopt(["w2" if mode == "A-adopt" else "w1"])
-            if mode == "A-adopt":  # decided already: the turn goes on here
-                await finish(engine, shop, errors)
-                return
-            waits = await engine.approval("a1", wait=60)
-            assert waits is not None and [c.tool for c in waits.calls] == ["refund"], waits
+            if mode != "A-adopt":  # (A-adopt: decided already, the turn goes on here)
+                waits = await engine.approval("a1", wait=60)
+                assert waits is not None and [c.tool for c in waits.calls] == ["refund"], waits
             if mode == "a-start":
                 os.kill(os.getpid(), signal.SIGKILL)
             if mode == "a-deny":
@@ -167,28 +166,32 @@ async def approval(database: str, executor: str, mode: str) -> None:
                 # An edit the tool's schema refuses: the turn refuses it and takes the next decisions.
                 await engine.decide("a1", {"c1": Approve(arguments={"order": 5})})
                 await engine.decide("a1", {"c1": Deny("not today")})
-            else:
+            elif mode != "A-adopt":
                 decider = await asyncio.create_subprocess_exec(
                     sys.executable, __file__, database, "d", "a-decide", str(DIR)
                 )
                 assert await decider.wait() == 0
-            await finish(engine, shop, errors)
+            out = await finish(engine, shop, "a1", "c", errors)
+            if mode == "a-deny":  # and a turn whose approval expires after 0.5 s: nobody decides
+                await engine.call("brief", "ask", turn_id="a2", conversation="c2", question="Refund A1")
+                out["expired"] = await finish(engine, brief, "a2", "c2", [])
     finally:
         store.close()
+    print(json.dumps(out))
 
 
-async def finish(engine: Engine, shop: Shop, errors: list[str]) -> None:
-    value = await engine.result("a1")
+async def finish(engine: Engine, shop: Shop, turn: str, conversation: str, errors: list[str]) -> Any:
+    value = await engine.result(turn)
     try:
-        await engine.decide("a1", {"c1": Approve()})
+        await engine.decide(turn, {"c1": Approve()})
     except agentrt.ApprovalError as error:
         errors.append(f"{type(error).__name__}: {error}")
-    stored = await agentrt.memory.access(shop).read("c")
+    stored = await agentrt.memory.access(shop).read(conversation)
     memory = [[type(m).__name__, getattr(m, "text", None) or ""] for m in stored]
-    steps = await DBOS.list_workflow_steps_async("a1")
+    steps = await DBOS.list_workflow_steps_async(turn)
     outputs = [step["output"] for step in steps if isinstance(step["output"], dict)]
     refused = [output["refused"] for output in outputs if "refused" in output]
-    print(json.dumps({"value": value, "memory": memory, "errors": errors, "refused": refused}))
+    return {"value": value, "memory": memory, "errors": errors, "refused": refused}
 
 
 async def main(database: str, executor: str, mode: str) -> None:
