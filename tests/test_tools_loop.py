@@ -839,4 +839,6 @@ async def test_a_round_run_again_after_its_worker_died_runs_only_the_calls_safe_
     # Not marked (every turn that is not a durable one run again): both run.
     svc, _ = assistant(round_, "Done.", tools=[payments])
     await svc.ask_result("go")
-    assert payments.runs == ["look A1", "pay A1", "look A1"]
+    # (in either order: the round's calls run concurrently, and trio randomizes which starts first)
+    assert payments.runs[0] == "look A1"
+    assert sorted(payments.runs[1:]) == ["look A1", "pay A1"]
