@@ -13,7 +13,9 @@ KILL is `POINT:N`: the worker SIGKILLs itself the N-th time it reaches POINT: `r
 request), `lookup_before` / `lookup_after` / `refund_before` / `refund_after` (in a tool, before or
 after its side effect), `commit_after` (the store wrote the turn; DBOS has not recorded the step).
 
-It prints one JSON line: the turn's value and the conversation as stored.
+It prints one JSON line: the turn's value and the conversation as stored. MODE `p-start` /
+`p-restart` / `p-adopt`: the same for a turn whose one round calls `refund` twice, one call after
+the other (`max_concurrency=1`), then answers with the two results.
 
 The approval modes run the turn `a1` of `Shop.ask` on a service whose `refund` needs approval (one
 call, then the answer): `a-start` starts it and SIGKILLs itself once it waits; `a-restart` /
@@ -39,7 +41,7 @@ from typing import Annotated, Any
 from dbos import DBOS
 
 import agentrt
-from agentrt import Approvals, Approve, Deny, MemoryId, ModelRequest, ToolResultMessage, tool
+from agentrt import Approvals, Approve, Deny, MemoryId, ModelRequest, ToolResultMessage, ToolSettings, tool
 from agentrt.durable import Client, Engine
 from agentrt.guardrails import GuardrailResult, OutputGuardrailRequest, reprompt, success
 from agentrt.memory import SQLiteStore
@@ -93,6 +95,14 @@ def respond(request: ModelRequest) -> Any:
         return [CallTool("refund", {"order": "A1"}, id="c2")]
     reasked = any("politely" in str(getattr(m, "text", "")) for m in request.messages)
     return f"Order A1 is refunded ({results[-1].text})." if reasked else "Refunded, whatever."
+
+
+def pair(request: ModelRequest) -> Any:
+    reach("request")
+    results = [m.text for m in request.messages if isinstance(m, ToolResultMessage)]
+    if results:
+        return "; ".join(results)
+    return [CallTool("refund", {"order": "A1"}, id="c1"), CallTool("refund", {"order": "B2"}, id="c2")]
 
 
 class Polite:
@@ -198,13 +208,17 @@ async def main(database: str, executor: str, mode: str) -> None:
     if mode.lower().startswith("a-"):
         await approval(database, executor, mode)
         return
+    paired = mode.startswith("p-")  # a round of two refunds, run one after the other
+    if paired:
+        mode = mode[2:]
     store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
     shop = agentrt.build(
         Shop,
-        model=FunctionModel(respond),
+        model=FunctionModel(pair if paired else respond),
         memory=agentrt.memory.window(namespace="shop", store=store),
         tools=[Tools()],
-        output_guardrails=[Polite()],
+        output_guardrails=[] if paired else [Polite()],
+        tool_settings=ToolSettings(max_concurrency=1),
     )
     engine = Engine(database, executor_id=executor, polling_seconds=0.05)
     engine.register("shop", shop)

@@ -228,3 +228,41 @@ async def test_a_worker_killed_inside_an_approved_call_leaves_its_outcome_unknow
     unknown = "Error: tool 'refund' failed (OutcomeUnknownError)."
     assert out["value"] == f"Order A1: {unknown}"
     assert out["memory"] == one_turn(unknown)
+
+
+# --- one record per call ---------------------------------------------------------------------------
+# A round of two calls of `refund` (not idempotent), run one after the other; the worker is killed in
+# one of them. Only a call that started and never finished is of unknown outcome: a call that
+# finished before the kill is not run again (its recorded result stands), one never started runs.
+
+PAIR_KILLS = {
+    # kill: (refund's side effects, the two results the model reads)
+    "refund_before:2": (1, ["refunded A1", "Error: tool 'refund' failed (OutcomeUnknownError)."]),
+    "refund_after:2": (2, ["refunded A1", "Error: tool 'refund' failed (OutcomeUnknownError)."]),
+    "refund_after:1": (2, ["Error: tool 'refund' failed (OutcomeUnknownError).", "refunded B2"]),
+}
+PAIRS = (
+    [(db, kill, how) for db in ("sqlite", "postgres") for kill in PAIR_KILLS for how in ("restart", "adopt")]
+    if FULL
+    else [("sqlite", "refund_before:2", "restart")]
+)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize(("db", "kill", "how"), PAIRS)
+async def test_a_round_killed_between_two_unsafe_calls_reports_only_the_unfinished_one_unknown(
+    request: pytest.FixtureRequest, tmp_path: Path, db: str, kill: str, how: str
+) -> None:
+    database = database_for(request, db, tmp_path)
+    first = await worker(database, "w1", "p-start", tmp_path, kill)
+    assert first.returncode == -signal.SIGKILL, first.stderr.decode()[-3000:]
+    out = last_line(await worker(database, "w1" if how == "restart" else "w2", f"p-{how}", tmp_path))
+    effects, results = PAIR_KILLS[kill]
+    assert runs(tmp_path, "refund") == effects
+    assert out["value"] == "; ".join(results)
+    assert out["memory"] == [
+        ["UserMessage", "Refund A1"],
+        ["AssistantMessage", ""],
+        *(["ToolResultMessage", text] for text in results),
+        ["AssistantMessage", "; ".join(results)],
+    ]

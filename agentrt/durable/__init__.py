@@ -9,10 +9,12 @@ A turn runs as one DBOS workflow whose steps are the segments of the turn betwee
 (`Invocation.checkpoint` / `Invocation.restore`): prepare | model request (and response, answer) |
 tool round | ... | commit. DBOS records each step's result (a checkpoint, as JSON) once it completes;
 a recovered turn replays the recorded steps and goes on from the last one, so a completed tool round
-is never run again. A tool round whose worker died inside it runs again only for tools declared safe
-to run again (`@tool(idempotent=True)`, or an `idempotentHint`/`readOnlyHint` annotation); any other
-call of it is reported to the model as failed with `OutcomeUnknownError` (under the tool failure
-policy), not run. The commit stores the turn once, even when run again (`ChatMemoryStore.commit`'s
+is never run again. Each call of a tool not safe to run again (not declared `@tool(idempotent=True)`,
+nor with an `idempotentHint`/`readOnlyHint` annotation) is recorded when it starts and when it
+finishes: in a tool round whose worker died inside it, a call that finished is not run again (its
+result stands), one that never started runs, and one that started and never finished is reported to
+the model as failed with `OutcomeUnknownError` (under the tool failure policy), not run; safe calls
+run again. The commit stores the turn once, even when run again (`ChatMemoryStore.commit`'s
 `turn`). A tool approval waits durably: the turn's workflow waits for a human's decisions
 (`Engine.decide`, from any worker) across restarts of every worker.
 

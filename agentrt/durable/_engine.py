@@ -6,10 +6,13 @@ the turn from the checkpoint the previous step returned, runs it to the next sto
 checkpoints, so nothing in the pipeline needs to be deterministic (clocks, random ids, guardrails).
 
 DBOS writes nothing when a step starts: a step that started in a worker that died runs again, and
-looks like a first run. Before a tool round the workflow records a tiny step `agentrt.intent` that
-returns a fresh token this process remembers (`_FRESH`); replayed, its token is unknown here, so when
-the round's own step then runs, a previous run died inside the round: the round runs with
-`OUTCOME_UNKNOWN` set, and its calls not safe to run again fail with `OutcomeUnknownError`.
+looks like a first run. So each call of a tool not safe to run again is recorded from inside the
+segment (`_Journal`, events of the workflow): "started" before it runs, its outcome after. Before a
+tool round the workflow records a tiny step `agentrt.intent` that returns a fresh token this process
+remembers (`_FRESH`); replayed, its token is unknown here, so when the round's own step then runs, a
+previous run died inside the round, and the journal is read: a call recorded finished is not run
+again (its outcome stands), one recorded started only fails with `OutcomeUnknownError`, one never
+started runs. (A first run reads nothing: it only writes.)
 
 An approval: the segment that reaches `Phase.APPROVAL` stops there; the next runs agentrt's suspend
 and returns {"waiting": ...}; the body publishes it (`DBOS.set_event`) and waits for a message
@@ -42,7 +45,7 @@ from .._pipeline._checkpoint import VERSION, _revalue, _value
 from .._pipeline._finish import COMMIT_ONCE
 from .._pipeline._turn import Phase
 from .._resume import reopen
-from ..tools._run import OUTCOME_UNKNOWN
+from ..tools._run import JOURNAL
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -143,6 +146,33 @@ def _start(runtime: Any, spec: Any, arguments: dict[str, Any]) -> Invocation:
     )
 
 
+class _Journal:
+    """The calls of a segment's tools not safe to run again, recorded one by one (`CallJournal`) as
+    events of the turn's workflow (written from inside the segment's step, which DBOS allows; a step
+    cannot run steps of its own): "started" before the call, its outcome after. `uncertain`: a run
+    of this segment died before (see `_intent`), so the records are read first; otherwise there
+    are none yet (one write per call before, one after, no read)."""
+
+    __slots__ = ("uncertain",)
+
+    def __init__(self, uncertain: bool) -> None:
+        self.uncertain = uncertain
+
+    async def before(self, key: str) -> dict[str, Any] | bool:
+        name = f"agentrt.call:{key}"
+        if self.uncertain:
+            known = await DBOS.get_event_async(DBOS.workflow_id or "", name, timeout_seconds=0)
+            if isinstance(known, dict):
+                return known
+            if known is not None:
+                return True  # started, never finished
+        await DBOS.set_event_async(name, "started")
+        return False
+
+    async def after(self, key: str, outcome: dict[str, Any]) -> None:
+        await DBOS.set_event_async(f"agentrt.call:{key}", outcome)
+
+
 async def _intent() -> str:
     token = os.urandom(8).hex()
     _FRESH.add(token)
@@ -200,7 +230,7 @@ async def _segment(
             raise _Stop
 
     invocation.on_boundary(boundary)
-    unknown = OUTCOME_UNKNOWN.set(uncertain)
+    journal = JOURNAL.set(_Journal(uncertain))
     once = COMMIT_ONCE.set(True)
     taken = CLAIMED.set(claimed)
     try:
@@ -212,7 +242,7 @@ async def _segment(
     finally:
         CLAIMED.reset(taken)
         COMMIT_ONCE.reset(once)
-        OUTCOME_UNKNOWN.reset(unknown)
+        JOURNAL.reset(journal)
     if result.approval is not None:
         return {"waiting": _waiting_json(result.approval)}
     turn = invocation._turn
@@ -440,8 +470,9 @@ class Engine:
     approval included: start a turn that may wait with `start`, then wait with `result`.
 
     Not yet (issue 28): streaming methods (a durable turn is awaited; its text arrives whole);
-    per-call intents (a round of several calls killed between them reports all its unsafe calls
-    unknown; an approved round likewise); keeping the
+    one step per tool call (a call's record is written from inside its round's step: the intent is
+    per round, the record per call; a round killed inside runs again its safe calls that had
+    finished); keeping the
     conversation's lock between segments (another turn on it may commit in between); liveness
     (`adopt` is called by the application for executors it knows are dead); retention of finished
     turns. A turn that failed is recorded with its error's name and message only (JSON).
