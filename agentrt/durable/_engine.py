@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
+import sqlalchemy
 from dbos import DBOS, DBOSClient, DBOSConfig, SetWorkflowID, WorkflowHandleAsync
 from dbos._serialization import DBOSPortableJSON
 
@@ -610,7 +611,11 @@ class Client:
     """
 
     def __init__(self, database: str = "sqlite:///agentrt-turns.sqlite") -> None:
-        self._client = DBOSClient(system_database_url=database, serializer=DBOSPortableJSON)
+        if database.startswith("sqlite") and _SUBSEC_MISSING:  # (see `_SUBSEC_MISSING`)
+            engine = sqlalchemy.create_engine(database, connect_args={"factory": _SubsecConnection})
+            self._client = DBOSClient(system_database_engine=engine, serializer=DBOSPortableJSON)
+        else:
+            self._client = DBOSClient(system_database_url=database, serializer=DBOSPortableJSON)
 
     async def _status(self, turn_id: str) -> str | None:
         found = await self._client.list_workflows_async(workflow_ids=[turn_id])
