@@ -30,9 +30,11 @@ approvals expire after 0.5 s, on which nobody decides.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import sys
 from collections import Counter
 from pathlib import Path
@@ -201,7 +203,19 @@ async def finish(engine: Engine, shop: Shop, turn: str, conversation: str, error
     steps = await DBOS.list_workflow_steps_async(turn)
     outputs = [step["output"] for step in steps if isinstance(step["output"], dict)]
     refused = [output["refused"] for output in outputs if "refused" in output]
-    return {"value": value, "memory": memory, "errors": errors, "refused": refused}
+    return {"value": value, "memory": memory, "errors": errors, "refused": refused, "unread": unread(turn)}
+
+
+def unread(turn: str) -> int | None:
+    """Messages sent to the turn that it never read (DBOS's table, SQLite only): a double click sent
+    twice would leave one."""
+    path = DIR / "dbos.sqlite"
+    if not path.exists():
+        return None
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        query = "SELECT count(*) FROM notifications WHERE destination_uuid = ? AND NOT consumed"
+        row = db.execute(query, (turn,)).fetchone()
+    return int(row[0])
 
 
 async def main(database: str, executor: str, mode: str) -> None:

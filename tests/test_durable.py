@@ -224,6 +224,8 @@ async def test_a_worker_killed_inside_an_approved_call_leaves_its_outcome_unknow
     second = await worker(database, "w2", "a-adopt", tmp_path, kill)
     assert second.returncode == -signal.SIGKILL, second.stderr.decode()[-3000:]
     out = last_line(await worker(database, "w3", "A-adopt", tmp_path))
+    # Approved twice from the other process (a double click): sent once, read once.
+    assert out["unread"] == (0 if db == "sqlite" else None)
     assert runs(tmp_path, "refund") == (0 if kill.startswith("refund_before") else 1)
     unknown = "Error: tool 'refund' failed (OutcomeUnknownError)."
     assert out["value"] == f"Order A1: {unknown}"
