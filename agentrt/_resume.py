@@ -20,7 +20,7 @@ from .memory._store import PendingStore
 if TYPE_CHECKING:
     from ._approval import Decision
 
-__all__ = ["resume"]
+__all__ = ["reopen", "resume"]
 
 
 async def resume(
@@ -46,6 +46,18 @@ async def resume(
         raise ApprovalNotFoundError(f"{where}: run id {run_id!r} is not a run id")
     if not isinstance(decisions, Mapping):
         raise ApprovalDecisionError(f"{where}: decisions must map pending call ids to Approve() or Deny()")
+    method, invocation = await reopen(service, runtime, run_id, decisions, memory_id, where)
+    return await method.__agentrt_view__(invocation)
+
+
+async def reopen(
+    service: object, runtime: Any, run_id: str, decisions: Mapping[str, Decision], memory_id: Any, where: str
+) -> tuple[Any, Invocation]:
+    """The built method and the invocation of the turn `run_id`, which waits for approval on
+    conversation `memory_id`, restored from its pending record with `decisions`, its conversation
+    locked again and the record checked once more under the lock: what `resume` reads on (and a
+    durable turn's next segment, `agentrt.durable`). `ApprovalNotFoundError` for a run not pending
+    there; the decisions are checked when the turn goes on (`ApprovalDecisionError`)."""
     memory = runtime.memory
     store: object
     if memory is not None:
@@ -95,7 +107,7 @@ async def resume(
             raise
         turn.conversation = conversation
         turn.record = again[1]
-    return await method.__agentrt_view__(invocation)
+    return method, invocation
 
 
 def _json(memory_id: Any) -> bytes | None:

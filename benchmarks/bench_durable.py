@@ -5,7 +5,7 @@ The turn is the crash tests' (tests/durable_worker.py, without kills): an idempo
 non-idempotent one (so one intent step), an answer the output guardrail rejects and the accepted one;
 memory in an SQLiteStore. The model answers at once, so what is measured is agentrt and DBOS: the
 durable turn records 8 segment steps and 2 intent steps (one before each tool round), plus the
-workflow's own rows. Each turn has
+workflow's own rows and 2 events for the non-idempotent call (started, its outcome). Each turn has
 a new id on a new conversation. Median of `TURNS` turns after `WARMUP`.
 
 Postgres: `--postgres URL` (a server; the script makes its own database on it), else a server this

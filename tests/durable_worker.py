@@ -13,23 +13,38 @@ KILL is `POINT:N`: the worker SIGKILLs itself the N-th time it reaches POINT: `r
 request), `lookup_before` / `lookup_after` / `refund_before` / `refund_after` (in a tool, before or
 after its side effect), `commit_after` (the store wrote the turn; DBOS has not recorded the step).
 
-It prints one JSON line: the turn's value and the conversation as stored.
+It prints one JSON line: the turn's value and the conversation as stored. MODE `p-start` /
+`p-restart` / `p-adopt`: the same for a turn whose one round calls `refund` twice, one call after
+the other (`max_concurrency=1`), then answers with the two results.
+
+The approval modes run the turn `a1` of `Shop.ask` on a service whose `refund` needs approval (one
+call, then the answer): `a-start` starts it and SIGKILLs itself once it waits; `a-restart` /
+`a-adopt` recover it, see that it waits, run `a-decide` (a `Client` in a process of its own, which
+approves it twice: a double click) and print the turn's value; `A-adopt` adopts executor `w2`'s turn
+(decided already) and prints its value; `a-deny` starts the turn in this worker alone, tries
+decisions that do not fit, sends an edit the tool refuses, then denies the call, and prints the
+errors met and the decisions the turn refused too, then runs the turn `a2` of a service whose
+approvals expire after 0.5 s, on which nobody decides.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
+from dbos import DBOS
+
 import agentrt
-from agentrt import MemoryId, ModelRequest, ToolResultMessage, tool
-from agentrt.durable import Engine
+from agentrt import Approvals, Approve, Deny, MemoryId, ModelRequest, ToolResultMessage, ToolSettings, tool
+from agentrt.durable import Client, Engine
 from agentrt.guardrails import GuardrailResult, OutputGuardrailRequest, reprompt, success
 from agentrt.memory import SQLiteStore
 from agentrt.testing import CallTool, FunctionModel
@@ -59,6 +74,12 @@ class Tools:
         return effect("refund", f"refunded {order}")
 
 
+class Gated:
+    @tool("Refund an order.", needs_approval=True)
+    async def refund(self, order: str) -> str:
+        return effect("refund", f"refunded {order}")
+
+
 def effect(name: str, text: str) -> str:
     reach(f"{name}_before")
     with (DIR / name).open("a") as side:
@@ -78,6 +99,14 @@ def respond(request: ModelRequest) -> Any:
     return f"Order A1 is refunded ({results[-1].text})." if reasked else "Refunded, whatever."
 
 
+def pair(request: ModelRequest) -> Any:
+    reach("request")
+    results = [m.text for m in request.messages if isinstance(m, ToolResultMessage)]
+    if results:
+        return "; ".join(results)
+    return [CallTool("refund", {"order": "A1"}, id="c1"), CallTool("refund", {"order": "B2"}, id="c2")]
+
+
 class Polite:
     name = "polite"
 
@@ -91,14 +120,119 @@ class Store(SQLiteStore):
         reach("commit_after")
 
 
+def gated(request: ModelRequest) -> Any:
+    reach("request")
+    results = [m for m in request.messages if isinstance(m, ToolResultMessage)]
+    return f"Order A1: {results[-1].text}" if results else [CallTool("refund", {"order": "A1"}, id="c1")]
+
+
+async def decide(database: str) -> None:
+    """Another process (no engine): approves the turn `a1`, twice."""
+    client = Client(database)
+    try:
+        approval = await client.approval("a1")
+        assert approval is not None and [c.id for c in approval.calls] == ["c1"], approval
+        for _ in range(2):
+            await client.decide("a1", {"c1": Approve()})
+    finally:
+        client.close()
+
+
+async def approval(database: str, executor: str, mode: str) -> None:
+    if mode == "a-decide":
+        await decide(database)
+        return
+    store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
+
+    def service(expires: float) -> Shop:
+        return agentrt.build(
+            Shop,
+            model=FunctionModel(gated),
+            memory=agentrt.memory.window(namespace="shop", store=store),
+            tools=[Gated()],
+            approvals=Approvals(expires_after=expires),
+        )
+
+    shop = service(3600.0)
+    engine = Engine(database, executor_id=executor, polling_seconds=0.05)
+    engine.register("shop", shop)
+    engine.register("brief", brief := service(0.5))
+    errors: list[str] = []
+    try:
+        async with engine:
+            if mode in ("a-start", "a-deny"):
+                await engine.start("shop", "ask", turn_id="a1", conversation="c", question="Refund A1")
+            elif mode != "a-restart":
+                engine.adopt(["w2" if mode == "A-adopt" else "w1"])
+            if mode != "A-adopt":  # (A-adopt: decided already, the turn goes on here)
+                waits = await engine.approval("a1", wait=60)
+                assert waits is not None and [c.tool for c in waits.calls] == ["refund"], waits
+            if mode == "a-start":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if mode == "a-deny":
+                for turn, decisions in (("nope", {"c1": Deny()}), ("a1", {"c2": Deny()}), ("a1", {})):
+                    try:
+                        await engine.decide(turn, decisions)
+                    except agentrt.ApprovalError as error:
+                        errors.append(f"{type(error).__name__}: {error}")
+                # An edit the tool's schema refuses: the turn refuses it and takes the next decisions.
+                await engine.decide("a1", {"c1": Approve(arguments={"order": 5})})
+                await engine.decide("a1", {"c1": Deny("not today")})
+            elif mode != "A-adopt":
+                decider = await asyncio.create_subprocess_exec(
+                    sys.executable, __file__, database, "d", "a-decide", str(DIR)
+                )
+                assert await decider.wait() == 0
+            out = await finish(engine, shop, "a1", "c", errors)
+            if mode == "a-deny":  # and a turn whose approval expires after 0.5 s: nobody decides
+                await engine.call("brief", "ask", turn_id="a2", conversation="c2", question="Refund A1")
+                out["expired"] = await finish(engine, brief, "a2", "c2", [])
+    finally:
+        store.close()
+    print(json.dumps(out))
+
+
+async def finish(engine: Engine, shop: Shop, turn: str, conversation: str, errors: list[str]) -> Any:
+    value = await engine.result(turn)
+    try:
+        await engine.decide(turn, {"c1": Approve()})
+    except agentrt.ApprovalError as error:
+        errors.append(f"{type(error).__name__}: {error}")
+    stored = await agentrt.memory.access(shop).read(conversation)
+    memory = [[type(m).__name__, getattr(m, "text", None) or ""] for m in stored]
+    steps = await DBOS.list_workflow_steps_async(turn)
+    outputs = [step["output"] for step in steps if isinstance(step["output"], dict)]
+    refused = [output["refused"] for output in outputs if "refused" in output]
+    return {"value": value, "memory": memory, "errors": errors, "refused": refused, "unread": unread(turn)}
+
+
+def unread(turn: str) -> int | None:
+    """Messages sent to the turn that it never read (DBOS's table, SQLite only): a double click sent
+    twice would leave one."""
+    path = DIR / "dbos.sqlite"
+    if not path.exists():
+        return None
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        query = "SELECT count(*) FROM notifications WHERE destination_uuid = ? AND NOT consumed"
+        row = db.execute(query, (turn,)).fetchone()
+    return int(row[0])
+
+
 async def main(database: str, executor: str, mode: str) -> None:
+    if mode.lower().startswith("a-"):
+        await approval(database, executor, mode)
+        return
+    paired = mode.startswith("p-")  # a round of two refunds, run one after the other
+    if paired:
+        mode = mode[2:]
     store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
     shop = agentrt.build(
         Shop,
-        model=FunctionModel(respond),
+        model=FunctionModel(pair if paired else respond),
         memory=agentrt.memory.window(namespace="shop", store=store),
         tools=[Tools()],
-        output_guardrails=[Polite()],
+        output_guardrails=[] if paired else [Polite()],
+        tool_settings=ToolSettings(max_concurrency=1),
     )
     engine = Engine(database, executor_id=executor, polling_seconds=0.05)
     engine.register("shop", shop)

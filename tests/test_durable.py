@@ -121,3 +121,150 @@ async def test_a_turn_killed_at_a_point_completes_once_after_recovery(
     else:
         database = f"{request.getfixturevalue('postgres_url')}/t{uuid.uuid4().hex}"
     await crash_and_recover(database, tmp_path, kill, how)
+
+
+# --- approvals -------------------------------------------------------------------------------------
+# The turn `a1`: one call of `refund`, which needs approval, then the answer (tests/durable_worker.py).
+
+NOT_WAITING = (
+    "ApprovalNotFoundError: agentrt.durable: turn 'a1' does not wait for approval (its state: SUCCESS)"
+)
+
+
+def one_turn(result: str) -> list[list[str]]:
+    return [
+        ["UserMessage", "Refund A1"],
+        ["AssistantMessage", ""],
+        ["ToolResultMessage", result],
+        ["AssistantMessage", f"Order A1: {result}"],
+    ]
+
+
+def last_line(done: Any) -> Any:
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    return json.loads(done.stdout.decode().splitlines()[-1])
+
+
+def database_for(request: pytest.FixtureRequest, db: str, directory: Path) -> str:
+    if db == "sqlite":
+        return sqlite(directory)
+    return f"{request.getfixturevalue('postgres_url')}/t{uuid.uuid4().hex}"
+
+
+# make test: the clean approval on Postgres, the approved call killed inside on SQLite (which waits
+# across a kill, is recovered and approved from another process too); make test-deep: both on both.
+@pytest.mark.exhaustive
+@pytest.mark.parametrize(
+    ("db", "how"), [("postgres", "a-adopt"), *([("sqlite", "a-restart")] if FULL else [])]
+)
+async def test_an_approval_waits_across_a_restart_of_every_worker(
+    request: pytest.FixtureRequest, tmp_path: Path, db: str, how: str
+) -> None:
+    """w1 starts the turn and is killed while it waits; w1 restarted (or w2, adopting) recovers it
+    and it waits again; another process approves it (twice: a double click); the tool runs once."""
+    database = database_for(request, db, tmp_path)
+    first = await worker(database, "w1", "a-start", tmp_path)
+    assert first.returncode == -signal.SIGKILL, first.stderr.decode()[-3000:]
+    assert runs(tmp_path, "refund") == 0
+    out = last_line(await worker(database, "w1" if how == "a-restart" else "w2", how, tmp_path))
+    assert runs(tmp_path, "refund") == 1
+    assert out["value"] == "Order A1: refunded A1"
+    assert out["memory"] == one_turn("refunded A1")
+    assert out["errors"] == [NOT_WAITING]
+
+
+async def test_a_denied_or_expired_call_never_runs_and_decisions_that_do_not_fit_are_refused(
+    tmp_path: Path,
+) -> None:
+    out = last_line(await worker(sqlite(tmp_path), "w1", "a-deny", tmp_path))
+    denied = "The user denied this call of 'refund'; it was not run. Reason: not today"
+    assert runs(tmp_path, "refund") == 0
+    assert out["value"] == f"Order A1: {denied}"
+    assert out["memory"] == one_turn(denied)
+    assert out["errors"] == [
+        "ApprovalNotFoundError: agentrt.durable: no durable turn 'nope'",
+        "ApprovalDecisionError: agentrt.durable: turn 'a1': decisions name calls that are not pending: "
+        "['c2']",
+        "ApprovalDecisionError: agentrt.durable: turn 'a1': no decision for pending call(s) ['c1']; "
+        "decide on every one",
+        NOT_WAITING,
+    ]
+    # Refused by the turn itself (the tool's schema), which then took the denial sent after it.
+    assert out["refused"] == [
+        "Shop.ask: the edited arguments of call 'c1' (refund) do not validate: order: Input should be a "
+        "valid string"
+    ]
+    # An approval nobody decides: its calls are denied once it expires.
+    expired = (
+        "The user denied this call of 'refund'; it was not run. "
+        "Reason: the approval request expired before anyone decided"
+    )
+    assert out["expired"]["value"] == f"Order A1: {expired}"
+    assert out["expired"]["memory"] == one_turn(expired)
+
+
+APPROVED_KILLS = (
+    [(db, kill) for db in ("sqlite", "postgres") for kill in ("refund_before:1", "refund_after:1")]
+    if FULL
+    else [("sqlite", "refund_after:1")]
+)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize(("db", "kill"), APPROVED_KILLS)
+async def test_a_worker_killed_inside_an_approved_call_leaves_its_outcome_unknown(
+    request: pytest.FixtureRequest, tmp_path: Path, db: str, kill: str
+) -> None:
+    """w2 recovers the waiting turn, it is approved, and w2 dies inside the approved call (after the
+    pending record was claimed); w3 adopts: the call is not run again, its outcome is reported
+    unknown, and the turn completes once."""
+    database = database_for(request, db, tmp_path)
+    first = await worker(database, "w1", "a-start", tmp_path)
+    assert first.returncode == -signal.SIGKILL, first.stderr.decode()[-3000:]
+    second = await worker(database, "w2", "a-adopt", tmp_path, kill)
+    assert second.returncode == -signal.SIGKILL, second.stderr.decode()[-3000:]
+    out = last_line(await worker(database, "w3", "A-adopt", tmp_path))
+    # Approved twice from the other process (a double click): sent once, read once.
+    assert out["unread"] == (0 if db == "sqlite" else None)
+    assert runs(tmp_path, "refund") == (0 if kill.startswith("refund_before") else 1)
+    unknown = "Error: tool 'refund' failed (OutcomeUnknownError)."
+    assert out["value"] == f"Order A1: {unknown}"
+    assert out["memory"] == one_turn(unknown)
+
+
+# --- one record per call ---------------------------------------------------------------------------
+# A round of two calls of `refund` (not idempotent), run one after the other; the worker is killed in
+# one of them. Only a call that started and never finished is of unknown outcome: a call that
+# finished before the kill is not run again (its recorded result stands), one never started runs.
+
+PAIR_KILLS = {
+    # kill: (refund's side effects, the two results the model reads)
+    "refund_before:2": (1, ["refunded A1", "Error: tool 'refund' failed (OutcomeUnknownError)."]),
+    "refund_after:2": (2, ["refunded A1", "Error: tool 'refund' failed (OutcomeUnknownError)."]),
+    "refund_after:1": (2, ["Error: tool 'refund' failed (OutcomeUnknownError).", "refunded B2"]),
+}
+PAIRS = (
+    [(db, kill, how) for db in ("sqlite", "postgres") for kill in PAIR_KILLS for how in ("restart", "adopt")]
+    if FULL
+    else [("sqlite", "refund_before:2", "restart")]
+)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize(("db", "kill", "how"), PAIRS)
+async def test_a_round_killed_between_two_unsafe_calls_reports_only_the_unfinished_one_unknown(
+    request: pytest.FixtureRequest, tmp_path: Path, db: str, kill: str, how: str
+) -> None:
+    database = database_for(request, db, tmp_path)
+    first = await worker(database, "w1", "p-start", tmp_path, kill)
+    assert first.returncode == -signal.SIGKILL, first.stderr.decode()[-3000:]
+    out = last_line(await worker(database, "w1" if how == "restart" else "w2", f"p-{how}", tmp_path))
+    effects, results = PAIR_KILLS[kill]
+    assert runs(tmp_path, "refund") == effects
+    assert out["value"] == "; ".join(results)
+    assert out["memory"] == [
+        ["UserMessage", "Refund A1"],
+        ["AssistantMessage", ""],
+        *(["ToolResultMessage", text] for text in results),
+        ["AssistantMessage", "; ".join(results)],
+    ]

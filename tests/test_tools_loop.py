@@ -45,7 +45,7 @@ from agentrt import (
 from agentrt.testing import CallTool, FunctionModel, ScriptedModel
 from agentrt.tools import ToolFailure
 from agentrt.tools._declare import define_tool
-from agentrt.tools._run import OUTCOME_UNKNOWN
+from agentrt.tools._run import JOURNAL, OUTCOME_UNKNOWN
 
 REQUEST_CONTEXT: contextvars.ContextVar[str] = contextvars.ContextVar("request", default="-")
 
@@ -839,4 +839,56 @@ async def test_a_round_run_again_after_its_worker_died_runs_only_the_calls_safe_
     # Not marked (every turn that is not a durable one run again): both run.
     svc, _ = assistant(round_, "Done.", tools=[payments])
     await svc.ask_result("go")
-    assert payments.runs == ["look A1", "pay A1", "look A1"]
+    # (in either order: the round's calls run concurrently, and trio randomizes which starts first)
+    assert payments.runs[0] == "look A1"
+    assert sorted(payments.runs[1:]) == ["look A1", "pay A1"]
+
+
+class Journal:
+    """A durable turn's record of unsafe calls (`CallJournal`), in a dict: by call id (the key is
+    `round:call id:tool:arguments hash`), "started" or the recorded outcome."""
+
+    def __init__(self, records: dict[str, Any]) -> None:
+        self.records = records
+        self.seen: list[str] = []
+
+    async def before(self, key: str) -> dict[str, Any] | bool:
+        self.seen.append(key)
+        known = self.records.get(key.split(":")[1])
+        if isinstance(known, dict):
+            return known
+        if known is not None:
+            return True
+        self.records[key.split(":")[1]] = "started"
+        return False
+
+    async def after(self, key: str, outcome: dict[str, Any]) -> None:
+        self.records[key.split(":")[1]] = outcome
+
+
+async def test_a_call_journal_runs_each_unsafe_call_once_and_reports_only_an_unfinished_one_unknown() -> None:
+    # What a durable turn does per call: a call recorded finished is not run again (its text stands),
+    # a call recorded started only is of unknown outcome, a call never started runs and is recorded;
+    # a call safe to run again is not recorded at all.
+    calls = [
+        CallTool("pay", {"order": "A1"}, id="c1"),
+        CallTool("pay", {"order": "B2"}, id="c2"),
+        CallTool("pay", {"order": "C3"}, id="c3"),
+        CallTool("look", {"order": "A1"}, id="c4"),
+    ]
+    payments = Payments()
+    svc, model = assistant(calls, "Done.", tools=[payments])
+    finished = {"result": "paid earlier", "outcome": "success", "error_kind": None, "images": []}
+    journal = Journal({"c1": finished, "c2": "started"})
+    marked = JOURNAL.set(journal)
+    try:
+        result = await svc.ask_result("go")
+    finally:
+        JOURNAL.reset(marked)
+
+    assert sorted(payments.runs) == ["look A1", "pay C3"]  # (in any order: trio randomizes it)
+    texts = [m.text for m in model.requests[1].messages[-4:]]  # type: ignore[union-attr]
+    assert texts == ["paid earlier", "Error: tool 'pay' failed (OutcomeUnknownError).", "paid", "open"]
+    assert sorted(key.rsplit(":", 1)[0] for key in journal.seen) == ["1:c1:pay", "1:c2:pay", "1:c3:pay"]
+    assert journal.records["c3"] == {"result": "paid", "outcome": "success", "error_kind": None, "images": []}
+    assert [e.outcome for e in result.tool_executions] == ["success", "error", "success", "success"]

@@ -20,6 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from ._turn import Turn
 
 __all__ = [
+    "CLAIMED",
     "EXPIRED",
     "Record",
     "Waiting",
@@ -65,6 +67,10 @@ RECORD_VERSION: Final = 1
 
 _now = time.time
 """Wall-clock seconds: expiry is compared across processes and hosts (tests replace it)."""
+
+CLAIMED: Final[ContextVar[bool]] = ContextVar("agentrt_claimed", default=False)
+"""Set by a durable turn (`agentrt.durable`) while it runs again a resumed round whose first run died
+after it had claimed the pending record (taken it from the store): `claim` takes nothing then."""
 
 EXPIRED: Final = "the approval request expired before anyone decided"
 NEW_MESSAGE: Final = "the user sent a new message instead of deciding"
@@ -375,6 +381,8 @@ async def claim(turn: Turn) -> None:
     Error` when someone took it first."""
     from .._errors import ApprovalNotFoundError
 
+    if CLAIMED.get():
+        return
     waiting = turn.waiting
     assert waiting is not None
     store, key, owner = store_of(turn)

@@ -6,36 +6,54 @@ the turn from the checkpoint the previous step returned, runs it to the next sto
 checkpoints, so nothing in the pipeline needs to be deterministic (clocks, random ids, guardrails).
 
 DBOS writes nothing when a step starts: a step that started in a worker that died runs again, and
-looks like a first run. Before a tool round the workflow records a tiny step `agentrt.intent` that
-returns a fresh token this process remembers (`_FRESH`); replayed, its token is unknown here, so when
-the round's own step then runs, a previous run died inside the round: the round runs with
-`OUTCOME_UNKNOWN` set, and its calls not safe to run again fail with `OutcomeUnknownError`.
+looks like a first run. So each call of a tool not safe to run again is recorded from inside the
+segment (`_Journal`, events of the workflow): "started" before it runs, its outcome after. Before a
+tool round the workflow records a tiny step `agentrt.intent` that returns a fresh token this process
+remembers (`_FRESH`); replayed, its token is unknown here, so when the round's own step then runs, a
+previous run died inside the round, and the journal is read: a call recorded finished is not run
+again (its outcome stands), one recorded started only fails with `OutcomeUnknownError`, one never
+started runs. (A first run reads nothing: it only writes.)
+
+An approval: the segment that reaches `Phase.APPROVAL` stops there; the next runs agentrt's suspend
+and returns {"waiting": ...}; the body publishes it (`DBOS.set_event`) and waits for a message
+(`_decision`); the segment after it, behind an intent step, goes on from the pending record with the
+decisions (`_resumed`), or returns {"refused": ...} and the body waits again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sqlite3
 import sys
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from dbos import DBOS, DBOSConfig, SetWorkflowID, WorkflowHandleAsync
+import orjson
+import sqlalchemy
+from dbos import DBOS, DBOSClient, DBOSConfig, SetWorkflowID, WorkflowHandleAsync
 from dbos._serialization import DBOSPortableJSON
 
-from .._errors import ConfigurationError
+from .._approval import Approve, Deny
+from .._errors import ApprovalDecisionError, ApprovalNotFoundError, ConfigurationError
+from .._events import ApprovalRequested, PendingCall
 from .._options import CallOptions
 from .._pipeline import Invocation
+from .._pipeline._approve import CLAIMED, EXPIRED
 from .._pipeline._checkpoint import VERSION, _revalue, _value
 from .._pipeline._finish import COMMIT_ONCE
 from .._pipeline._turn import Phase
-from ..tools._run import OUTCOME_UNKNOWN
+from .._resume import reopen
+from ..tools._run import JOURNAL
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["APPLICATION_VERSION", "Engine"]
+    from .._approval import Decision
+
+__all__ = ["APPLICATION_VERSION", "Client", "Engine"]
 
 _SUBSEC_MISSING: Final = sys.version_info >= (3, 12) and sqlite3.sqlite_version_info < (3, 42)
 """DBOS's SQLite schema and queries on Python 3.12+ read the time as `unixepoch('subsec')`, a modifier
@@ -72,6 +90,13 @@ _STOPS: Final = frozenset({Phase.REQUEST, Phase.TOOLS, Phase.APPROVAL, Phase.COM
 commit) and where a turn would wait for a human."""
 
 _TOOLS: Final = Phase.TOOLS.value
+
+_TOPIC: Final = "agentrt.approval"
+"""The topic of a human's decisions (`DBOS.send` / `DBOS.recv`) and the key of the approval a turn
+waits for (`DBOS.set_event`: its JSON, or `None` once decided)."""
+
+_FOREVER: Final = 366 * 86400.0
+"""How long one wait for a decision on an approval without expiry lasts (then it waits again)."""
 
 _SERVICES: dict[str, object] = {}
 """The services of this process's engine, by the name turns record."""
@@ -122,6 +147,33 @@ def _start(runtime: Any, spec: Any, arguments: dict[str, Any]) -> Invocation:
     )
 
 
+class _Journal:
+    """The calls of a segment's tools not safe to run again, recorded one by one (`CallJournal`) as
+    events of the turn's workflow (written from inside the segment's step, which DBOS allows; a step
+    cannot run steps of its own): "started" before the call, its outcome after. `uncertain`: a run
+    of this segment died before (see `_intent`), so the records are read first; otherwise there
+    are none yet (one write per call before, one after, no read)."""
+
+    __slots__ = ("uncertain",)
+
+    def __init__(self, uncertain: bool) -> None:
+        self.uncertain = uncertain
+
+    async def before(self, key: str) -> dict[str, Any] | bool:
+        name = f"agentrt.call:{key}"
+        if self.uncertain:
+            known = await DBOS.get_event_async(DBOS.workflow_id or "", name, timeout_seconds=0)
+            if isinstance(known, dict):
+                return known
+            if known is not None:
+                return True  # started, never finished
+        await DBOS.set_event_async(name, "started")
+        return False
+
+    async def after(self, key: str, outcome: dict[str, Any]) -> None:
+        await DBOS.set_event_async(f"agentrt.call:{key}", outcome)
+
+
 async def _intent() -> str:
     token = os.urandom(8).hex()
     _FRESH.add(token)
@@ -134,13 +186,29 @@ async def _segment(
     arguments: dict[str, Any],
     checkpoint: dict[str, Any] | None,
     uncertain: bool,
+    decided: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One step of a durable turn: from `checkpoint` (None: the start) to the next stopping boundary.
-    Returns {"checkpoint": ...} there, or the result at the turn's end ({"text", "value",
-    "parsed"}). With `uncertain`, calls of the turn's tool round not safe to run again are reported
-    as of unknown outcome instead of run."""
+    Returns {"checkpoint": ...} there, {"waiting": ...} where the turn stopped for approval (agentrt's
+    own: its pending record stored, the conversation released), or the result at the turn's end
+    ({"text", "value", "parsed"}). With `uncertain`, calls of the turn's tool round not safe to run
+    again are reported as of unknown outcome instead of run.
+
+    With `decided` (a human's decisions on the approval `checkpoint` stopped at), the turn goes on
+    from its pending record as `agentrt.resume` does; {"refused": why} for decisions that do not fit
+    (nothing ran, the turn waits again)."""
     runtime, spec = _parts(service_name, method)
-    if checkpoint is None:
+    claimed = False
+    if decided is not None:
+        assert checkpoint is not None
+        try:
+            invocation, uncertain, claimed = await _resumed(
+                runtime, spec, service_name, checkpoint, decided, uncertain
+            )
+        except ApprovalDecisionError as error:
+            return {"refused": str(error)}
+        skip = 1
+    elif checkpoint is None:
         invocation = _start(runtime, spec, arguments)
         skip = 0
     else:
@@ -154,33 +222,158 @@ async def _segment(
             skip -= 1
             return
         if phase in _STOPS:
-            if phase is Phase.APPROVAL:
+            if phase is Phase.APPROVAL and runtime.memory is None:
                 raise ConfigurationError(
-                    f"{spec.qualname}: a durable turn cannot wait for an approval yet (agentrt.durable)"
+                    f"{spec.qualname}: a durable turn waits for approval only on a service with memory "
+                    "(its pending record lives in the memory's store, which every worker shares)"
                 )
             saved.append(invocation.checkpoint())
             raise _Stop
 
     invocation.on_boundary(boundary)
-    unknown = OUTCOME_UNKNOWN.set(uncertain)
+    journal = JOURNAL.set(_Journal(uncertain))
     once = COMMIT_ONCE.set(True)
+    taken = CLAIMED.set(claimed)
     try:
         result = await invocation.result()
     except _Stop:
         return {"checkpoint": saved[0]}
+    except ApprovalDecisionError as error:
+        return {"refused": str(error)}
     finally:
+        CLAIMED.reset(taken)
         COMMIT_ONCE.reset(once)
-        OUTCOME_UNKNOWN.reset(unknown)
+        JOURNAL.reset(journal)
+    if result.approval is not None:
+        return {"waiting": _waiting_json(result.approval)}
     turn = invocation._turn
     return {"text": result.text, "value": _value(turn), "parsed": turn.parsed}
+
+
+async def _resumed(
+    runtime: Any,
+    spec: Any,
+    service_name: str,
+    checkpoint: dict[str, Any],
+    decided: dict[str, Any],
+    uncertain: bool,
+) -> tuple[Invocation, bool, bool]:
+    """The invocation of a turn that waited for approval, with the decisions: restored from its
+    pending record by `agentrt.resume`'s own code (the record checked, the conversation locked), and
+    whether its round's unsafe calls are of unknown outcome and its record was claimed already.
+
+    The record is claimed (taken from the store) before any approved call runs: found still pending,
+    no call of the round ran before, whatever `uncertain` says. Not found while `uncertain` (the
+    previous run of this step died in it), that run claimed it: the turn is restored from the
+    workflow's own checkpoint at the approval, and goes on without claiming it again."""
+    decisions = _decisions_of(decided["decisions"])
+    run_id = str(decided["run_id"])
+    memory_id = Invocation.restore(runtime, spec, checkpoint)._turn.memory_id
+    where = f"{spec.qualname}: durable turn"
+    try:
+        method, invocation = await reopen(
+            _SERVICES[service_name], runtime, run_id, decisions, memory_id, where
+        )
+    except ApprovalNotFoundError:
+        if not uncertain:
+            raise  # taken by someone else (`agentrt.resume`, a new turn denying it): the turn ends
+        invocation = Invocation.restore(runtime, spec, checkpoint)
+        invocation._turn.decisions = decisions
+        return invocation, True, True
+    if method.__agentrt_spec__ is not spec:
+        raise ApprovalNotFoundError(f"{where}: run {run_id!r} is of another method")
+    return invocation, False, False
+
+
+def _waiting_json(approval: ApprovalRequested) -> dict[str, Any]:
+    """What a durable turn publishes about the approval it waits for (JSON)."""
+    return {
+        "invocation_id": approval.invocation_id,
+        "run_id": approval.run_id,
+        "method": approval.method,
+        "memory_id": orjson.loads(orjson.dumps(approval.memory_id, default=str)),
+        "calls": [{"id": c.id, "tool": c.tool, "arguments": c.arguments} for c in approval.calls],
+        "expires_at": approval.expires_at,
+    }
+
+
+def _decisions_json(decisions: Mapping[str, Decision], waiting: dict[str, Any], where: str) -> dict[str, Any]:
+    """The decisions as JSON, checked against the calls that wait: one decision per call,
+    `Approve()` (edited arguments a JSON object) or `Deny()` (a reason as text)."""
+    if not isinstance(decisions, Mapping) or not all(isinstance(key, str) for key in decisions):
+        raise ApprovalDecisionError(f"{where}: decisions must map pending call ids to Approve() or Deny()")
+    pending = {call["id"] for call in waiting["calls"]}
+    unknown = sorted(set(decisions) - pending)
+    if unknown:
+        raise ApprovalDecisionError(f"{where}: decisions name calls that are not pending: {unknown}")
+    missing = sorted(pending - set(decisions))
+    if missing:
+        raise ApprovalDecisionError(
+            f"{where}: no decision for pending call(s) {missing}; decide on every one"
+        )
+    data: dict[str, Any] = {}
+    for call_id, decision in decisions.items():
+        if isinstance(decision, Deny):
+            if decision.reason is not None and not isinstance(decision.reason, str):
+                raise ApprovalDecisionError(f"{where}: the reason to deny call {call_id!r} is not text")
+            data[call_id] = {"deny": decision.reason}
+        elif isinstance(decision, Approve):
+            edited = decision.arguments
+            if edited is not None:
+                if not isinstance(edited, Mapping):
+                    raise ApprovalDecisionError(
+                        f"{where}: edited arguments of call {call_id!r} must be a mapping"
+                    )
+                try:
+                    edited = orjson.loads(orjson.dumps(dict(edited)))
+                except TypeError as error:
+                    raise ApprovalDecisionError(
+                        f"{where}: the edited arguments of call {call_id!r} are not JSON: {error}"
+                    ) from None
+            data[call_id] = {"approve": edited}
+        else:
+            raise ApprovalDecisionError(
+                f"{where}: the decision on call {call_id!r} is {decision!r}, not Approve() or Deny()"
+            )
+    return data
+
+
+def _decisions_of(data: dict[str, Any]) -> dict[str, Decision]:
+    return {
+        call_id: Deny(one["deny"]) if "deny" in one else Approve(one["approve"])
+        for call_id, one in data.items()
+    }
+
+
+async def _decision(waiting: dict[str, Any]) -> dict[str, Any]:
+    """Wait, durably, for a human's decisions on the approval `waiting` (published for `approval`
+    and `decide` until the turn has gone past it): a restart of every worker replays up to here and
+    waits again. Past the approval's expiry, every call is denied as expired."""
+    await DBOS.set_event_async(_TOPIC, waiting)
+    expires = waiting["expires_at"]
+    while True:
+        left = _FOREVER if expires is None else max(0.0, expires - time.time())
+        message = await DBOS.recv_async(topic=_TOPIC, timeout_seconds=left)
+        if message is None:
+            if expires is None:
+                continue
+            decisions = {call["id"]: {"deny": EXPIRED} for call in waiting["calls"]}
+            break
+        if message.get("run_id") == waiting["run_id"]:
+            decisions = message["decisions"]
+            break
+        # (another decision sent on an earlier approval of the turn, after its first: not this one's)
+    return {"run_id": waiting["run_id"], "decisions": decisions}
 
 
 @DBOS.workflow(name="agentrt.turn")
 async def _turn(service_name: str, method: str, arguments: dict[str, Any]) -> dict[str, Any]:
     checkpoint: dict[str, Any] | None = None
+    waiting: dict[str, Any] = {}
+    decided: dict[str, Any] | None = None
     while True:
         uncertain = False
-        if checkpoint is not None and checkpoint.get("phase") == _TOOLS:
+        if decided is not None or (checkpoint is not None and checkpoint.get("phase") == _TOOLS):
             token = await DBOS.run_step_async({"name": "agentrt.intent"}, _intent)
             uncertain = token not in _FRESH
             _FRESH.discard(token)
@@ -192,15 +385,65 @@ async def _turn(service_name: str, method: str, arguments: dict[str, Any]) -> di
             arguments,
             checkpoint,
             uncertain,
+            decided,
         )
-        if "checkpoint" not in out:
+        if decided is not None and "refused" not in out:
+            # Past the approval (only now: decisions sent while refused ones were read are taken).
+            await DBOS.set_event_async(_TOPIC, None)
+        decided = None
+        if "checkpoint" in out:
+            checkpoint = out["checkpoint"]
+            continue
+        if "waiting" in out:
+            waiting = out["waiting"]
+        elif "refused" not in out:  # (refused decisions: nothing ran, the turn waits again)
             return {"service": service_name, "method": method, **out}
-        checkpoint = out["checkpoint"]
+        decided = await _decision(waiting)
 
 
 def _value_of(recorded: dict[str, Any]) -> Any:
     _, spec = _parts(recorded["service"], recorded["method"])
     return _revalue(spec, recorded["value"], recorded["text"], recorded["parsed"])
+
+
+_Status = Callable[[str], Awaitable["str | None"]]
+_Event = Callable[[str, str, float], Awaitable[Any]]
+_Send = Callable[[str, Any, str, str], Awaitable[None]]
+
+
+async def _approval(status: _Status, event: _Event, turn_id: str, wait: float) -> ApprovalRequested | None:
+    if await status(turn_id) is None:
+        raise ApprovalNotFoundError(f"agentrt.durable: no durable turn {turn_id!r}")
+    waiting = await event(turn_id, _TOPIC, wait)
+    if waiting is None:
+        return None
+    calls = tuple(PendingCall(c["id"], c["tool"], c["arguments"]) for c in waiting["calls"])
+    return ApprovalRequested(
+        waiting["invocation_id"],
+        waiting["run_id"],
+        waiting["method"],
+        waiting["memory_id"],
+        calls,
+        waiting["expires_at"],
+    )
+
+
+async def _decide(
+    status: _Status, event: _Event, send: _Send, turn_id: str, decisions: Mapping[str, Decision]
+) -> None:
+    where = f"agentrt.durable: turn {turn_id!r}"
+    state = await status(turn_id)
+    if state is None:
+        raise ApprovalNotFoundError(f"agentrt.durable: no durable turn {turn_id!r}")
+    waiting = await event(turn_id, _TOPIC, 0.0)
+    if waiting is None or state not in ("PENDING", "ENQUEUED"):
+        raise ApprovalNotFoundError(f"{where} does not wait for approval (its state: {state})")
+    message = {"run_id": waiting["run_id"], "decisions": _decisions_json(decisions, waiting, where)}
+    # The same decisions are sent once however often this is called (a double click). Others are
+    # sent too: the turn takes them in order, the first that fits (an edit the tool's schema refuses
+    # makes the turn wait again, for the next); those left over are never read.
+    digest = hashlib.sha256(orjson.dumps(message, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+    await send(turn_id, message, _TOPIC, f"{turn_id}:{digest}")
 
 
 class Engine:
@@ -218,9 +461,19 @@ class Engine:
     its workflow id: a call with the id of a turn already started does not run it again, it returns
     its result. Arguments are recorded as JSON, so they must be JSON values.
 
+    A tool call that needs approval stops the turn as agentrt does without durability (the pending
+    record in the memory's store, so `agentrt.resume`'s checks apply; a service without memory
+    cannot wait durably: `ConfigurationError`); the workflow then waits in `DBOS.recv` until the
+    approval expires (its calls then count as denied), across restarts of every worker.
+    `approval(turn_id)` gives what it waits for, `decide(turn_id, decisions)` sends a human's
+    decisions from any worker (`Client`: from a process that runs no turns); the turn goes on as
+    `agentrt.resume` would, on whichever worker runs it. `call` returns once the turn has ended,
+    approval included: start a turn that may wait with `start`, then wait with `result`.
+
     Not yet (issue 28): streaming methods (a durable turn is awaited; its text arrives whole);
-    approvals (a turn that would wait for one fails with `ConfigurationError`); per-call intents (a
-    round of several calls killed between them reports all its unsafe calls unknown); keeping the
+    one step per tool call (a call's record is written from inside its round's step: the intent is
+    per round, the record per call; a round killed inside runs again its safe calls that had
+    finished); keeping the
     conversation's lock between segments (another turn on it may commit in between); liveness
     (`adopt` is called by the application for executors it knows are dead); retention of finished
     turns. A turn that failed is recorded with its error's name and message only (JSON).
@@ -301,6 +554,22 @@ class Engine:
         status = await DBOS.get_workflow_status_async(turn_id)
         return None if status is None else str(status.status)
 
+    async def approval(self, turn_id: str, *, wait: float = 0.0) -> ApprovalRequested | None:
+        """The approval the turn `turn_id` waits for (its run id, its calls, when it expires), or
+        `None` when it waits for none; with `wait`, up to that many seconds for a turn that has not
+        yet waited for one to do so. `ApprovalNotFoundError` for an unknown turn."""
+        return await _approval(_status, DBOS.get_event_async, turn_id, wait)
+
+    async def decide(self, turn_id: str, decisions: Mapping[str, Decision]) -> None:
+        """Send a human's decisions to the turn `turn_id`, which waits for approval (on any worker):
+        one per pending call id, `Approve()`, `Approve(arguments={...})` or `Deny(reason)`, as for
+        `agentrt.resume`. The same decisions are sent once, however often this is called (a double
+        click). Raises `ApprovalNotFoundError` for an unknown turn or one that waits for no approval,
+        `ApprovalDecisionError` for decisions that do not fit its calls. An edit the tool's schema
+        refuses is refused by the turn itself (nothing runs), which then takes the next decisions
+        sent; the first decisions that fit win (any sent after them are not read)."""
+        await _decide(_status, DBOS.get_event_async, _send, turn_id, decisions)
+
     def adopt(self, executor_ids: list[str]) -> list[str]:
         """Resume here the pending turns of other executors, known to be dead (their ids). Safe to
         call from several workers: only turns still pending on those executors are taken.
@@ -324,6 +593,47 @@ class Engine:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         self.close()
+
+
+async def _status(turn_id: str) -> str | None:
+    status = await DBOS.get_workflow_status_async(turn_id)
+    return None if status is None else str(status.status)
+
+
+async def _send(turn_id: str, message: Any, topic: str, key: str) -> None:
+    await DBOS.send_async(turn_id, message, topic, idempotency_key=key)
+
+
+class Client:
+    """Durable turns seen from a process that runs none (a web front end): the approvals they wait
+    for and a human's decisions, on the engine's database (`Engine`'s `database`). Runs no turn and
+    recovers none, so it may live beside an `Engine` of another process, or in a process of its own.
+    """
+
+    def __init__(self, database: str = "sqlite:///agentrt-turns.sqlite") -> None:
+        if database.startswith("sqlite") and _SUBSEC_MISSING:  # (see `_SUBSEC_MISSING`)
+            engine = sqlalchemy.create_engine(database, connect_args={"factory": _SubsecConnection})
+            self._client = DBOSClient(system_database_engine=engine, serializer=DBOSPortableJSON)
+        else:
+            self._client = DBOSClient(system_database_url=database, serializer=DBOSPortableJSON)
+
+    async def _status(self, turn_id: str) -> str | None:
+        found = await self._client.list_workflows_async(workflow_ids=[turn_id])
+        return str(found[0].status) if found else None
+
+    async def _send(self, turn_id: str, message: Any, topic: str, key: str) -> None:
+        await self._client.send_async(turn_id, message, topic, idempotency_key=key)
+
+    async def approval(self, turn_id: str, *, wait: float = 0.0) -> ApprovalRequested | None:
+        """As `Engine.approval`."""
+        return await _approval(self._status, self._client.get_event_async, turn_id, wait)
+
+    async def decide(self, turn_id: str, decisions: Mapping[str, Decision]) -> None:
+        """As `Engine.decide`."""
+        await _decide(self._status, self._client.get_event_async, self._send, turn_id, decisions)
+
+    def close(self) -> None:
+        self._client.destroy()
 
 
 logging.getLogger("dbos").setLevel(logging.WARNING)

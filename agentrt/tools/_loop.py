@@ -30,6 +30,7 @@ from .._events import ToolExecution, ToolOutcome
 from .._messages import ImageContent, ToolCall, ToolResultMessage
 from ._declare import ToolContext, ToolDefinition, _Injected
 from ._run import (
+    JOURNAL,
     OUTCOME_UNKNOWN,
     LoopLimit,
     OutcomeUnknownError,
@@ -278,9 +279,22 @@ class ToolLoop:
         outcome = ToolOutcome.SUCCESS
         error: BaseException | None = None
         value: Any = None
+        journal = JOURNAL.get()
+        key: str | None = None
+        unknown = False
+        if definition is not None and (journal is not None or OUTCOME_UNKNOWN.get()):
+            if not safe_again(definition.annotations):
+                if journal is None:
+                    unknown = True
+                else:
+                    key = f"{self.rounds}:{call.id}:{call.name}:{digest}"
+                    known = await journal.before(key)
+                    if isinstance(known, dict):  # finished before: its outcome, not run again
+                        return self._recorded(call, digest, known), None
+                    unknown = known
         if definition is None:
             outcome = ToolOutcome.UNKNOWN_TOOL
-        elif OUTCOME_UNKNOWN.get() and not safe_again(definition.annotations):
+        elif unknown:
             outcome = ToolOutcome.ERROR
             error = OutcomeUnknownError(
                 f"the outcome of this call of {call.name} is unknown: it started in a worker that stopped "
@@ -346,7 +360,34 @@ class ToolLoop:
             value=value,
             images=images,
         )
+        if key is not None:
+            assert journal is not None
+            await journal.after(
+                key,
+                {
+                    "result": text,
+                    "outcome": outcome.value,
+                    "error_kind": execution.error_kind,
+                    "images": [image.model_dump(mode="json") for image in images],
+                },
+            )
         return execution, raised
+
+    def _recorded(self, call: ToolCall, digest: str, known: dict[str, Any]) -> ToolExecution:
+        """The execution of a call that finished in a worker that died later (`CallJournal`): its
+        text and outcome as recorded; its Python value is not kept (the text stands for it)."""
+        return ToolExecution(
+            name=call.name,
+            call_id=call.id,
+            arguments_hash=digest,
+            result=str(known["result"]),
+            outcome=ToolOutcome(known["outcome"]),
+            error_kind=known["error_kind"],
+            round=self.rounds,
+            duration=0.0,
+            value=known["result"],
+            images=tuple(ImageContent.model_validate(image) for image in known["images"]),
+        )
 
     async def _failure_text(self, failure: ToolFailure) -> tuple[str, ToolError | None]:
         """The text the model gets for a failure, and the error to raise when the policy says so."""

@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 import orjson
 from pydantic import BaseModel
@@ -21,7 +21,9 @@ from .._messages import ImageContent, ToolCall
 from ..models._protocol import ToolChoice  # at runtime: `get_type_hints(ToolSettings)` resolves it
 
 __all__ = [
+    "JOURNAL",
     "OUTCOME_UNKNOWN",
+    "CallJournal",
     "FailurePolicy",
     "LoopLimit",
     "OutcomeUnknownError",
@@ -33,9 +35,29 @@ __all__ = [
 ]
 
 OUTCOME_UNKNOWN: Final[ContextVar[bool]] = ContextVar("agentrt_outcome_unknown", default=False)
-"""Set by a durable turn (`agentrt.durable`) while it runs again a tool round whose first run died with
-its worker: a call of it that is not safe to run again (see `safe_again`) is not run; it fails with
-`OutcomeUnknownError` under the tool failure policy. One read per call, none per token."""
+"""Set while a tool round whose first run died with its worker runs again, when no `JOURNAL` knows
+which of its calls finished: a call of it that is not safe to run again (see `safe_again`) is not
+run; it fails with `OutcomeUnknownError` under the tool failure policy. One read per call, none per
+token. (`agentrt.durable` records each call instead: `JOURNAL`.)"""
+
+
+class CallJournal(Protocol):
+    """Where a durable turn (`agentrt.durable`) records each call of a tool not safe to run again,
+    by a key unique in the turn: started before it runs, finished (its outcome as JSON) after."""
+
+    async def before(self, key: str) -> dict[str, Any] | bool:
+        """Before the call: `False` (not started before: record it started, run it), `True` (started
+        in a worker that died before it finished: its outcome is unknown), or the outcome recorded
+        when it finished (not run again)."""
+        ...
+
+    async def after(self, key: str, outcome: dict[str, Any]) -> None:
+        """The call finished: record its outcome."""
+        ...
+
+
+JOURNAL: Final[ContextVar[CallJournal | None]] = ContextVar("agentrt_call_journal", default=None)
+"""Set by a durable turn around each segment that may run tools: one read per call, none per token."""
 
 
 class OutcomeUnknownError(AgentError):
