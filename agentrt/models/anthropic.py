@@ -149,6 +149,7 @@ class AnthropicChatModel(HttpChatModel):
     """
 
     _server = SERVER
+    _default_capabilities = DEFAULT_CAPABILITIES
     _path = "/v1/messages"
     _stream_type = "text/event-stream"
     _stream_decoder = EventStreamDecoder

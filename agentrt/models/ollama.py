@@ -82,6 +82,7 @@ class OllamaChatModel(HttpChatModel):
     """
 
     _server = SERVER
+    _default_capabilities = DEFAULT_CAPABILITIES
     _path = "/api/chat"
     _stream_type = "ndjson"
     _stream_decoder = NDJSONChunkDecoder
@@ -98,13 +99,7 @@ class OllamaChatModel(HttpChatModel):
         keep_alive: str | float | None = None,
         **connection: Unpack[ConnectionOptions],
     ) -> None:
-        super().__init__(
-            model,
-            connection,
-            settings=settings,
-            capabilities=capabilities or DEFAULT_CAPABILITIES,
-            streaming=streaming,
-        )
+        super().__init__(model, connection, settings=settings, capabilities=capabilities, streaming=streaming)
         self._think = think
         self._think_tags = think_tags
         self._keep_alive = keep_alive

@@ -100,6 +100,7 @@ class OpenAIChatModel(HttpChatModel):
     """
 
     _server = SERVER
+    _default_capabilities = DEFAULT_CAPABILITIES
     _path = "/chat/completions"
     _stream_type = "text/event-stream"
     _stream_decoder = SSEChunkDecoder
@@ -119,13 +120,7 @@ class OpenAIChatModel(HttpChatModel):
         extra_body: Mapping[str, Any] | None = None,
         **connection: Unpack[ConnectionOptions],
     ) -> None:
-        super().__init__(
-            model,
-            connection,
-            settings=settings,
-            capabilities=capabilities or DEFAULT_CAPABILITIES,
-            streaming=streaming,
-        )
+        super().__init__(model, connection, settings=settings, capabilities=capabilities, streaming=streaming)
         self._system_role = system_role
         self._max_tokens_field = max_tokens_field
         self._parallel_tool_calls = parallel_tool_calls
