@@ -96,13 +96,10 @@ def respond(
     With a `tee` (a run manager's run) each frame is appended to the run's log before it is sent;
     under `"detach"`, a hang-up hands the stream to the manager (`_runs.adopt`) at the next
     event, or when the response is closed between two sends."""
+    loop = _Loop(stream, encoder, run, forget, tee)
     return StreamResponse(
-        stream,
-        encoder,
-        run,
-        forget,
-        tee,
-        _Frames(stream, encoder, run, forget, tee).frames(),
+        loop,
+        loop.frames(),
         ping=ping,
         headers={**encoder.headers, **(headers or {})},
         send_timeout=send_timeout,
@@ -110,11 +107,12 @@ def respond(
     )
 
 
-class _Frames:
+class _Loop:
     """The loop of one response (`respond`): the stream's events through the encoder, as the frames
-    the response writes. Its phases: the start (`_opened`), the events (inline, the per-token path),
-    the stream's end (done: `_settle`; failed: `_failed`; closed between two sends: `_closed`; and
-    always `_aclose`), then the last frames."""
+    the response writes, and what its `StreamResponse` reads (the stream, the run, the tee). Its
+    phases: the start (`_opened`), the events (inline, the per-token path), the stream's end (done:
+    `_settle`; failed: `_failed`; closed between two sends: `_closed`; and always `aclose`), then
+    the last frames."""
 
     __slots__ = ("encoder", "forget", "frame", "hold", "run", "stream", "tee")
 
@@ -183,7 +181,7 @@ class _Frames:
             reading = False
             out = [*out, *self._failed(error)]  # what an error cut off, first
         finally:
-            await self._aclose()
+            await self.aclose()
         out, datas = self._last(out, put)
         for chunk, data in zip(out, datas, strict=True):
             if written == _WRITES_PER_TURN:
@@ -263,7 +261,7 @@ class _Frames:
             self.tee.clean = True
         return out, datas
 
-    async def _aclose(self) -> None:
+    async def aclose(self) -> None:
         """Close the stream however the loop ends (unless a run manager took it over)."""
         stream, tee = self.stream, self.tee
         if stream is not None and not (tee is not None and tee.adopted):
@@ -280,26 +278,14 @@ class StreamResponse(EventSourceResponse):
     protocol's last chunks for what the client has end the body. With a `tee` (a run manager's run)
     the run's log is ended too, unless the manager took the run over."""
 
-    def __init__(
-        self,
-        stream: TokenStream | PartialStream[Any] | None,
-        encoder: Encoder,
-        run: Run | None,
-        forget: Callable[[], Any] | None,
-        tee: _runs.Tee | None,
-        *args: Any,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, loop: _Loop, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._agentrt_stream = stream
-        self._agentrt_encoder = encoder
-        self._agentrt_run = run
-        self._agentrt_forget = forget
-        self._agentrt_tee = tee
+        self._agentrt = loop
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        run = self._agentrt_run
-        tee = self._agentrt_tee
+        loop = self._agentrt
+        run = loop.run
+        tee = loop.tee
         try:
             if run is None:
                 await super().__call__(scope, receive, send)
@@ -341,12 +327,10 @@ class StreamResponse(EventSourceResponse):
             if stopping.cancelled_caught:
                 await self._stopped(send, started if tee is None else tee.began, sent)
         finally:
-            if self._agentrt_forget is not None:
-                self._agentrt_forget()
+            if loop.forget is not None:
+                loop.forget()
             if tee is None or not tee.adopted:
-                if self._agentrt_stream is not None:
-                    with anyio.CancelScope(shield=True):
-                        await self._agentrt_stream.aclose()
+                await loop.aclose()
                 if tee is not None:
                     await tee.finish()
 
@@ -356,7 +340,7 @@ class StreamResponse(EventSourceResponse):
         # response waits for its next event: the client is gone instead (the stream is handed to the
         # manager at that event). Not a return either: sse-starlette ends the response when its ping
         # task returns.
-        tee = self._agentrt_tee
+        tee = self._agentrt.tee
         if tee is None or tee.policy != "detach":
             await super()._ping(send)
             return
@@ -369,11 +353,12 @@ class StreamResponse(EventSourceResponse):
     async def _stopped(self, send: Any, started: bool, sent: Sent) -> None:
         """End a stopped run's body: the model stream closed first, then the protocol's last chunks
         for what the client has."""
-        if self._agentrt_stream is not None:
+        loop = self._agentrt
+        if loop.stream is not None:
             with anyio.CancelScope(shield=True):
-                await self._agentrt_stream.aclose()
-        encoder = self._agentrt_encoder
-        tee = self._agentrt_tee
+                await loop.stream.aclose()
+        encoder = loop.encoder
+        tee = loop.tee
         if tee is not None:  # the log's end, which a resume reads too
             body = b"".join(tee.end_stopped())
         else:
