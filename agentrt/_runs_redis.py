@@ -59,7 +59,7 @@ from ._runs_redis_wire import (
     text,
     xread_entries,
 )
-from .runs import RunGone, RunRecord, _frames_of
+from .runs import RunGone, RunRecord, _frames_of, _positive_ints
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -152,14 +152,13 @@ class RedisRunLog:
             raise ValueError(
                 f"RedisRunLog: lost_after ({lost_after}) must be longer than the heartbeat ({heartbeat})"
             )
-        for name, count in (
-            ("max_frames", max_frames),
-            ("max_readers", max_readers),
-            ("max_buffered_bytes", max_buffered_bytes),
-            ("max_total_buffered_bytes", max_total_buffered_bytes),
-        ):
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise ValueError(f"RedisRunLog: {name} must be a positive int, got {count!r}")
+        _positive_ints(
+            "RedisRunLog",
+            max_frames=max_frames,
+            max_readers=max_readers,
+            max_buffered_bytes=max_buffered_bytes,
+            max_total_buffered_bytes=max_total_buffered_bytes,
+        )
         if max_total_buffered_bytes < max_buffered_bytes:
             raise ValueError(
                 f"RedisRunLog: max_total_buffered_bytes ({max_total_buffered_bytes}) must be at least "
