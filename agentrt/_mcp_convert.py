@@ -28,7 +28,8 @@ from .tools._run import ToolReturn
 if typing.TYPE_CHECKING:
     from jsonschema.protocols import Validator  # type: ignore[import-untyped]
 
-    from .mcp import MCPTool, _Approval
+    from ._mcp_server import _Approval
+    from .mcp import MCPTool
 
 _COMBINATORS: Final = ("anyOf", "oneOf", "allOf", "not", "enum", "const")
 

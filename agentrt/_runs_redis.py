@@ -52,12 +52,14 @@ from ._runs_redis_wire import (
     STATE,
     WRITE,
     Writing,
+    frames_after,
+    put_back,
     relay_stops,
     take_batch,
     text,
     xread_entries,
 )
-from .runs import RunGone, RunRecord, _frames_of
+from .runs import RunGone, RunRecord, _frames_of, _positive_ints
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -150,14 +152,13 @@ class RedisRunLog:
             raise ValueError(
                 f"RedisRunLog: lost_after ({lost_after}) must be longer than the heartbeat ({heartbeat})"
             )
-        for name, count in (
-            ("max_frames", max_frames),
-            ("max_readers", max_readers),
-            ("max_buffered_bytes", max_buffered_bytes),
-            ("max_total_buffered_bytes", max_total_buffered_bytes),
-        ):
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise ValueError(f"RedisRunLog: {name} must be a positive int, got {count!r}")
+        _positive_ints(
+            "RedisRunLog",
+            max_frames=max_frames,
+            max_readers=max_readers,
+            max_buffered_bytes=max_buffered_bytes,
+            max_total_buffered_bytes=max_total_buffered_bytes,
+        )
         if max_total_buffered_bytes < max_buffered_bytes:
             raise ValueError(
                 f"RedisRunLog: max_total_buffered_bytes ({max_total_buffered_bytes}) must be at least "
@@ -309,17 +310,7 @@ class RedisRunLog:
                         write = functools.partial(self._write, keys=keys, args=args)
                         written = await anyio.to_thread.run_sync(write)
                 except Exception as error:
-                    for writing, first, frames, _ in taken:
-                        if self._writing.get(writing.id) is not writing:
-                            continue  # dropped meanwhile
-                        writing.frames[:0] = frames
-                        writing.first = first
-                        size = sum(map(len, frames))
-                        writing.size += size
-                        self._buffered += size
-                        if not writing.queued:
-                            writing.queued = True
-                            self._queue.append(writing)
+                    self._buffered += put_back(taken, self._writing, self._queue)
                     if self._wake is not None:
                         self._wake.set()
                     logger.warning(
@@ -454,18 +445,8 @@ class RedisRunLog:
                     block = self._block_ms
                 continue
             first = after + 1
-            frames: list[bytes] = []
-            gap = end = False
-            for entry_id, fields in entries:
-                if int(entry_id.rpartition(b"-")[2]) != after + 1:
-                    gap = True  # trimmed: the stream's oldest entries are gone
-                    break
-                frame = fields.get(b"f")
-                if frame is None:
-                    end = True
-                    break
-                after += 1
-                frames.append(frame)
+            frames, gap, end = frames_after(after, entries)
+            after += len(frames)
             for at in range(0, len(frames), _SEND):
                 yield first + at, frames[at : at + _SEND]
             if gap:

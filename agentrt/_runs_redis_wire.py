@@ -1,6 +1,7 @@
 """What `RedisRunLog` (`agentrt._runs_redis`) sends to Redis and reads back: its Lua scripts (each
 with the KEYS and ARGV it takes), a batch of the writer's buffered frames as the write script's keys
-and arguments, the entries of an XREAD reply, and the subscription to stop requests."""
+and arguments (and back in their buffers after a failed write), the entries of an XREAD reply and
+their frames, and the subscription to stop requests."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import anyio.from_thread
 
 if TYPE_CHECKING:
     import threading
-    from collections.abc import Callable, Container
+    from collections.abc import Callable, Container, Mapping
 
     import redis
 
@@ -202,6 +203,24 @@ def take_batch(
     return taken, keys, args, size
 
 
+def put_back(taken: Batch, live: Mapping[str, Writing], queue: list[Writing]) -> int:
+    """Put the frames of a batch whose write failed back into their runs' buffers (the runs in
+    `live` only), each run on the `queue` once: the bytes put back."""
+    put = 0
+    for writing, first, frames, _ in taken:
+        if live.get(writing.id) is not writing:
+            continue  # dropped meanwhile
+        writing.frames[:0] = frames
+        writing.first = first
+        size = sum(map(len, frames))
+        writing.size += size
+        put += size
+        if not writing.queued:
+            writing.queued = True
+            queue.append(writing)
+    return put
+
+
 def text(value: Any) -> Any:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -215,6 +234,23 @@ def xread_entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
         (streams,) = reply.values()
         return cast("list[tuple[bytes, dict[bytes, bytes]]]", streams[0])
     return cast("list[tuple[bytes, dict[bytes, bytes]]]", reply[0][1])
+
+
+def frames_after(
+    after: int, entries: list[tuple[bytes, dict[bytes, bytes]]]
+) -> tuple[list[bytes], bool, bool]:
+    """The frames of a run's log entries (`xread_entries`) that follow seq `after` one by one, and
+    whether a gap (the stream's oldest entries trimmed) or the run's end stopped them."""
+    frames: list[bytes] = []
+    for entry_id, fields in entries:
+        if int(entry_id.rpartition(b"-")[2]) != after + 1:
+            return frames, True, False  # trimmed: the stream's oldest entries are gone
+        frame = fields.get(b"f")
+        if frame is None:
+            return frames, False, True
+        after += 1
+        frames.append(frame)
+    return frames, False, False
 
 
 def relay_stops(

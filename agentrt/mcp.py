@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import typing
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import Any, Final, Literal, TextIO
+from typing import Any, Final, TextIO
 from urllib.parse import urlsplit
 
 import anyio
@@ -46,8 +45,8 @@ from mcp_types import Tool
 from ._errors import AgentError, ConfigurationError
 from ._mcp_convert import as_text, return_value, schema_refusal, tool_definition
 from ._mcp_link import Link, stderr
-from .tools._declare import NeedsApproval as _NeedsApproval
-from .tools._declare import ToolDefinition, ToolSource, check_needs_approval
+from ._mcp_server import _NAME, _Server
+from .tools._declare import ToolDefinition, ToolSource
 
 if typing.TYPE_CHECKING:
     from contextlib import AsyncExitStack
@@ -58,10 +57,7 @@ __all__ = ["HTTPServer", "MCPServerError", "MCPTool", "MCPToolError", "MCPTools"
 
 logger = logging.getLogger("agentrt.mcp")
 
-_NAME: Final = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _MAX_PAGES: Final = 100
-
-_Approval = _NeedsApproval | Literal["destructive"]
 
 
 class MCPServerError(AgentError):
@@ -83,58 +79,6 @@ class MCPToolError(AgentError):
         super().__init__(message)
         self.server = server
         self.tool = tool
-
-
-@dataclass(frozen=True)
-class _Server:
-    """What every server takes (keyword arguments).
-
-    - `name`: how errors and logs name the server (default: the command's or the URL host's name).
-    - `prefix`: put before each of its tool names as the model sees them (`"files_"`: `files_read`),
-      so that two servers' tools cannot clash; a clash is an error when the servers connect.
-    - `exclude`: tools of the server (its own names) not to offer.
-    - `needs_approval`: `"destructive"` (the default: tools not marked read-only or non-destructive
-      wait for approval), `True`, `False` or a predicate `(arguments, context) -> bool`, for every
-      tool of the server. The build's `Approvals(needs_approval={name: ...})` overrides it by tool.
-    - `timeout`: seconds per tool call (`ToolSettings.timeout` when `None`).
-    - `connect_timeout`: seconds to connect and read the tool list.
-    - `reconnect`: after the server died, connect again at the next call (else it stays an error).
-    - `mode`: the SDK's protocol negotiation: `"auto"` (the newest both speak), `"legacy"` (the
-      initialize handshake) or a protocol version.
-    """
-
-    _: KW_ONLY
-    name: str | None = None
-    prefix: str = ""
-    exclude: Collection[str] = ()
-    needs_approval: _Approval = "destructive"
-    timeout: float | None = None
-    connect_timeout: float = 30.0
-    reconnect: bool = True
-    mode: str = "auto"
-
-    def __post_init__(self) -> None:
-        where = f"MCP server {self.label!r}"
-        if self.needs_approval != "destructive":
-            check_needs_approval(self.needs_approval, where)
-        if self.prefix and not _NAME.match(self.prefix):
-            raise ConfigurationError(f"{where}: prefix {self.prefix!r} must match [a-zA-Z0-9_-]")
-        if isinstance(self.exclude, str):
-            raise ConfigurationError(f"{where}: exclude is a collection of tool names, not one string")
-        for name in ("timeout", "connect_timeout"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ConfigurationError(f"{where}: {name} must be positive, got {value!r}")
-
-    @property
-    def label(self) -> str:
-        return self.name or self._default_name()
-
-    def _default_name(self) -> str:
-        raise NotImplementedError
-
-    def _transport(self, stack: AsyncExitStack) -> Any:
-        raise NotImplementedError
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,13 @@ class RunLog(typing.Protocol):
         that needs none may return at once."""
 
 
+def _positive_ints(kind: str, **values: object) -> None:
+    """`ValueError` for the first of a run log's `values` that is not a positive int."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{kind}: {name} must be a positive int, got {value!r}")
+
+
 async def _frames_of(
     batches: AsyncGenerator[tuple[int, list[bytes]], None],
 ) -> AsyncIterator[tuple[int, bytes]]:
@@ -187,9 +194,7 @@ class MemoryRunLog:
     ) -> None:
         if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl >= 0:
             raise ValueError(f"MemoryRunLog: ttl must be a number of seconds >= 0, got {ttl!r}")
-        for name, value in (("max_bytes", max_bytes), ("max_total_bytes", max_total_bytes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"MemoryRunLog: {name} must be a positive int, got {value!r}")
+        _positive_ints("MemoryRunLog", max_bytes=max_bytes, max_total_bytes=max_total_bytes)
         if max_total_bytes < max_bytes:
             raise ValueError(
                 f"MemoryRunLog: max_total_bytes ({max_total_bytes}) must be at least max_bytes "

@@ -17,7 +17,6 @@ be read, and closed, by any task, the finalizer of an abandoned stream included.
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from types import AsyncGeneratorType
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
@@ -26,7 +25,6 @@ import anyio
 from .._budget import chars_for_tokens
 from .._errors import ModelTimeoutError
 from .._events import (
-    ApprovalRequested,
     CancelledEvent,
     Completed,
     Event,
@@ -42,10 +40,9 @@ from .._events import (
     ToolCallDelta,
     Usage,
 )
-from .._watchdog import WATCHED
 from ..models._protocol import ResponseAccumulator, aclose_iterator
 from ..output._modes import AnswerChunks
-from . import _approve, _checkpoint, _finish, _loop, _meter, _release, _stages, _steps
+from . import _approve, _checkpoint, _finish, _fold, _loop, _meter, _release, _stages, _steps
 from ._plan import Plan, plan
 from ._release import Mode
 from ._response import _cut, _Deadline, _race, _timed_out
@@ -53,14 +50,14 @@ from ._runtime import notify
 from ._turn import BOUNDARIES, Phase, Turn
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Callable, Mapping
+    from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 
     from .._budget import Budget
     from .._spec import MethodSpec
     from ..models._protocol import ModelSettings
     from ._runtime import Runtime
 
-__all__ = ["READY", "Invocation", "approval_result"]
+__all__ = ["READY", "Invocation"]
 
 _T = TypeVar("_T")
 
@@ -141,52 +138,14 @@ class Invocation:
         may be checkpointed. An exception it raises ends the invocation there (nothing is stored)."""
         self._turn.boundary = None if callback is None else (lambda turn: callback(turn.phase))
 
-    async def result(self) -> Result[Any]:
-        """Run to the end and return the result: the fold of `events()`.
+    def result(self) -> Coroutine[Any, Any, Result[Any]]:
+        """Run to the end and return the result (await it): the fold of `events()`.
 
         With a time budget, the whole fold runs under one cancel scope at the deadline, held by this
         coroutine (one task, no `yield` to anyone else), so nothing inside needs a scope of its own:
         not the network reads, not the tool rounds. Cut there, the call raises `BudgetExceededError`.
         """
-        turn = self._turn
-        if turn.resume_from is not None:
-            turn.resume_clock()
-        deadline = turn.deadline
-        if deadline is None:
-            return await self._fold(self.events(forward=False))
-        # Watched, the pipeline reports no cancellation itself: this scope, or one outside it, may
-        # have caused it, and only here is it known which.
-        turn.watched = True
-        listeners = turn.runtime.listeners
-        watching = WATCHED.set(deadline)  # adapters need no scope or watchdog of their own
-        try:
-            with anyio.CancelScope(deadline=deadline) as scope:
-                return await self._fold(self.events(forward=False))
-        except anyio.get_cancelled_exc_class():
-            if listeners:
-                notify(listeners, CancelledEvent(self.id))  # someone else's cancellation
-            raise
-        finally:
-            WATCHED.reset(watching)
-        assert scope.cancelled_caught
-        error = _timed_out(turn)
-        if listeners:
-            notify(listeners, FailedEvent(self.id, error))
-        raise error
-
-    async def _fold(self, events: AsyncGenerator[Event, None]) -> Result[Any]:
-        result: Result[Any] | None = None
-        try:
-            async for event in events:
-                if type(event) is Completed:
-                    result = event.result
-        finally:
-            await events.aclose()
-        if result is None:  # stopped for approval: its event was the last
-            approval = self._turn.asked
-            assert approval is not None, "an invocation ends with Completed, ApprovalRequested or raises"
-            return approval_result(approval)
-        return result
+        return _fold.result(self._turn, self.events)  # its coroutine, not one more around it
 
     async def events(self, *, prime: bool = False, forward: bool = True) -> AsyncGenerator[Event, None]:
         """The invocation's events, ending with `Completed`; errors are raised, not yielded.
@@ -511,9 +470,3 @@ class Invocation:
                 else:
                     with anyio.CancelScope(shield=True):
                         await conversation.release()
-
-
-def approval_result(approval: ApprovalRequested) -> Result[Any]:
-    """The `Result` of a turn that stopped for approval: what it had, with `approval` set."""
-    assert approval.partial is not None
-    return replace(approval.partial, approval=approval)

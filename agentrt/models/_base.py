@@ -211,6 +211,8 @@ class HttpChatModel(HttpModel):
     _stream_type: ClassVar[str]
     """What the content type of a streamed body contains (`"text/event-stream"`, `"ndjson"`)."""
     _stream_decoder: ClassVar[_StreamDecoder]
+    _default_capabilities: ClassVar[Capabilities]
+    """The capabilities of a model built without its own."""
     _settings: ModelSettings
     _capabilities: Capabilities
     _streaming: bool
@@ -221,15 +223,17 @@ class HttpChatModel(HttpModel):
         connection: ConnectionOptions,
         *,
         settings: ModelSettings | None,
-        capabilities: Capabilities,
+        capabilities: Capabilities | None,
         streaming: bool,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        """Open the session. The capabilities declare `handles_deadline` whatever the caller's say
-        (opening, retries and reads stop at `ModelRequest.deadline`: see `stream_chunks`), and the
-        server's `provider` where they name none."""
+        """Open the session. The capabilities (`_default_capabilities` when `None`) declare
+        `handles_deadline` whatever the caller's say (opening, retries and reads stop at
+        `ModelRequest.deadline`: see `stream_chunks`), and the server's `provider` where they name
+        none."""
         super().__init__(model, connection, headers=headers)
         self._settings = settings or ModelSettings()
+        capabilities = capabilities or self._default_capabilities
         if not capabilities.handles_deadline or capabilities.provider is None:
             capabilities = dataclasses.replace(
                 capabilities, handles_deadline=True, provider=capabilities.provider or self._server.provider

@@ -23,12 +23,13 @@ import orjson
 
 from .._errors import ModelError
 from .._events import FinishReason
-from ._failures import MalformedPayload
+from ._failures import MalformedPayload, error_from_payload, unreadable
 from ._ndjson import NDJSONDecoder
 from ._sse import SSEDecoder
 
 if TYPE_CHECKING:
     from .._events import ModelChunk
+    from ._failures import ErrorContext
 
 __all__ = [
     "FINISH_REASONS",
@@ -117,6 +118,30 @@ class PayloadMapper(Protocol):
     ) -> ModelError:
         """The error for a response that does not follow the protocol: `data` is the offending payload,
         `cause` what found it malformed (the error says what it found)."""
+
+
+class MapperBase:
+    """What a protocol's `PayloadMapper` starts from: the call's `ErrorContext` and the request id,
+    which its errors carry (`error`, `unreadable`); `_meta` (the response's metadata was read) and
+    `finished`, both false."""
+
+    __slots__ = ("_context", "_meta", "_request_id", "finished")
+
+    def __init__(self, context: ErrorContext, request_id: str | None) -> None:
+        self._context = context
+        self._request_id = request_id
+        self._meta = False
+        self.finished = False
+
+    def error(self, payload: Any, *, mid_stream: bool) -> ModelError:
+        return error_from_payload(payload, self._context, request_id=self._request_id, mid_stream=mid_stream)
+
+    def unreadable(
+        self, what: str, *, mid_stream: bool, data: bytes | None = None, cause: BaseException | None = None
+    ) -> ModelError:
+        return unreadable(
+            what, self._context, request_id=self._request_id, mid_stream=mid_stream, body=data, cause=cause
+        )
 
 
 class SSEChunkDecoder:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Unpack
 
 import orjson
 
-from .._errors import BadRequestError, ConfigurationError, ModelError
+from .._errors import BadRequestError, ConfigurationError
 from .._events import (
     Finish,
     FinishReason,
@@ -39,8 +39,7 @@ from ._anthropic_request import (
     wire_tool_choice,
 )
 from ._base import ConnectionOptions, HttpChatModel, Server, tool_images_apart
-from ._decoders import EventStreamDecoder, MalformedPayload, json_type
-from ._failures import error_from_payload, unreadable
+from ._decoders import EventStreamDecoder, MalformedPayload, MapperBase, json_type
 from ._protocol import Capabilities, ModelSettings, check_declared_settings
 
 if TYPE_CHECKING:
@@ -150,6 +149,7 @@ class AnthropicChatModel(HttpChatModel):
     """
 
     _server = SERVER
+    _default_capabilities = DEFAULT_CAPABILITIES
     _path = "/v1/messages"
     _stream_type = "text/event-stream"
     _stream_decoder = EventStreamDecoder
@@ -276,7 +276,7 @@ def _thinking_limits(capabilities: Capabilities, thinking: int | Literal["adapti
 # --- response mapping ------------------------------------------------------------------------------
 
 
-class MessagesMapper:
+class MessagesMapper(MapperBase):
     """Maps Messages API payloads (stream events, or one whole `message`) to model chunks.
 
     Content blocks are tracked by their `index`: text deltas become `TextDelta`s, `tool_use` blocks
@@ -289,27 +289,14 @@ class MessagesMapper:
     included (as OpenAI counts it), `cached_input_tokens` the cache reads.
     """
 
-    __slots__ = ("_blocks", "_context", "_meta", "_request_id", "_tools", "_usage", "finished")
+    __slots__ = ("_blocks", "_tools", "_usage")
 
     def __init__(self, context: ErrorContext, request_id: str | None) -> None:
-        self._context = context
-        self._request_id = request_id
+        super().__init__(context, request_id)
         self._blocks: dict[int, list[Any]] = {}
         """Per content block index: [tool index (-1 for other blocks), whether arguments came]."""
         self._tools = 0
         self._usage: dict[str, int] = {}
-        self._meta = False
-        self.finished = False
-
-    def error(self, payload: Any, *, mid_stream: bool) -> ModelError:
-        return error_from_payload(payload, self._context, request_id=self._request_id, mid_stream=mid_stream)
-
-    def unreadable(
-        self, what: str, *, mid_stream: bool, data: bytes | None = None, cause: BaseException | None = None
-    ) -> ModelError:
-        return unreadable(
-            what, self._context, request_id=self._request_id, mid_stream=mid_stream, body=data, cause=cause
-        )
 
     def flush(self, out: list[ModelChunk]) -> None:
         """Nothing is held back."""

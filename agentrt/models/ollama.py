@@ -25,8 +25,7 @@ from .._messages import (
     UserMessage,
 )
 from ._base import ConnectionOptions, HttpChatModel, Server, tool_images_apart
-from ._decoders import MalformedPayload, NDJSONChunkDecoder, finish_reason, json_type
-from ._failures import error_from_payload, unreadable
+from ._decoders import MalformedPayload, MapperBase, NDJSONChunkDecoder, finish_reason, json_type
 from ._protocol import (
     Capabilities,
     JsonSchemaFormat,
@@ -37,7 +36,6 @@ from ._protocol import (
 from ._think import ThinkTagSplitter
 
 if TYPE_CHECKING:
-    from .._errors import ModelError
     from .._events import ModelChunk
     from .._messages import ChatMessage
     from ._failures import ErrorContext
@@ -84,6 +82,7 @@ class OllamaChatModel(HttpChatModel):
     """
 
     _server = SERVER
+    _default_capabilities = DEFAULT_CAPABILITIES
     _path = "/api/chat"
     _stream_type = "ndjson"
     _stream_decoder = NDJSONChunkDecoder
@@ -100,13 +99,7 @@ class OllamaChatModel(HttpChatModel):
         keep_alive: str | float | None = None,
         **connection: Unpack[ConnectionOptions],
     ) -> None:
-        super().__init__(
-            model,
-            connection,
-            settings=settings,
-            capabilities=capabilities or DEFAULT_CAPABILITIES,
-            streaming=streaming,
-        )
+        super().__init__(model, connection, settings=settings, capabilities=capabilities, streaming=streaming)
         self._think = think
         self._think_tags = think_tags
         self._keep_alive = keep_alive
@@ -254,7 +247,7 @@ def _arguments(arguments: str) -> Any:
 # --- response mapping ------------------------------------------------------------------------------
 
 
-class OllamaChatMapper:
+class OllamaChatMapper(MapperBase):
     """Maps `/api/chat` objects (stream lines or one whole response) to model chunks.
 
     Each tool call arrives whole and gets the next index. `done_reason: "stop"` after tool calls
@@ -264,7 +257,7 @@ class OllamaChatMapper:
     decoder turns into a `ModelResponseError` carrying the object.
     """
 
-    __slots__ = ("_calls", "_context", "_meta", "_request", "_request_id", "_think", "finished")
+    __slots__ = ("_calls", "_request", "_think")
 
     def __init__(
         self,
@@ -274,23 +267,10 @@ class OllamaChatMapper:
         *,
         think_tags: bool = True,
     ) -> None:
-        self._context = context
-        self._request_id = request_id
+        super().__init__(context, request_id)
         self._request = request
         self._think: ThinkTagSplitter | None = ThinkTagSplitter() if think_tags else None
-        self._meta = False
         self._calls = 0
-        self.finished = False
-
-    def error(self, payload: Any, *, mid_stream: bool) -> ModelError:
-        return error_from_payload(payload, self._context, request_id=self._request_id, mid_stream=mid_stream)
-
-    def unreadable(
-        self, what: str, *, mid_stream: bool, data: bytes | None = None, cause: BaseException | None = None
-    ) -> ModelError:
-        return unreadable(
-            what, self._context, request_id=self._request_id, mid_stream=mid_stream, body=data, cause=cause
-        )
 
     def feed(self, payload: Any, out: list[ModelChunk], *, mid_stream: bool = True) -> None:
         """Append the chunks of one object to `out`; raises `ModelError` for an error object and

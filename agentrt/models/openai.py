@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Unpack
 
 import orjson
 
-from .._errors import BadRequestError, ModelError
+from .._errors import BadRequestError
 from .._events import (
     Finish,
     RefusalDelta,
@@ -40,8 +40,7 @@ from .._messages import (
     VideoContent,
 )
 from ._base import ConnectionOptions, HttpChatModel, Server, tool_images_apart
-from ._decoders import MalformedPayload, SSEChunkDecoder, finish_reason, json_type
-from ._failures import error_from_payload, unreadable
+from ._decoders import MalformedPayload, MapperBase, SSEChunkDecoder, finish_reason, json_type
 from ._protocol import Capabilities, JsonSchemaFormat, ModelSettings
 from ._schema import strict_schema
 from ._think import ThinkTagSplitter
@@ -101,6 +100,7 @@ class OpenAIChatModel(HttpChatModel):
     """
 
     _server = SERVER
+    _default_capabilities = DEFAULT_CAPABILITIES
     _path = "/chat/completions"
     _stream_type = "text/event-stream"
     _stream_decoder = SSEChunkDecoder
@@ -120,13 +120,7 @@ class OpenAIChatModel(HttpChatModel):
         extra_body: Mapping[str, Any] | None = None,
         **connection: Unpack[ConnectionOptions],
     ) -> None:
-        super().__init__(
-            model,
-            connection,
-            settings=settings,
-            capabilities=capabilities or DEFAULT_CAPABILITIES,
-            streaming=streaming,
-        )
+        super().__init__(model, connection, settings=settings, capabilities=capabilities, streaming=streaming)
         self._system_role = system_role
         self._max_tokens_field = max_tokens_field
         self._parallel_tool_calls = parallel_tool_calls
@@ -288,7 +282,7 @@ def _response_format(response_format: ResponseFormat, json_object_schema: bool) 
 # --- response mapping ------------------------------------------------------------------------------
 
 
-class ChatCompletionMapper:
+class ChatCompletionMapper(MapperBase):
     """Maps Chat Completions payloads (stream chunks or one whole response) to model chunks.
 
     Only choice 0 is read (with `n > 1` the others are ignored; usage then counts all of them).
@@ -300,40 +294,16 @@ class ChatCompletionMapper:
     string (a `reasoning` object, a `refusal` of null) are ignored, but not a tool call's `id` or `name`.
     """
 
-    __slots__ = (
-        "_called",
-        "_context",
-        "_finish",
-        "_ids",
-        "_last_index",
-        "_meta",
-        "_next_index",
-        "_request_id",
-        "_think",
-        "finished",
-    )
+    __slots__ = ("_called", "_finish", "_ids", "_last_index", "_next_index", "_think")
 
     def __init__(self, context: ErrorContext, request_id: str | None, *, think_tags: bool = True) -> None:
-        self._context = context
-        self._request_id = request_id
+        super().__init__(context, request_id)
         self._think: ThinkTagSplitter | None = ThinkTagSplitter() if think_tags else None
-        self._meta = False
         self._finish: str | None = None
         self._called = False
         self._ids: dict[str, int] = {}
         self._next_index = 0
         self._last_index: int | None = None
-        self.finished = False
-
-    def error(self, payload: Any, *, mid_stream: bool) -> ModelError:
-        return error_from_payload(payload, self._context, request_id=self._request_id, mid_stream=mid_stream)
-
-    def unreadable(
-        self, what: str, *, mid_stream: bool, data: bytes | None = None, cause: BaseException | None = None
-    ) -> ModelError:
-        return unreadable(
-            what, self._context, request_id=self._request_id, mid_stream=mid_stream, body=data, cause=cause
-        )
 
     def feed(self, payload: Any, out: list[ModelChunk], *, mid_stream: bool = True) -> None:
         """Append the chunks of one payload to `out`; raises `ModelError` for an error payload and

@@ -43,6 +43,10 @@ another's) is a 404 `approval_not_found`; decisions that do not fit its calls (o
 a call it did not ask about, an edit the tool's schema refuses) a 400 `approval_decision`, and
 nothing runs; a new message on a conversation whose turn waits is a 409 `approval_pending` that
 carries the pending turn (`run_id`, `calls`, `expires_at`). The client protocols resume in their
+own way (see `endpoint`).
+
+`stream_response(stream, ...)` is the lower-level part: the SSE response for a `TokenStream` (or
+`PartialStream`) the caller already has.
 
 The package's modules: `_endpoint` (`endpoint`: its options, its protocol, its routes), `_handler`
 (a request, step by step), `_wire` (what a protocol is) and one module a protocol (`_native`,

@@ -136,11 +136,7 @@ def endpoint(
     """
     spec, runtime = _spec_of(method)
     _check(spec, runtime, memory_id, budget, ping, send_timeout, max_body, runs, on_disconnect)
-    wire = WIRES.get(protocol)
-    if wire is None:
-        raise ConfigurationError(
-            f"{spec.qualname}: protocol must be one of {', '.join(map(repr, WIRES))}, got {protocol!r}"
-        )
+    wire = _wire_of(spec, protocol)
     chain = runtime.output_guardrails.get(spec.name) if runtime is not None else None
     settings = Settings(
         spec,
@@ -162,10 +158,7 @@ def endpoint(
         max_body=max_body,
         on_disconnect=on_disconnect,
     )
-    answering = answering_refusals(handler.handle)
-    vars(answering)["stop"] = answering_refusals(handler.stop)
-    vars(answering)["resume"] = answering_refusals(handler.resume_get)
-    return typing.cast("Endpoint", answering)
+    return _routes(handler)
 
 
 def _spec_of(method: Any) -> tuple[MethodSpec, Runtime | None]:
@@ -181,6 +174,25 @@ def _spec_of(method: Any) -> tuple[MethodSpec, Runtime | None]:
             "PartialStream[T])"
         )
     return spec, runtime_of(method.__self__)
+
+
+def _wire_of(spec: MethodSpec, protocol: str) -> type[Wire]:
+    """The `Wire` of the protocol the endpoint speaks."""
+    wire = WIRES.get(protocol)
+    if wire is None:
+        raise ConfigurationError(
+            f"{spec.qualname}: protocol must be one of {', '.join(map(repr, WIRES))}, got {protocol!r}"
+        )
+    return wire
+
+
+def _routes(handler: Handler) -> Endpoint:
+    """The endpoint: the handler's request, with its `stop` and its `resume` routes, each answering
+    a refusal with its error response."""
+    answering = answering_refusals(handler.handle)
+    vars(answering)["stop"] = answering_refusals(handler.stop)
+    vars(answering)["resume"] = answering_refusals(handler.resume_get)
+    return typing.cast("Endpoint", answering)
 
 
 def _check(

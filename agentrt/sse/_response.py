@@ -96,40 +96,54 @@ def respond(
     With a `tee` (a run manager's run) each frame is appended to the run's log before it is sent;
     under `"detach"`, a hang-up hands the stream to the manager (`_runs.adopt`) at the next
     event, or when the response is closed between two sends."""
-    snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
-    frame = encoder.frame
-    # What the client got, chunk by chunk (a stop's end is made from it); a run's log has its own.
-    sent = run.sent if run is not None and tee is None else None
-    chunks_of = _encoder.chunks_of
-    hold = tee is not None and tee.policy == "cancel"
+    loop = _Loop(stream, encoder, run, forget, tee)
+    return StreamResponse(
+        loop,
+        loop.frames(),
+        ping=ping,
+        headers={**encoder.headers, **(headers or {})},
+        send_timeout=send_timeout,
+        sep=encoder.sep,
+    )
 
-    def encode(chunks: Sequence[Any]) -> list[bytes]:
-        return [frame(chunk).encode() for chunk in chunks]
 
-    put = encode if tee is None else tee.put
+class _Loop:
+    """The loop of one response (`respond`): the stream's events through the encoder, as the frames
+    the response writes, and what its `StreamResponse` reads (the stream, the run, the tee). Its
+    phases: the start (`_opened`), the events (inline, the per-token path), the stream's end (done:
+    `_settle`; failed: `_failed`; closed between two sends: `_closed`; and always `aclose`), then
+    the last frames."""
 
-    def ended() -> None:
-        """The run ended (its answer, an approval, an error): a stop no longer reaches it, neither
-        the endpoint's nor its manager's (here or from another worker)."""
-        if forget is not None:
-            forget()
-        if tee is not None:
-            tee.runs.release(tee.run, tee.stop)
+    __slots__ = ("encoder", "forget", "frame", "hold", "run", "stream", "tee")
 
-    async def frames() -> AsyncIterator[bytes]:
-        out: Sequence[Any]
+    def __init__(
+        self,
+        stream: TokenStream | PartialStream[Any] | None,
+        encoder: Encoder,
+        run: Run | None,
+        forget: Callable[[], Any] | None,
+        tee: _runs.Tee | None,
+    ) -> None:
+        self.stream = stream
+        self.encoder = encoder
+        self.run = run
+        self.forget = forget
+        self.tee = tee
+        self.frame = encoder.frame
+        self.hold = tee is not None and tee.policy == "cancel"
+
+    async def frames(self) -> AsyncIterator[bytes]:
+        stream, encoder, tee, hold = self.stream, self.encoder, self.tee, self.hold
+        snapshots = stream.snapshots if isinstance(stream, PartialStream) else None
+        # What the client got, chunk by chunk (a stop's end is made from it); a run's log has its own.
+        sent = self.run.sent if self.run is not None and tee is None else None
+        chunks_of = _encoder.chunks_of
+        put = self._encode if tee is None else tee.put
         written = 0  # frames written since the event loop last had a turn
         resumed = 0.0  # when the last batch was written
         reading = False  # between two events of the stream: a detached run's may be handed over
         try:
-            if tee is not None:
-                tee.began = True  # sse-starlette sent the response's start before it asked
-            out = encoder.opened()
-            if tee is not None and encoder.replay:
-                # The log's start rebuilds the message a resumed run continues (Vercel): a resume
-                # replays it; this client has the message already.
-                tee.put(out[: len(encoder.replay)])
-                out = out[len(encoder.replay) :]
+            out = self._opened()
             if stream is not None:
                 reading = True
                 async for event in stream.events():
@@ -137,11 +151,11 @@ def respond(
                         written = 0  # the event was waited for: the loop had its turns meanwhile
                     kind = type(event)
                     if kind is Completed or kind is ApprovalRequested:
-                        ended()  # the run ended (or waits for a human): a stop comes too late
+                        self._ended()  # the run ended (or waits for a human): a stop comes too late
                     chunks = chunks_of(event, encoder, snapshots, result_json)
                     batch, out = ([*out, *chunks] if out else chunks), ()
                     # Into the log first (whole: a close between two sends loses none of it); the
-                    # final frames of a `"cancel"` run only once they were written (below).
+                    # final frames of a `"cancel"` run only once they were written (`_settle`).
                     datas = tee.hold(batch) if hold and kind is Completed else put(batch)  # type: ignore[union-attr]
                     for chunk, data in zip(batch, datas, strict=True):
                         if written == _WRITES_PER_TURN:
@@ -154,40 +168,21 @@ def respond(
                     resumed = clock()
                     if kind is Completed:
                         reading = False
-                        # Its sends returned; asked on, the stream stores the turn (see
-                        # `DEFER_COMMIT`): a hang-up read before them lands first.
-                        for _ in range(_SETTLE):
-                            await anyio.lowlevel.checkpoint()
+                        await self._settle()
                         written = 0
-                        if hold:
-                            tee.release()  # type: ignore[union-attr]
-                    elif tee is not None and tee.gone and kind is not ApprovalRequested:
-                        # A `"detach"` run's client hung up: the manager reads on (an approval ended
-                        # the stream: it was stored, and the run is no longer stoppable).
-                        if _runs.adopt(tee, stream, run, result_json, error_json):
-                            return
+                    elif tee is not None and tee.gone and self._handed_over(kind, tee, stream):
+                        return
                 reading = False
         except GeneratorExit:
-            # Closed between two sends (a send failed or timed out, the server shuts down): a
-            # detached run goes on in its manager.
-            if reading and tee is not None and tee.policy == "detach" and not (run and run.stopped):
-                assert stream is not None
-                _runs.adopt(tee, stream, run, result_json, error_json)
+            if reading:
+                self._closed()
             raise
         except Exception as error:
             reading = False
-            ended()
-            logger.exception("agentrt.sse: the stream failed")
-            out = [*out, *encoder.failed(error_json(error))]  # what an error cut off, first
+            out = [*out, *self._failed(error)]  # what an error cut off, first
         finally:
-            if stream is not None and not (tee is not None and tee.adopted):
-                with anyio.CancelScope(shield=True):
-                    await stream.aclose()
-        if encoder.done_marker:
-            out = [*out, DONE]
-        datas = put(out)
-        if tee is not None:
-            tee.clean = True
+            await self.aclose()
+        out, datas = self._last(out, put)
         for chunk, data in zip(out, datas, strict=True):
             if written == _WRITES_PER_TURN:
                 await anyio.lowlevel.checkpoint()
@@ -199,18 +194,79 @@ def respond(
         # The response's end is one more write (the server's): the loop's turn first, as above.
         await anyio.lowlevel.checkpoint()
 
-    return StreamResponse(
-        stream,
-        encoder,
-        run,
-        forget,
-        tee,
-        frames(),
-        ping=ping,
-        headers={**encoder.headers, **(headers or {})},
-        send_timeout=send_timeout,
-        sep=encoder.sep,
-    )
+    def _encode(self, chunks: Sequence[Any]) -> list[bytes]:
+        frame = self.frame
+        return [frame(chunk).encode() for chunk in chunks]
+
+    def _opened(self) -> Sequence[Any]:
+        """The response's first chunks (those a run's log has already are not sent again)."""
+        tee = self.tee
+        encoder = self.encoder
+        if tee is not None:
+            tee.began = True  # sse-starlette sent the response's start before it asked
+        out = encoder.opened()
+        if tee is not None and encoder.replay:
+            # The log's start rebuilds the message a resumed run continues (Vercel): a resume
+            # replays it; this client has the message already.
+            tee.put(out[: len(encoder.replay)])
+            out = out[len(encoder.replay) :]
+        return out
+
+    def _ended(self) -> None:
+        """The run ended (its answer, an approval, an error): a stop no longer reaches it, neither
+        the endpoint's nor its manager's (here or from another worker)."""
+        if self.forget is not None:
+            self.forget()
+        tee = self.tee
+        if tee is not None:
+            tee.runs.release(tee.run, tee.stop)
+
+    async def _settle(self) -> None:
+        """After the final frames' sends returned: asked on, the stream stores the turn (see
+        `DEFER_COMMIT`), so a hang-up read before them lands first; a `"cancel"` run's final
+        frames go into its log only now."""
+        for _ in range(_SETTLE):
+            await anyio.lowlevel.checkpoint()
+        if self.hold:
+            self.tee.release()  # type: ignore[union-attr]
+
+    def _handed_over(self, kind: type, tee: _runs.Tee, stream: TokenStream | PartialStream[Any]) -> bool:
+        """A `"detach"` run's client hung up: the manager reads on, unless the event was an approval
+        (it ended the stream: it was stored, and the run is no longer stoppable)."""
+        return kind is not ApprovalRequested and _runs.adopt(tee, stream, self.run, result_json, error_json)
+
+    def _closed(self) -> None:
+        """Closed between two sends (a send failed or timed out, the server shuts down): a
+        detached run goes on in its manager."""
+        tee, run = self.tee, self.run
+        if tee is not None and tee.policy == "detach" and not (run and run.stopped):
+            assert self.stream is not None
+            _runs.adopt(tee, self.stream, run, result_json, error_json)
+
+    def _failed(self, error: Exception) -> Sequence[Any]:
+        """The chunks that tell the client the stream failed (the error is logged)."""
+        self._ended()
+        logger.exception("agentrt.sse: the stream failed")
+        return self.encoder.failed(error_json(error))
+
+    def _last(
+        self, out: Sequence[Any], put: Callable[[Sequence[Any]], list[bytes]]
+    ) -> tuple[Sequence[Any], list[bytes]]:
+        """The last chunks (what the end left, and the protocol's end marker) and their frames: the
+        run's log is then whole."""
+        if self.encoder.done_marker:
+            out = [*out, DONE]
+        datas = put(out)
+        if self.tee is not None:
+            self.tee.clean = True
+        return out, datas
+
+    async def aclose(self) -> None:
+        """Close the stream however the loop ends (unless a run manager took it over)."""
+        stream, tee = self.stream, self.tee
+        if stream is not None and not (tee is not None and tee.adopted):
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
 
 
 class StreamResponse(EventSourceResponse):
@@ -222,26 +278,14 @@ class StreamResponse(EventSourceResponse):
     protocol's last chunks for what the client has end the body. With a `tee` (a run manager's run)
     the run's log is ended too, unless the manager took the run over."""
 
-    def __init__(
-        self,
-        stream: TokenStream | PartialStream[Any] | None,
-        encoder: Encoder,
-        run: Run | None,
-        forget: Callable[[], Any] | None,
-        tee: _runs.Tee | None,
-        *args: Any,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, loop: _Loop, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._agentrt_stream = stream
-        self._agentrt_encoder = encoder
-        self._agentrt_run = run
-        self._agentrt_forget = forget
-        self._agentrt_tee = tee
+        self._agentrt = loop
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        run = self._agentrt_run
-        tee = self._agentrt_tee
+        loop = self._agentrt
+        run = loop.run
+        tee = loop.tee
         try:
             if run is None:
                 await super().__call__(scope, receive, send)
@@ -283,12 +327,10 @@ class StreamResponse(EventSourceResponse):
             if stopping.cancelled_caught:
                 await self._stopped(send, started if tee is None else tee.began, sent)
         finally:
-            if self._agentrt_forget is not None:
-                self._agentrt_forget()
+            if loop.forget is not None:
+                loop.forget()
             if tee is None or not tee.adopted:
-                if self._agentrt_stream is not None:
-                    with anyio.CancelScope(shield=True):
-                        await self._agentrt_stream.aclose()
+                await loop.aclose()
                 if tee is not None:
                     await tee.finish()
 
@@ -298,7 +340,7 @@ class StreamResponse(EventSourceResponse):
         # response waits for its next event: the client is gone instead (the stream is handed to the
         # manager at that event). Not a return either: sse-starlette ends the response when its ping
         # task returns.
-        tee = self._agentrt_tee
+        tee = self._agentrt.tee
         if tee is None or tee.policy != "detach":
             await super()._ping(send)
             return
@@ -311,11 +353,12 @@ class StreamResponse(EventSourceResponse):
     async def _stopped(self, send: Any, started: bool, sent: Sent) -> None:
         """End a stopped run's body: the model stream closed first, then the protocol's last chunks
         for what the client has."""
-        if self._agentrt_stream is not None:
+        loop = self._agentrt
+        if loop.stream is not None:
             with anyio.CancelScope(shield=True):
-                await self._agentrt_stream.aclose()
-        encoder = self._agentrt_encoder
-        tee = self._agentrt_tee
+                await loop.stream.aclose()
+        encoder = loop.encoder
+        tee = loop.tee
         if tee is not None:  # the log's end, which a resume reads too
             body = b"".join(tee.end_stopped())
         else:
