@@ -31,7 +31,8 @@ See `Engine` for what is not supported yet.
 from __future__ import annotations
 
 from ..tools._run import OutcomeUnknownError
-from ._engine import Client, Engine
+from ._approvals import Client
+from ._engine import Engine
 
 __all__ = ["Client", "Engine", "OutcomeUnknownError"]
 

@@ -22,23 +22,15 @@ decisions (`_resumed`), or returns {"refused": ...} and the body waits again.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import sqlite3
-import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-import orjson
-import sqlalchemy
-from dbos import DBOS, DBOSClient, DBOSConfig, SetWorkflowID, WorkflowHandleAsync
+from dbos import DBOS, DBOSConfig, SetWorkflowID, WorkflowHandleAsync
 from dbos._serialization import DBOSPortableJSON
 
-from .._approval import Approve, Deny
 from .._errors import ApprovalDecisionError, ApprovalNotFoundError, ConfigurationError
-from .._events import ApprovalRequested, PendingCall
 from .._options import CallOptions
 from .._pipeline import Invocation
 from .._pipeline._approve import CLAIMED, EXPIRED
@@ -47,38 +39,17 @@ from .._pipeline._finish import COMMIT_ONCE
 from .._pipeline._turn import Phase
 from .._resume import reopen
 from ..tools._run import JOURNAL
+from ._approvals import TOPIC, Client, approval, decide, decisions_of, waiting_json
+from ._sqlite import SUBSEC_MISSING, SubsecConnection
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from types import TracebackType
 
     from .._approval import Decision
+    from .._events import ApprovalRequested
 
 __all__ = ["APPLICATION_VERSION", "Client", "Engine"]
-
-_SUBSEC_MISSING: Final = sys.version_info >= (3, 12) and sqlite3.sqlite_version_info < (3, 42)
-"""DBOS's SQLite schema and queries on Python 3.12+ read the time as `unixepoch('subsec')`, a modifier
-SQLite has from 3.42 on; an older library (Debian 12's 3.40) gives NULL and every launch fails on a
-NOT NULL column. On such a library each DBOS connection gets its own `unixepoch` (below)."""
-
-
-def _unixepoch(value: object) -> float | int | None:
-    """`unixepoch(x)` for one argument: the time in seconds with its fraction for `'subsec'` (what
-    SQLite 3.42 gives), otherwise what SQLite's own function gives."""
-    if value == "subsec":
-        return time.time()
-    with sqlite3.connect(":memory:") as builtin:
-        row = builtin.execute("SELECT unixepoch(?)", (value,)).fetchone()
-    return row[0] if row else None
-
-
-class _SubsecConnection(sqlite3.Connection):
-    """A connection whose one-argument `unixepoch` knows `'subsec'` (an application-defined function
-    overrides SQLite's built-in one of the same name and arity)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.create_function("unixepoch", 1, _unixepoch)
-
 
 APPLICATION_VERSION: Final = f"agentrt-turn-{VERSION}"
 """The DBOS application version of every engine: pinned, so that a deploy (or a dbos upgrade) does not
@@ -90,10 +61,6 @@ _STOPS: Final = frozenset({Phase.REQUEST, Phase.TOOLS, Phase.APPROVAL, Phase.COM
 commit) and where a turn would wait for a human."""
 
 _TOOLS: Final = Phase.TOOLS.value
-
-_TOPIC: Final = "agentrt.approval"
-"""The topic of a human's decisions (`DBOS.send` / `DBOS.recv`) and the key of the approval a turn
-waits for (`DBOS.set_event`: its JSON, or `None` once decided)."""
 
 _FOREVER: Final = 366 * 86400.0
 """How long one wait for a decision on an approval without expiry lasts (then it waits again)."""
@@ -245,7 +212,7 @@ async def _segment(
         COMMIT_ONCE.reset(once)
         JOURNAL.reset(journal)
     if result.approval is not None:
-        return {"waiting": _waiting_json(result.approval)}
+        return {"waiting": waiting_json(result.approval)}
     turn = invocation._turn
     return {"text": result.text, "value": _value(turn), "parsed": turn.parsed}
 
@@ -266,7 +233,7 @@ async def _resumed(
     no call of the round ran before, whatever `uncertain` says. Not found while `uncertain` (the
     previous run of this step died in it), that run claimed it: the turn is restored from the
     workflow's own checkpoint at the approval, and goes on without claiming it again."""
-    decisions = _decisions_of(decided["decisions"])
+    decisions = decisions_of(decided["decisions"])
     run_id = str(decided["run_id"])
     memory_id = Invocation.restore(runtime, spec, checkpoint)._turn.memory_id
     where = f"{spec.qualname}: durable turn"
@@ -285,75 +252,15 @@ async def _resumed(
     return invocation, False, False
 
 
-def _waiting_json(approval: ApprovalRequested) -> dict[str, Any]:
-    """What a durable turn publishes about the approval it waits for (JSON)."""
-    return {
-        "invocation_id": approval.invocation_id,
-        "run_id": approval.run_id,
-        "method": approval.method,
-        "memory_id": orjson.loads(orjson.dumps(approval.memory_id, default=str)),
-        "calls": [{"id": c.id, "tool": c.tool, "arguments": c.arguments} for c in approval.calls],
-        "expires_at": approval.expires_at,
-    }
-
-
-def _decisions_json(decisions: Mapping[str, Decision], waiting: dict[str, Any], where: str) -> dict[str, Any]:
-    """The decisions as JSON, checked against the calls that wait: one decision per call,
-    `Approve()` (edited arguments a JSON object) or `Deny()` (a reason as text)."""
-    if not isinstance(decisions, Mapping) or not all(isinstance(key, str) for key in decisions):
-        raise ApprovalDecisionError(f"{where}: decisions must map pending call ids to Approve() or Deny()")
-    pending = {call["id"] for call in waiting["calls"]}
-    unknown = sorted(set(decisions) - pending)
-    if unknown:
-        raise ApprovalDecisionError(f"{where}: decisions name calls that are not pending: {unknown}")
-    missing = sorted(pending - set(decisions))
-    if missing:
-        raise ApprovalDecisionError(
-            f"{where}: no decision for pending call(s) {missing}; decide on every one"
-        )
-    data: dict[str, Any] = {}
-    for call_id, decision in decisions.items():
-        if isinstance(decision, Deny):
-            if decision.reason is not None and not isinstance(decision.reason, str):
-                raise ApprovalDecisionError(f"{where}: the reason to deny call {call_id!r} is not text")
-            data[call_id] = {"deny": decision.reason}
-        elif isinstance(decision, Approve):
-            edited = decision.arguments
-            if edited is not None:
-                if not isinstance(edited, Mapping):
-                    raise ApprovalDecisionError(
-                        f"{where}: edited arguments of call {call_id!r} must be a mapping"
-                    )
-                try:
-                    edited = orjson.loads(orjson.dumps(dict(edited)))
-                except TypeError as error:
-                    raise ApprovalDecisionError(
-                        f"{where}: the edited arguments of call {call_id!r} are not JSON: {error}"
-                    ) from None
-            data[call_id] = {"approve": edited}
-        else:
-            raise ApprovalDecisionError(
-                f"{where}: the decision on call {call_id!r} is {decision!r}, not Approve() or Deny()"
-            )
-    return data
-
-
-def _decisions_of(data: dict[str, Any]) -> dict[str, Decision]:
-    return {
-        call_id: Deny(one["deny"]) if "deny" in one else Approve(one["approve"])
-        for call_id, one in data.items()
-    }
-
-
 async def _decision(waiting: dict[str, Any]) -> dict[str, Any]:
     """Wait, durably, for a human's decisions on the approval `waiting` (published for `approval`
     and `decide` until the turn has gone past it): a restart of every worker replays up to here and
     waits again. Past the approval's expiry, every call is denied as expired."""
-    await DBOS.set_event_async(_TOPIC, waiting)
+    await DBOS.set_event_async(TOPIC, waiting)
     expires = waiting["expires_at"]
     while True:
         left = _FOREVER if expires is None else max(0.0, expires - time.time())
-        message = await DBOS.recv_async(topic=_TOPIC, timeout_seconds=left)
+        message = await DBOS.recv_async(topic=TOPIC, timeout_seconds=left)
         if message is None:
             if expires is None:
                 continue
@@ -389,7 +296,7 @@ async def _turn(service_name: str, method: str, arguments: dict[str, Any]) -> di
         )
         if decided is not None and "refused" not in out:
             # Past the approval (only now: decisions sent while refused ones were read are taken).
-            await DBOS.set_event_async(_TOPIC, None)
+            await DBOS.set_event_async(TOPIC, None)
         decided = None
         if "checkpoint" in out:
             checkpoint = out["checkpoint"]
@@ -404,46 +311,6 @@ async def _turn(service_name: str, method: str, arguments: dict[str, Any]) -> di
 def _value_of(recorded: dict[str, Any]) -> Any:
     _, spec = _parts(recorded["service"], recorded["method"])
     return _revalue(spec, recorded["value"], recorded["text"], recorded["parsed"])
-
-
-_Status = Callable[[str], Awaitable["str | None"]]
-_Event = Callable[[str, str, float], Awaitable[Any]]
-_Send = Callable[[str, Any, str, str], Awaitable[None]]
-
-
-async def _approval(status: _Status, event: _Event, turn_id: str, wait: float) -> ApprovalRequested | None:
-    if await status(turn_id) is None:
-        raise ApprovalNotFoundError(f"agentrt.durable: no durable turn {turn_id!r}")
-    waiting = await event(turn_id, _TOPIC, wait)
-    if waiting is None:
-        return None
-    calls = tuple(PendingCall(c["id"], c["tool"], c["arguments"]) for c in waiting["calls"])
-    return ApprovalRequested(
-        waiting["invocation_id"],
-        waiting["run_id"],
-        waiting["method"],
-        waiting["memory_id"],
-        calls,
-        waiting["expires_at"],
-    )
-
-
-async def _decide(
-    status: _Status, event: _Event, send: _Send, turn_id: str, decisions: Mapping[str, Decision]
-) -> None:
-    where = f"agentrt.durable: turn {turn_id!r}"
-    state = await status(turn_id)
-    if state is None:
-        raise ApprovalNotFoundError(f"agentrt.durable: no durable turn {turn_id!r}")
-    waiting = await event(turn_id, _TOPIC, 0.0)
-    if waiting is None or state not in ("PENDING", "ENQUEUED"):
-        raise ApprovalNotFoundError(f"{where} does not wait for approval (its state: {state})")
-    message = {"run_id": waiting["run_id"], "decisions": _decisions_json(decisions, waiting, where)}
-    # The same decisions are sent once however often this is called (a double click). Others are
-    # sent too: the turn takes them in order, the first that fits (an edit the tool's schema refuses
-    # makes the turn wait again, for the next); those left over are never read.
-    digest = hashlib.sha256(orjson.dumps(message, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
-    await send(turn_id, message, _TOPIC, f"{turn_id}:{digest}")
 
 
 class Engine:
@@ -500,8 +367,8 @@ class Engine:
         }
         if executor_id is not None:
             config["executor_id"] = executor_id
-        if database.startswith("sqlite") and _SUBSEC_MISSING:
-            config["db_engine_kwargs"] = {"connect_args": {"factory": _SubsecConnection}}
+        if database.startswith("sqlite") and SUBSEC_MISSING:
+            config["db_engine_kwargs"] = {"connect_args": {"factory": SubsecConnection}}
         if polling_seconds is not None:
             config["notification_listener_polling_interval_sec"] = polling_seconds
         DBOS(config=config)
@@ -558,7 +425,7 @@ class Engine:
         """The approval the turn `turn_id` waits for (its run id, its calls, when it expires), or
         `None` when it waits for none; with `wait`, up to that many seconds for a turn that has not
         yet waited for one to do so. `ApprovalNotFoundError` for an unknown turn."""
-        return await _approval(_status, DBOS.get_event_async, turn_id, wait)
+        return await approval(_status, DBOS.get_event_async, turn_id, wait)
 
     async def decide(self, turn_id: str, decisions: Mapping[str, Decision]) -> None:
         """Send a human's decisions to the turn `turn_id`, which waits for approval (on any worker):
@@ -568,7 +435,7 @@ class Engine:
         `ApprovalDecisionError` for decisions that do not fit its calls. An edit the tool's schema
         refuses is refused by the turn itself (nothing runs), which then takes the next decisions
         sent; the first decisions that fit win (any sent after them are not read)."""
-        await _decide(_status, DBOS.get_event_async, _send, turn_id, decisions)
+        await decide(_status, DBOS.get_event_async, _send, turn_id, decisions)
 
     def adopt(self, executor_ids: list[str]) -> list[str]:
         """Resume here the pending turns of other executors, known to be dead (their ids). Safe to
@@ -602,38 +469,6 @@ async def _status(turn_id: str) -> str | None:
 
 async def _send(turn_id: str, message: Any, topic: str, key: str) -> None:
     await DBOS.send_async(turn_id, message, topic, idempotency_key=key)
-
-
-class Client:
-    """Durable turns seen from a process that runs none (a web front end): the approvals they wait
-    for and a human's decisions, on the engine's database (`Engine`'s `database`). Runs no turn and
-    recovers none, so it may live beside an `Engine` of another process, or in a process of its own.
-    """
-
-    def __init__(self, database: str = "sqlite:///agentrt-turns.sqlite") -> None:
-        if database.startswith("sqlite") and _SUBSEC_MISSING:  # (see `_SUBSEC_MISSING`)
-            engine = sqlalchemy.create_engine(database, connect_args={"factory": _SubsecConnection})
-            self._client = DBOSClient(system_database_engine=engine, serializer=DBOSPortableJSON)
-        else:
-            self._client = DBOSClient(system_database_url=database, serializer=DBOSPortableJSON)
-
-    async def _status(self, turn_id: str) -> str | None:
-        found = await self._client.list_workflows_async(workflow_ids=[turn_id])
-        return str(found[0].status) if found else None
-
-    async def _send(self, turn_id: str, message: Any, topic: str, key: str) -> None:
-        await self._client.send_async(turn_id, message, topic, idempotency_key=key)
-
-    async def approval(self, turn_id: str, *, wait: float = 0.0) -> ApprovalRequested | None:
-        """As `Engine.approval`."""
-        return await _approval(self._status, self._client.get_event_async, turn_id, wait)
-
-    async def decide(self, turn_id: str, decisions: Mapping[str, Decision]) -> None:
-        """As `Engine.decide`."""
-        await _decide(self._status, self._client.get_event_async, self._send, turn_id, decisions)
-
-    def close(self) -> None:
-        self._client.destroy()
 
 
 logging.getLogger("dbos").setLevel(logging.WARNING)

@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 import orjson
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
@@ -28,6 +28,7 @@ from ..runs import RunLog, RunRecord
 from . import _runs
 from ._encoder import Sent
 from ._errors import Refused, error_response, from_log, invalid, invalid_at, refusal
+from ._request import StopRequest, cancel_on_disconnect, is_json, read_body
 from ._response import Run, respond, stream_response
 from ._wire import Undecidable, Unreadable
 
@@ -139,7 +140,7 @@ class Handler:
 
     async def handle(self, request: Request) -> Response:
         """A request: read by the protocol, its conversation resolved, then the stream's response."""
-        if not _json(request):
+        if not is_json(request):
             return refusal(415, "unsupported_media_type", "the request body must be application/json")
         if "last-event-id" in request.headers:
             if self.runs is None:
@@ -222,7 +223,7 @@ class Handler:
         response that refuses it."""
         max_body = self.max_body
         try:
-            raw = await _read_body(request, max_body)
+            raw = await read_body(request, max_body)
         except ClientDisconnect:  # the client left while sending its body
             return Response(status_code=499)
         if raw is None:
@@ -263,7 +264,7 @@ class Handler:
                 # token): a client that leaves meanwhile, or a stop, cancels it. A `"detach"` run
                 # goes on: its response hears of the hang-up and hands it to the manager.
                 if self.on_disconnect == "cancel":
-                    group.start_soon(_cancel_on_disconnect, request, group.cancel_scope)
+                    group.start_soon(cancel_on_disconnect, request, group.cancel_scope)
                 if run is not None:
                     run.scope = group.cancel_scope
                 # stored once the final event was sent (a detached run stores its turn as it ends)
@@ -388,17 +389,17 @@ class Handler:
         """Stop a run of this endpoint by its id (`{"runId": ...}`), for the user who started it. Its
         body is read as the endpoint's is: JSON only (a cross-site form could stop a user's run),
         at most `max_body` bytes."""
-        if not _json(request):
+        if not is_json(request):
             return refusal(415, "unsupported_media_type", "the request body must be application/json")
         try:
-            raw = await _read_body(request, self.max_body)
+            raw = await read_body(request, self.max_body)
         except ClientDisconnect:
             return Response(status_code=499)
         if raw is None:
             return refusal(413, "body_too_large", f"the request body is larger than {self.max_body} bytes")
         request._body = raw  # what a resolver's `request.body()` reads
         try:
-            asked = _StopRequest.model_validate_json(raw or b"{}")
+            asked = StopRequest.model_validate_json(raw or b"{}")
         except ValidationError as error:
             return invalid(error)
         owner = await self.owner_of(request, asked.threadId)
@@ -465,43 +466,3 @@ def _positional_arity(function: Callable[..., Any]) -> int:
     if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
         return 2
     return sum(1 for p in parameters if p.kind in kinds)
-
-
-class _StopRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    runId: str
-    threadId: str | None = None
-
-
-def _json(request: Request) -> bool:
-    """Whether the request's body is JSON by its content type. Only JSON is read: a form or
-    text/plain POST needs no CORS preflight, so any site could make a signed-in user's browser send
-    one (and write into the user's conversation, or stop the user's run)."""
-    kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    return kind == "application/json" or kind.endswith("+json")
-
-
-async def _read_body(request: Request, limit: int) -> bytes | None:
-    """The request body, or `None` when it is longer than `limit` bytes (read no further)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    async with contextlib.aclosing(request.stream()) as body:  # closed when left early, too
-        async for chunk in body:
-            size += len(chunk)
-            if size > limit:
-                return None
-            chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _cancel_on_disconnect(request: Request, scope: anyio.CancelScope) -> None:
-    """Cancel `scope` when the client disconnects (the body was read: the next message says so)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel()
-            return
