@@ -80,7 +80,7 @@ from agentrt._messages import (
 from agentrt.local import LocalModelError
 from agentrt.mcp import MCPServerError, MCPToolError
 from agentrt.moderation import Moderation
-from agentrt.tools._run import LoopLimit
+from agentrt.tools._run import LoopLimit, OutcomeUnknownError
 
 PROTOCOLS = range(pickle.HIGHEST_PROTOCOL + 1)
 
@@ -209,6 +209,9 @@ SAMPLES: dict[type[AgentError], Callable[[], AgentError]] = {
         partial=_partial(),
     ),
     ChatMemoryError: lambda: ChatMemoryError("the store failed"),
+    OutcomeUnknownError: lambda: OutcomeUnknownError(
+        "tool 'refund' started in a worker that died; it was not run again"
+    ),
     RetrievalError: lambda: RetrievalError(
         "Docs.ask: retriever BM25Retriever failed", retriever="BM25Retriever"
     ),
