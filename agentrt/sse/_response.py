@@ -195,8 +195,12 @@ class _Loop:
         await anyio.lowlevel.checkpoint()
 
     def _encode(self, chunks: Sequence[Any]) -> list[bytes]:
+        # A loop, not a comprehension: one would make `frame` a cell, one more object a call.
         frame = self.frame
-        return [frame(chunk).encode() for chunk in chunks]
+        datas = []
+        for chunk in chunks:
+            datas.append(frame(chunk).encode())
+        return datas
 
     def _opened(self) -> Sequence[Any]:
         """The response's first chunks (those a run's log has already are not sent again)."""
