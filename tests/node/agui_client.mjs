@@ -39,11 +39,12 @@ import fs from 'node:fs';
 import { HttpAgent, AGUIError } from '@ag-ui/client';
 import { EventSchemas, RunAgentInputSchema } from '@ag-ui/core/schemas';
 import { Observable } from 'rxjs';
+import { batch, outputs } from './batch.mjs';
 
 const args = process.argv.slice(2);
 const lenient = args.includes('--lenient');
 const verbose = args.includes('--verbose');
-const batch = args.includes('--batch');
+const batched = args.includes('--batch');
 const positional = args.filter(a => !a.startsWith('--'));
 if (!positional[0]) {
   console.error('usage: node agui_client.mjs <url> [runAgentInput-json | @file] [--lenient] [--verbose]');
@@ -67,19 +68,8 @@ const DEFAULT_INPUT = {
   forwardedProps: {},
 };
 
-// Where a run's output goes: the process's own streams for a single run, buffers
-// under --batch. The library's console.warn / console.error calls go to the run
-// being read (runs are read one at a time).
-function outputs(buffered) {
-  const io = { warnings: [], stdout: [], stderr: [] };
-  io.out = text => (buffered ? io.stdout.push(text) : process.stdout.write(text));
-  io.err = (...a) => {
-    const line = a.map(String).join(' ') + '\n';
-    if (buffered) io.stderr.push(line);
-    else process.stderr.write(line);
-  };
-  return io;
-}
+// Where a run's output goes (`outputs`): the library's console.warn / console.error calls go
+// to the run being read (runs are read one at a time).
 let current = outputs(false);
 // ---- capture library warnings (strict mode turns them into failures) ----
 console.warn = (...a) => {
@@ -225,15 +215,10 @@ async function run(url, input, io) {
 
 const read = arg => JSON.parse(arg.startsWith('@') ? fs.readFileSync(arg.slice(1), 'utf8') : arg);
 
-if (batch) {
-  const results = [];
-  for (const { url, body } of read(`@${positional[0]}`)) {
-    current = outputs(true);
-    const status = await run(url, body ?? DEFAULT_INPUT, current);
-    results.push({ status, stdout: current.stdout.join(''), stderr: current.stderr.join('') });
-  }
-  process.stdout.write(JSON.stringify(results));
-  process.exit(0);
+if (batched) {
+  await batch(positional[0], ({ url, body }, io) => run(url, body ?? DEFAULT_INPUT, io), {
+    started: io => (current = io),
+  });
 } else {
   const [url, bodyArg] = positional;
   process.exit(await run(url, bodyArg == null ? DEFAULT_INPUT : read(bodyArg), current));

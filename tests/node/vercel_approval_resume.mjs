@@ -35,12 +35,12 @@
 //     process (the SDK loads once); stdout: a JSON array with, for each run, {"status", "stdout",
 //     "stderr"}: what a single run exits with and prints.
 
-import fs from 'node:fs';
 import {
   AbstractChat,
   DefaultChatTransport,
   lastAssistantMessageIsCompleteWithApprovalResponses,
 } from 'ai';
+import { batch, outputs } from './batch.mjs';
 
 class PlainState {
   constructor(messages = []) {
@@ -66,18 +66,6 @@ class Chat extends AbstractChat {
   constructor({ messages, ...init }) {
     super({ ...init, state: new PlainState(messages) });
   }
-}
-
-// Where a run's output goes: the process's own streams for a single run, buffers under --batch.
-function outputs(buffered) {
-  const io = { stdout: [], stderr: [] };
-  io.out = text => (buffered ? io.stdout.push(text) : process.stdout.write(text));
-  io.err = (...a) => {
-    const line = a.map(String).join(' ') + '\n';
-    if (buffered) io.stderr.push(line);
-    else process.stderr.write(line);
-  };
-  return io;
 }
 
 // One run (the arguments above): its exit status.
@@ -228,17 +216,5 @@ async function run([url, chatId, text, decisionsArg, cutArg, mode, openUrl], io)
 }
 
 const args = process.argv.slice(2);
-if (args[0] === '--batch') {
-  const runs = JSON.parse(fs.readFileSync(args[1], 'utf8'));
-  const results = await Promise.all(
-    runs.map(async argv => {
-      const io = outputs(true);
-      const status = await run(argv, io);
-      return { status, stdout: io.stdout.join(''), stderr: io.stderr.join('') };
-    }),
-  );
-  process.stdout.write(JSON.stringify(results));
-  process.exit(0);
-} else {
-  process.exit(await run(args, outputs(false)));
-}
+if (args[0] === '--batch') await batch(args[1], run, { together: true });
+else process.exit(await run(args, outputs(false)));

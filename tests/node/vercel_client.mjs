@@ -37,10 +37,11 @@ import {
   JSONParseError,
   APICallError,
 } from 'ai';
+import { batch, outputs } from './batch.mjs';
 
 const args = process.argv.slice(2);
 const verbose = args.includes('--verbose');
-const batch = args.includes('--batch');
+const batched = args.includes('--batch');
 const positional = args.filter(a => !a.startsWith('--'));
 if (!positional[0]) {
   console.error('usage: node vercel_client.mjs <url> [body-json | @file] [--verbose]');
@@ -55,18 +56,6 @@ const DEFAULT_BODY = {
   trigger: 'submit-message',
   // messageId is undefined for a plain submit, so JSON.stringify omits it
 };
-
-// Where a run's output goes: the process's own streams for a single run, buffers under --batch.
-function outputs(buffered) {
-  const io = { stdout: [], stderr: [] };
-  io.out = text => (buffered ? io.stdout.push(text) : process.stdout.write(text));
-  io.err = (...a) => {
-    const line = a.map(String).join(' ') + '\n';
-    if (buffered) io.stderr.push(line);
-    else process.stderr.write(line);
-  };
-  return io;
-}
 
 // One run: POST `body` verbatim to `url`, read the response through the SDK; the exit status.
 async function run(url, body, io) {
@@ -138,15 +127,8 @@ async function run(url, body, io) {
 
 const read = arg => JSON.parse(arg.startsWith('@') ? fs.readFileSync(arg.slice(1), 'utf8') : arg);
 
-if (batch) {
-  const results = [];
-  for (const { url, body } of read(`@${positional[0]}`)) {
-    const io = outputs(true);
-    const status = await run(url, body ?? DEFAULT_BODY, io);
-    results.push({ status, stdout: io.stdout.join(''), stderr: io.stderr.join('') });
-  }
-  process.stdout.write(JSON.stringify(results));
-  process.exit(0);
+if (batched) {
+  await batch(positional[0], ({ url, body }, io) => run(url, body ?? DEFAULT_BODY, io));
 } else {
   const [url, bodyArg] = positional;
   process.exit(await run(url, bodyArg == null ? DEFAULT_BODY : read(bodyArg), outputs(false)));
