@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from ._pipeline import Runtime
 
 
-def implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
-    bind = spec.bind
+def starter(spec: MethodSpec, runtime: Runtime) -> Callable[[Any], Invocation]:
+    """What starts an invocation of `spec` from its bound arguments, the call's options laid over
+    the method's and the build's (the built method's way; `agentrt.durable` starts turns with it)."""
     # Options that do not depend on the call, laid over the build's once.
     base = CallOptions(runtime.budget, runtime.settings, runtime.max_repairs)
     if spec.options is not None:
@@ -33,8 +34,7 @@ def implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
     fixed = not spec.option_params
     method_plan = plan(runtime, spec)
 
-    def invocation(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Invocation:
-        arguments = bind(args, kwargs)
+    def start(arguments: Any) -> Invocation:
         options = base
         ambient = CURRENT_OPTIONS.get()
         if ambient is not None:
@@ -52,6 +52,16 @@ def implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
             max_repairs=options.max_repairs,
             method_plan=method_plan,
         )
+
+    return start
+
+
+def implement(spec: MethodSpec, runtime: Runtime) -> Callable[..., Any]:
+    bind = spec.bind
+    start = starter(spec, runtime)
+
+    def invocation(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Invocation:
+        return start(bind(args, kwargs))
 
     view = _view(spec)
     method: Callable[..., Any]

@@ -277,6 +277,20 @@ async def suspend(turn: Turn) -> ApprovalRequested:
 # --- resuming -------------------------------------------------------------------------------------
 
 
+def check_decided(decisions: Mapping[Any, object], pending: set[str], where: str) -> None:
+    """`ApprovalDecisionError` unless `decisions` are keyed by the pending calls' ids, one each."""
+    if not all(isinstance(key, str) for key in decisions):
+        raise ApprovalDecisionError(f"{where}: decisions are keyed by the pending calls' ids (strings)")
+    unknown = sorted(set(decisions) - pending)
+    if unknown:
+        raise ApprovalDecisionError(f"{where}: decisions name calls that are not pending: {unknown}")
+    missing = sorted(pending - set(decisions))
+    if missing:
+        raise ApprovalDecisionError(
+            f"{where}: no decision for pending call(s) {missing}; decide on every one"
+        )
+
+
 def resolve(turn: Turn) -> tuple[list[tuple[int, ToolCall]], dict[int, ToolExecution]]:
     """Check the resumed turn's decisions against its waiting calls: the approved calls (with any
     edited arguments) by position, and the denied ones' executions. `ApprovalDecisionError` for
@@ -293,17 +307,7 @@ def resolve(turn: Turn) -> tuple[list[tuple[int, ToolCall]], dict[int, ToolExecu
     expired = waiting.expires_at is not None and _now() >= waiting.expires_at
     if expired:
         decisions = {pending.id: Deny(EXPIRED) for _, pending in waiting.calls}
-    if not all(isinstance(key, str) for key in decisions):
-        raise ApprovalDecisionError(f"{where}: decisions are keyed by the pending calls' ids (strings)")
-    pending_ids = {pending.id for _, pending in waiting.calls}
-    unknown = sorted(set(decisions) - pending_ids)
-    if unknown:
-        raise ApprovalDecisionError(f"{where}: decisions name calls that are not pending: {unknown}")
-    missing = sorted(pending_ids - set(decisions))
-    if missing:
-        raise ApprovalDecisionError(
-            f"{where}: no decision for pending call(s) {missing}; decide on every one"
-        )
+    check_decided(decisions, {pending.id for _, pending in waiting.calls}, where)
     approved: list[tuple[int, ToolCall]] = []
     denied: list[tuple[int, ToolCall, str]] = []
     for position, pending in waiting.calls:

@@ -15,6 +15,7 @@ from dbos._serialization import DBOSPortableJSON
 from .._approval import Approve, Deny
 from .._errors import ApprovalDecisionError, ApprovalNotFoundError
 from .._events import ApprovalRequested, PendingCall
+from .._pipeline._approve import check_decided
 from ._sqlite import SUBSEC_MISSING, SubsecConnection
 
 if TYPE_CHECKING:
@@ -42,17 +43,9 @@ def waiting_json(approval: ApprovalRequested) -> dict[str, Any]:
 def _decisions_json(decisions: Mapping[str, Decision], waiting: dict[str, Any], where: str) -> dict[str, Any]:
     """The decisions as JSON, checked against the calls that wait: one decision per call,
     `Approve()` (edited arguments a JSON object) or `Deny()` (a reason as text)."""
-    if not isinstance(decisions, Mapping) or not all(isinstance(key, str) for key in decisions):
+    if not isinstance(decisions, Mapping):
         raise ApprovalDecisionError(f"{where}: decisions must map pending call ids to Approve() or Deny()")
-    pending = {call["id"] for call in waiting["calls"]}
-    unknown = sorted(set(decisions) - pending)
-    if unknown:
-        raise ApprovalDecisionError(f"{where}: decisions name calls that are not pending: {unknown}")
-    missing = sorted(pending - set(decisions))
-    if missing:
-        raise ApprovalDecisionError(
-            f"{where}: no decision for pending call(s) {missing}; decide on every one"
-        )
+    check_decided(decisions, {call["id"] for call in waiting["calls"]}, where)
     data: dict[str, Any] = {}
     for call_id, decision in decisions.items():
         if isinstance(decision, Deny):

@@ -31,7 +31,7 @@ from dbos import DBOS, DBOSConfig, SetWorkflowID, WorkflowHandleAsync
 from dbos._serialization import DBOSPortableJSON
 
 from .._errors import ApprovalDecisionError, ApprovalNotFoundError, ConfigurationError
-from .._options import CallOptions
+from .._methods import starter
 from .._pipeline import Invocation
 from .._pipeline._approve import CLAIMED, EXPIRED
 from .._pipeline._checkpoint import VERSION, _revalue, _value
@@ -92,26 +92,6 @@ def _parts(service_name: str, method: str) -> tuple[Any, Any]:
             f"agentrt.durable: {service_name!r} has no method {method!r} built by agentrt"
         )
     return runtime, spec
-
-
-def _start(runtime: Any, spec: Any, arguments: dict[str, Any]) -> Invocation:
-    """A new invocation of the method, with its options laid as a call of the built method would."""
-    bound = spec.bind((), arguments)
-    options = CallOptions(runtime.budget, runtime.settings, runtime.max_repairs)
-    if spec.options is not None:
-        options = spec.options.over(options)
-    if spec.option_params:
-        own = spec.call_options(bound)
-        if own is not None:
-            options = own.over(options)
-    return Invocation(
-        runtime,
-        spec,
-        bound,
-        settings=options.settings,
-        budget=options.final_budget(),
-        max_repairs=options.max_repairs,
-    )
 
 
 class _Journal:
@@ -176,7 +156,7 @@ async def _segment(
             return {"refused": str(error)}
         skip = 1
     elif checkpoint is None:
-        invocation = _start(runtime, spec, arguments)
+        invocation = starter(spec, runtime)(spec.bind((), arguments))
         skip = 0
     else:
         invocation = Invocation.restore(runtime, spec, checkpoint)
