@@ -87,6 +87,7 @@ event (a reader that closes the stream at `Completed` stores nothing). The serve
 final event was handed to the client's connection: a client gone before that has no turn stored."""
 
 _AWAITED: Final = Release("plain", False, None)
+_NO_USAGE: Final = Usage()  # frozen: one for every turn's start (its init sets five fields)
 """The release state of every awaited call without output guardrails: it never changes
 (`Release.again` leaves a plain awaited call as it is)."""
 
@@ -258,7 +259,7 @@ class Turn:
         self.exchange: list[ChatMessage] = []
         """This turn's messages after the user's: assistant messages and tool results, in order."""
         self.response: ModelResponse | None = None
-        self.usage = Usage()
+        self.usage = _NO_USAGE
         self.final: LoopLimit | None = None
         """The loop limit that made the next request the last one (no tools), if any."""
         self.immediate: list[ToolExecution] | None = None
