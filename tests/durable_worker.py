@@ -25,6 +25,12 @@ approves it twice: a double click) and print the turn's value; `A-adopt` adopts 
 decisions that do not fit, sends an edit the tool refuses, then denies the call, and prints the
 errors met and the decisions the turn refused too, then runs the turn `a2` of a service whose
 approvals expire after 0.5 s, on which nobody decides.
+
+The streaming modes run the streamed turn `s1` of `Shop.chat`: a round that says "Let me look. " and
+calls `lookup`, then the answer "Order A1 is paid." token by token. `s-start` starts it; its model
+hangs after the answer's second token (the test, reading the turn's text once the worker printed
+"started", kills it there);
+`s-restart` / `s-adopt` recover it and print its value and the conversation.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from agentrt import Approvals, Approve, Deny, MemoryId, ModelRequest, ToolResult
 from agentrt.durable import Client, Engine
 from agentrt.guardrails import GuardrailResult, OutputGuardrailRequest, reprompt, success
 from agentrt.memory import SQLiteStore
-from agentrt.testing import CallTool, FunctionModel
+from agentrt.testing import CallTool, FunctionModel, Hang
 
 KILL = sys.argv[5] if len(sys.argv) > 5 else ""
 SEEN: Counter[str] = Counter()
@@ -62,6 +68,8 @@ def reach(point: str) -> None:
 
 class Shop:
     async def ask(self, conversation: Annotated[str, MemoryId], question: str) -> str: ...
+
+    async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> agentrt.TokenStream: ...
 
 
 class Tools:
@@ -218,9 +226,43 @@ def unread(turn: str) -> int | None:
     return int(row[0])
 
 
+async def streamed(database: str, executor: str, mode: str) -> None:
+    def chat(request: ModelRequest) -> Any:
+        if not any(isinstance(m, ToolResultMessage) for m in request.messages):
+            return ["Let me look. ", CallTool("lookup", {"order": "A1"}, id="c1")]
+        answer: list[Any] = ["Order ", "A1 ", "is ", "paid."]
+        return [*answer[:2], Hang()] if mode == "s-start" else answer
+
+    store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
+    shop = agentrt.build(
+        Shop,
+        model=FunctionModel(chat),
+        memory=agentrt.memory.window(namespace="shop", store=store),
+        tools=[Tools()],
+    )
+    engine = Engine(database, executor_id=executor, polling_seconds=0.05)
+    engine.register("shop", shop)
+    try:
+        async with engine:
+            if mode == "s-start":
+                await engine.stream("shop", "chat", turn_id="s1", conversation="c", question="Order A1?")
+                print("started", flush=True)  # the test reads the turn's text from here on
+            elif mode == "s-adopt":
+                engine.adopt(["w1"])
+            value = await engine.result("s1")  # (s-start: killed by the test while it waits)
+            stored = await agentrt.memory.access(shop).read("c")
+    finally:
+        store.close()
+    memory = [[type(m).__name__, getattr(m, "text", None) or ""] for m in stored]
+    print(json.dumps({"value": value, "memory": memory}))
+
+
 async def main(database: str, executor: str, mode: str) -> None:
     if mode.lower().startswith("a-"):
         await approval(database, executor, mode)
+        return
+    if mode.startswith("s-"):
+        await streamed(database, executor, mode)
         return
     paired = mode.startswith("p-")  # a round of two refunds, run one after the other
     if paired:

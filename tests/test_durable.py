@@ -25,6 +25,9 @@ import anyio
 import pytest
 from depth import FULL
 
+from agentrt import RESET
+from agentrt.durable import Client
+
 pytest_plugins = ["postgres_server"]
 
 # asyncio only (see above): DBOS's async workflows do not run under trio.
@@ -268,3 +271,57 @@ async def test_a_round_killed_between_two_unsafe_calls_reports_only_the_unfinish
         *(["ToolResultMessage", text] for text in results),
         ["AssistantMessage", "; ".join(results)],
     ]
+
+
+# --- streamed turns --------------------------------------------------------------------------------
+# The streamed turn `s1` of `Shop.chat`: "Let me look. " with a call of `lookup`, then the answer
+# "Order A1 is paid." token by token. The test reads its text (a `Client`, as a front end would)
+# while w1 runs it, kills w1 once the answer's second token arrived (w1's model hangs there), and
+# reads on while w1 restarted (or w2, adopting) finishes it.
+
+STREAMED = ["Let me look. ", "Order ", "A1 ", "is ", "paid."]
+# What a reader gets: the dead run's answer retracted, the text before it again, the new run's.
+RETRACTED = ["Let me look. ", "Order ", "A1 ", RESET, "Let me look. ", *STREAMED[1:]]
+
+
+@pytest.mark.parametrize(
+    ("db", "how"), [("sqlite", "adopt"), ("postgres", "restart")] if not FULL else
+    [(db, how) for db in ("sqlite", "postgres") for how in ("restart", "adopt")]
+)
+@pytest.mark.exhaustive
+async def test_a_streamed_turn_killed_mid_answer_retracts_it_and_streams_the_new_one(
+    request: pytest.FixtureRequest, tmp_path: Path, db: str, how: str
+) -> None:
+    database = database_for(request, db, tmp_path)
+    command = [sys.executable, WORKER, database, "w1", "s-start", str(tmp_path)]
+    client = None
+    try:
+        with anyio.fail_after(120):
+            async with await anyio.open_process(command) as first:
+                assert first.stdout is not None
+                assert (await first.stdout.receive()).startswith(b"started")  # the turn exists
+                client = Client(database)
+                tokens = client.read("s1", polling_seconds=0.02)
+                seen = [await anext(tokens) for _ in range(3)]
+                assert seen == STREAMED[:3]
+                first.kill()
+                assert await first.wait() == -signal.SIGKILL
+            executor = "w1" if how == "restart" else "w2"
+            async with anyio.create_task_group() as group:
+                done: list[Any] = []
+
+                async def recover() -> None:
+                    done.append(await worker(database, executor, f"s-{how}", tmp_path))
+
+                group.start_soon(recover)
+                seen += [token async for token in tokens]
+            out = last_line(done[0])
+            assert seen == RETRACTED
+            assert out["value"] == "Let me look. Order A1 is paid." or out["value"] == "Order A1 is paid."
+            assert runs(tmp_path, "lookup") == 1  # its round completed before the kill: not run again
+            # A reader that comes later reads the same tokens.
+            async with client.read("s1", polling_seconds=0.02) as late:
+                assert [token async for token in late] == RETRACTED
+    finally:
+        if client is not None:
+            client.close()

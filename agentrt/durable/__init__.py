@@ -33,7 +33,8 @@ from __future__ import annotations
 from ..tools._run import OutcomeUnknownError
 from ._approvals import Client
 from ._engine import Engine
+from ._stream import DurableStream
 
-__all__ = ["Client", "Engine", "OutcomeUnknownError"]
+__all__ = ["Client", "DurableStream", "Engine", "OutcomeUnknownError"]
 
 OutcomeUnknownError.__module__ = __name__  # tracebacks name where it is imported from (it pickles by it)

@@ -17,6 +17,7 @@ from .._errors import ApprovalDecisionError, ApprovalNotFoundError
 from .._events import ApprovalRequested, PendingCall
 from .._pipeline._approve import check_decided
 from ._sqlite import SUBSEC_MISSING, SubsecConnection
+from ._stream import KEY, DurableStream
 
 if TYPE_CHECKING:
     from .._approval import Decision
@@ -147,6 +148,14 @@ class Client:
     async def decide(self, turn_id: str, decisions: Mapping[str, Decision]) -> None:
         """As `Engine.decide`."""
         await decide(self._status, self._client.get_event_async, self._send, turn_id, decisions)
+
+    def read(self, turn_id: str, *, offset: int = 0, polling_seconds: float | None = None) -> DurableStream:
+        """As `Engine.read`; `polling_seconds`: how often an SQLite database is asked for new text
+        (DBOS's default: 1 s)."""
+        values = self._client.read_stream_async(
+            turn_id, KEY, offset=offset, polling_interval_sec=polling_seconds
+        )
+        return DurableStream(values, turn_id, offset)
 
     def close(self) -> None:
         self._client.destroy()

@@ -41,6 +41,7 @@ from .._resume import reopen
 from ..tools._run import JOURNAL
 from ._approvals import TOPIC, Client, approval, decide, decisions_of, waiting_json
 from ._sqlite import SUBSEC_MISSING, SubsecConnection
+from ._stream import KEY, DurableStream, fold
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -134,6 +135,7 @@ async def _segment(
     checkpoint: dict[str, Any] | None,
     uncertain: bool,
     decided: dict[str, Any] | None = None,
+    streamed: int | None = None,
 ) -> dict[str, Any]:
     """One step of a durable turn: from `checkpoint` (None: the start) to the next stopping boundary.
     Returns {"checkpoint": ...} there, {"waiting": ...} where the turn stopped for approval (agentrt's
@@ -143,7 +145,10 @@ async def _segment(
 
     With `decided` (a human's decisions on the approval `checkpoint` stopped at), the turn goes on
     from its pending record as `agentrt.resume` does; {"refused": why} for decisions that do not fit
-    (nothing ran, the turn waits again)."""
+    (nothing ran, the turn waits again).
+
+    `streamed`: the segment's number in a streamed turn, whose text goes to the workflow's stream
+    (`_stream`): the number first (a second run of the segment shows it again), then the tokens."""
     runtime, spec = _parts(service_name, method)
     claimed = False
     if decided is not None:
@@ -182,7 +187,11 @@ async def _segment(
     once = COMMIT_ONCE.set(True)
     taken = CLAIMED.set(claimed)
     try:
-        result = await invocation.result()
+        if streamed is None:
+            result = await invocation.result()
+        else:
+            await DBOS.write_stream_async(KEY, {"segment": streamed})
+            result = await fold(invocation._turn, invocation.events())
     except _Stop:
         return {"checkpoint": saved[0]}
     except ApprovalDecisionError as error:
@@ -192,6 +201,8 @@ async def _segment(
         COMMIT_ONCE.reset(once)
         JOURNAL.reset(journal)
     if result.approval is not None:
+        if streamed is not None:
+            await DBOS.write_stream_async(KEY, {"approval": result.approval.run_id})
         return {"waiting": waiting_json(result.approval)}
     turn = invocation._turn
     return {"text": result.text, "value": _value(turn), "parsed": turn.parsed}
@@ -254,10 +265,13 @@ async def _decision(waiting: dict[str, Any]) -> dict[str, Any]:
 
 
 @DBOS.workflow(name="agentrt.turn")
-async def _turn(service_name: str, method: str, arguments: dict[str, Any]) -> dict[str, Any]:
+async def _turn(
+    service_name: str, method: str, arguments: dict[str, Any], streamed: bool = False
+) -> dict[str, Any]:
     checkpoint: dict[str, Any] | None = None
     waiting: dict[str, Any] = {}
     decided: dict[str, Any] | None = None
+    segments = 0
     while True:
         uncertain = False
         if decided is not None or (checkpoint is not None and checkpoint.get("phase") == _TOOLS):
@@ -273,7 +287,9 @@ async def _turn(service_name: str, method: str, arguments: dict[str, Any]) -> di
             checkpoint,
             uncertain,
             decided,
+            segments if streamed else None,
         )
+        segments += 1
         if decided is not None and "refused" not in out:
             # Past the approval (only now: decisions sent while refused ones were read are taken).
             await DBOS.set_event_async(TOPIC, None)
@@ -354,6 +370,7 @@ class Engine:
         DBOS(config=config)
         _ENGINE.append(self)
         self._launched = False
+        self._polling = polling_seconds
 
     def register(self, name: str, service: object) -> None:
         """Name a service built by `agentrt.build` for the turns that run on it; the name is recorded
@@ -384,12 +401,34 @@ class Engine:
         handle = await self._start(service, method, turn_id, arguments)
         return handle.get_workflow_id()
 
+    async def stream(
+        self, service: str, method: str, /, *, turn_id: str | None = None, **arguments: Any
+    ) -> DurableStream:
+        """Start `method` as a durable turn whose text is streamed, and read it: its tokens as the
+        turn releases them, from whichever worker runs it (see `DurableStream`; `read` attaches
+        another reader, `result` gives the value). A turn started again with the same id is not run
+        twice: its stream is read from the start."""
+        handle = await self._start(service, method, turn_id, arguments, streamed=True)
+        return self.read(handle.get_workflow_id())
+
+    def read(self, turn_id: str, *, offset: int = 0) -> DurableStream:
+        """The text of the streamed turn `turn_id` (run by any worker), from `offset` (0: the
+        start; a `DurableStream`'s `offset` where it stopped, to read on after an approval)."""
+        values = DBOS.read_stream_async(turn_id, KEY, offset=offset, polling_interval_sec=self._polling)
+        return DurableStream(values, turn_id, offset)
+
     async def _start(
-        self, service: str, method: str, turn_id: str | None, arguments: dict[str, Any]
+        self,
+        service: str,
+        method: str,
+        turn_id: str | None,
+        arguments: dict[str, Any],
+        *,
+        streamed: bool = False,
     ) -> WorkflowHandleAsync[dict[str, Any]]:
         _parts(service, method)  # a name that is not registered fails here, not in the workflow
         with SetWorkflowID(turn_id or os.urandom(16).hex()):
-            return await DBOS.start_workflow_async(_turn, service, method, arguments)
+            return await DBOS.start_workflow_async(_turn, service, method, arguments, streamed)
 
     async def result(self, turn_id: str) -> Any:
         """Wait for the turn `turn_id` (run by any worker) and return its value."""
