@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sqlite3
 import sys
@@ -51,7 +52,7 @@ from dbos import DBOS
 import agentrt
 from agentrt import Approvals, Approve, Deny, MemoryId, ModelRequest, ToolResultMessage, ToolSettings, tool
 from agentrt.durable import Client, Engine
-from agentrt.guardrails import GuardrailResult, OutputGuardrailRequest, reprompt, success
+from agentrt.guardrails import GuardrailResult, OutputGuardrailRequest, output_guardrails, reprompt, success
 from agentrt.memory import SQLiteStore
 from agentrt.testing import CallTool, FunctionModel, Hang
 
@@ -62,7 +63,10 @@ DIR = Path(sys.argv[4])
 
 def reach(point: str) -> None:
     SEEN[point] += 1
-    if KILL == f"{point}:{SEEN[point]}":
+    SEEN["*"] += 1
+    if KILL == f"{point}:{SEEN[point]}" or KILL == f"*:{SEEN['*']}":
+        with (DIR / "killed").open("w") as killed:  # where (for a kill counted over every point)
+            killed.write(f"{point}:{SEEN[point]}")
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -226,7 +230,40 @@ def unread(turn: str) -> int | None:
     return int(row[0])
 
 
+class Talk:
+    @output_guardrails(Polite(), release="optimistic")
+    async def chat(self, conversation: Annotated[str, MemoryId], question: str) -> agentrt.TokenStream: ...
+
+
+class Counted:
+    """A model whose every chunk is a kill point (`token`)."""
+
+    def __init__(self, inner: FunctionModel) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.capabilities = inner.capabilities
+
+    async def stream(self, request: ModelRequest) -> Any:
+        chunks = self.inner.stream(request)
+        try:
+            async for chunk in chunks:
+                reach("token")
+                yield chunk
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+
+def words(request: ModelRequest) -> Any:
+    """`respond`'s answers, word by word."""
+    answer = respond(request)
+    return re.findall(r"\S+\s*", answer) if isinstance(answer, str) else answer
+
+
 async def streamed(database: str, executor: str, mode: str) -> None:
+    """`s-*`: the turn `s1` of `Shop.chat`; `r-*`: of `Talk.chat`, `Shop.ask`'s turn streamed (two
+    tool rounds, a re-ask under `optimistic` release: the rejected answer is shown, then reset),
+    every chunk a kill point."""
+
     def chat(request: ModelRequest) -> Any:
         if not any(isinstance(m, ToolResultMessage) for m in request.messages):
             return ["Let me look. ", CallTool("lookup", {"order": "A1"}, id="c1")]
@@ -235,33 +272,34 @@ async def streamed(database: str, executor: str, mode: str) -> None:
 
     store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
     shop = agentrt.build(
-        Shop,
-        model=FunctionModel(chat),
+        Talk if mode.startswith("r-") else Shop,
+        model=Counted(FunctionModel(words)) if mode.startswith("r-") else FunctionModel(chat),
         memory=agentrt.memory.window(namespace="shop", store=store),
         tools=[Tools()],
+        tool_settings=ToolSettings(max_concurrency=1),
     )
     engine = Engine(database, executor_id=executor, polling_seconds=0.05)
     engine.register("shop", shop)
     try:
         async with engine:
-            if mode == "s-start":
-                await engine.stream("shop", "chat", turn_id="s1", conversation="c", question="Order A1?")
+            if mode.endswith("-start"):
+                await engine.stream("shop", "chat", turn_id="s1", conversation="c", question="Refund A1")
                 print("started", flush=True)  # the test reads the turn's text from here on
-            elif mode == "s-adopt":
+            elif mode.endswith("-adopt"):
                 engine.adopt(["w1"])
             value = await engine.result("s1")  # (s-start: killed by the test while it waits)
             stored = await agentrt.memory.access(shop).read("c")
     finally:
         store.close()
     memory = [[type(m).__name__, getattr(m, "text", None) or ""] for m in stored]
-    print(json.dumps({"value": value, "memory": memory}))
+    print(json.dumps({"value": value, "memory": memory, "points": SEEN["*"]}))
 
 
 async def main(database: str, executor: str, mode: str) -> None:
     if mode.lower().startswith("a-"):
         await approval(database, executor, mode)
         return
-    if mode.startswith("s-"):
+    if mode[:2] in ("s-", "r-"):
         await streamed(database, executor, mode)
         return
     paired = mode.startswith("p-")  # a round of two refunds, run one after the other

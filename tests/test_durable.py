@@ -14,7 +14,9 @@ tool's runs (its side-effect file), and the conversation as stored (one whole tu
 
 from __future__ import annotations
 
+import contextlib
 import json
+import random
 import signal
 import sys
 import uuid
@@ -67,6 +69,11 @@ async def crash_and_recover(database: str, directory: Path, kill: str, how: str)
     assert second.returncode == 0, second.stderr.decode()[-3000:]
     out = json.loads(second.stdout.decode().splitlines()[-1])
 
+    assert_once(directory, kill, out)
+
+
+def assert_once(directory: Path, kill: str, out: Any) -> None:
+    """The turn killed at `kill` completed once: its tools' runs, its value, the conversation."""
     point = kill.split(":")[0]
     # A completed call is never run again; a call killed inside runs again only if idempotent.
     assert runs(directory, "lookup") == (2 if point == "lookup_after" else 1)
@@ -321,7 +328,7 @@ async def test_a_streamed_turn_killed_mid_answer_retracts_it_and_streams_the_new
             assert seen == RETRACTED
             assert out["value"] == "Order A1 is paid."
             assert out["memory"] == [  # one whole turn, the dead run's partial answer not in it
-                ["UserMessage", "Order A1?"],
+                ["UserMessage", "Refund A1"],
                 ["AssistantMessage", "Let me look. "],
                 ["ToolResultMessage", "order A1: paid"],
                 ["AssistantMessage", "Order A1 is paid."],
@@ -330,6 +337,55 @@ async def test_a_streamed_turn_killed_mid_answer_retracts_it_and_streams_the_new
             # A reader that comes later reads the same tokens.
             async with client.read("s1", polling_seconds=0.02) as late:
                 assert [token async for token in late] == RETRACTED
+    finally:
+        if client is not None:
+            client.close()
+
+
+# The streamed turn `s1` of `Talk.chat`: `Shop.ask`'s turn (two tool rounds, a re-ask), streamed,
+# the rejected answer shown and reset (`optimistic` release). w1 kills itself at the N-th of the
+# turn's 23 kill points (every model chunk one of them, N drawn from the seed); w1 restarted or w2
+# adopting finishes it while the test reads its text. The text after a reader's last `RESET` is the
+# turn's value (a dead run's text never stays: each retraction is explicit), a late reader reads the
+# same tokens, and the turn completed once (`assert_once`).
+POINTS_OF_A_RUN = 23
+RANDOM_RUNS = [(db, seed) for db in ("sqlite", "postgres") for seed in range(50 if FULL else 2)]
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize(("db", "seed"), RANDOM_RUNS)
+async def test_a_streamed_turn_killed_at_a_random_point_completes_once_and_reads_consistently(
+    request: pytest.FixtureRequest, tmp_path: Path, db: str, seed: int
+) -> None:
+    database = database_for(request, db, tmp_path)
+    point = random.Random(f"{db}{seed}").randint(1, POINTS_OF_A_RUN)
+    how = ("restart", "adopt")[seed % 2]
+    command = [sys.executable, WORKER, database, "w1", "r-start", str(tmp_path), f"*:{point}"]
+    client = None
+    try:
+        with anyio.fail_after(120):
+            async with await anyio.open_process(command) as first:
+                assert first.stdout is not None
+                with contextlib.suppress(anyio.EndOfStream):  # (killed before it printed it)
+                    await first.stdout.receive()
+                assert await first.wait() == -signal.SIGKILL
+            client = Client(database)
+            tokens = client.read("s1", polling_seconds=0.02)
+            done: list[Any] = []
+
+            async def recover() -> None:
+                done.append(await worker(database, "w1" if how == "restart" else "w2", f"r-{how}", tmp_path))
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(recover)
+                seen = [token async for token in tokens]
+            out = last_line(done[0])
+            assert_once(tmp_path, (tmp_path / "killed").read_text(), out)
+            shown = seen[len(seen) - seen[::-1].index(RESET) :]  # after the last RESET
+            assert "".join(shown) == out["value"], seen
+            assert seen.count(RESET) >= 1  # the rejected answer was shown, then reset
+            async with client.read("s1", polling_seconds=0.02) as late:
+                assert [token async for token in late] == seen
     finally:
         if client is not None:
             client.close()
