@@ -25,6 +25,8 @@ approves it twice: a double click) and print the turn's value; `A-adopt` adopts 
 decisions that do not fit, sends an edit the tool refuses, then denies the call, and prints the
 errors met and the decisions the turn refused too, then runs the turn `a2` of a service whose
 approvals expire after 0.5 s, on which nobody decides.
+
+MODE `f-run` / `f-read`: turns that fail, read again (see `failures`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from dbos import DBOS
 
 import agentrt
 from agentrt import Approvals, Approve, Deny, MemoryId, ModelRequest, ToolResultMessage, ToolSettings, tool
-from agentrt.durable import Client, Engine
+from agentrt.durable import Client, Engine, TurnFailedError
 from agentrt.guardrails import GuardrailResult, OutputGuardrailRequest, reprompt, success
 from agentrt.memory import SQLiteStore
 from agentrt.testing import CallTool, FunctionModel
@@ -218,9 +220,61 @@ def unread(turn: str) -> int | None:
     return int(row[0])
 
 
+def failing(request: ModelRequest) -> Any:
+    question = str(getattr(request.messages[-1], "text", ""))
+    if question == "rate":
+        raise agentrt.RateLimitError("slow down", retry_after=3.0, status=429)
+    raise ValueError("boom")
+
+
+def caught(error: BaseException) -> list[str]:
+    return [type(error).__name__, str(error), *getattr(error, "__notes__", ())]
+
+
+async def failures(database: str, executor: str, mode: str) -> None:
+    """Turns that fail (`f1`: agentrt's `RateLimitError`; `f2`: a `ValueError` of the model's own),
+    each read: as it fails, started again with its id, its result, and that of a fork of the turn
+    past its failed step (the step's error replayed in the workflow). `f-read`: their results, read by
+    another worker. Prints, per turn, what each read raised (type, message, notes), and the
+    attributes of the last one."""
+    service = agentrt.build(Shop, model=FunctionModel(failing))
+    engine = Engine(database, executor_id=executor, polling_seconds=0.05)
+    engine.register("shop", service)
+    out: dict[str, Any] = {}
+    async with engine:
+        for turn, question in (("f1", "rate"), ("f2", "bug")):
+            reads: list[list[str]] = []
+            ways = ["call", "call", "result", "fork"] if mode == "f-run" else ["result"]
+            for way in ways:
+                try:
+                    if way == "call":
+                        await engine.call("shop", "ask", turn_id=turn, conversation="c", question=question)
+                    else:
+                        await (engine.result(turn) if way == "result" else fork(engine, turn))
+                except Exception as error:
+                    reads.append(caught(error))
+                    last = error
+            out[turn] = reads
+            if isinstance(last, agentrt.RateLimitError):
+                out[f"{turn} attributes"] = [last.retry_after, last.status, last.message]
+            elif isinstance(last, TurnFailedError):
+                out[f"{turn} attributes"] = [last.error_type, last.error_message]
+    print(json.dumps(out))
+
+
+async def fork(engine: Engine, turn: str) -> Any:
+    """The turn forked after its last step: that step's recorded error replayed in the new workflow."""
+    steps = await DBOS.list_workflow_steps_async(turn)
+    handle = await DBOS.fork_workflow_async(turn, steps[-1]["function_id"] + 1)
+    return await engine.result(handle.get_workflow_id())
+
+
 async def main(database: str, executor: str, mode: str) -> None:
     if mode.lower().startswith("a-"):
         await approval(database, executor, mode)
+        return
+    if mode.startswith("f-"):
+        await failures(database, executor, mode)
         return
     paired = mode.startswith("p-")  # a round of two refunds, run one after the other
     if paired:

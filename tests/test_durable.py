@@ -268,3 +268,34 @@ async def test_a_round_killed_between_two_unsafe_calls_reports_only_the_unfinish
         *(["ToolResultMessage", text] for text in results),
         ["AssistantMessage", "; ".join(results)],
     ]
+
+
+# --- a failed turn read again ----------------------------------------------------------------------
+# DBOS records a turn's error as JSON (type name and message), so a failed turn read from its record
+# (started again with its id, `result`, another worker, a replay) raised DBOS's PortableWorkflowError.
+
+NOTE = (
+    "agentrt.durable: read from the records of turn {!r}, which keep the error's type and message "
+    "only (its other attributes are not recorded)"
+)
+
+
+async def test_a_failed_turn_read_again_raises_agentrt_errors(tmp_path: Path) -> None:
+    """`f1` fails with agentrt's `RateLimitError`, `f2` with a `ValueError` (the model's own): read
+    again, `f1` raises `RateLimitError` (the recorded message, a note, no other attribute), `f2`
+    `TurnFailedError` naming the original; also in another worker, and when the failed step is
+    replayed in the workflow (a fork past it)."""
+    out = last_line(await worker(sqlite(tmp_path), "w1", "f-run", tmp_path))
+    rate = ["RateLimitError", "slow down (status 429)"]
+    bug = ["TurnFailedError", "durable turn 'f2' failed with ValueError: boom"]
+    assert out["f1"][:3] == [rate, [*rate, NOTE.format("f1")], [*rate, NOTE.format("f1")]]
+    assert out["f2"][:3] == [["ValueError", "boom"], bug, bug]
+    # The fork: a new turn id, the same error (not `TurnFailedError` naming DBOS's).
+    assert out["f1"][3][0] == "RateLimitError"
+    assert out["f2"][3][0] == "TurnFailedError"
+    assert out["f2"][3][1].endswith("failed with ValueError: boom")
+    assert out["f1 attributes"] == [None, None, "slow down (status 429)"]
+    assert out["f2 attributes"] == ["ValueError", "boom"]
+    read = last_line(await worker(sqlite(tmp_path), "w2", "f-read", tmp_path))
+    assert read["f1"] == [[*rate, NOTE.format("f1")]]
+    assert read["f2"] == [bug]

@@ -27,7 +27,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Final
 
-from dbos import DBOS, DBOSConfig, SetWorkflowID, WorkflowHandleAsync
+from dbos import DBOS, DBOSConfig, PortableWorkflowError, SetWorkflowID, WorkflowHandleAsync
 from dbos._serialization import DBOSPortableJSON
 
 from .._errors import ApprovalDecisionError, ApprovalNotFoundError, ConfigurationError
@@ -40,6 +40,7 @@ from .._pipeline._turn import Phase
 from .._resume import reopen
 from ..tools._run import JOURNAL
 from ._approvals import TOPIC, Client, approval, decide, decisions_of, waiting_json
+from ._failed import rebuilt
 from ._sqlite import SUBSEC_MISSING, SubsecConnection
 
 if TYPE_CHECKING:
@@ -264,16 +265,21 @@ async def _turn(service_name: str, method: str, arguments: dict[str, Any]) -> di
             token = await DBOS.run_step_async({"name": "agentrt.intent"}, _intent)
             uncertain = token not in _FRESH
             _FRESH.discard(token)
-        out = await DBOS.run_step_async(
-            {"name": "agentrt.segment", "retries_allowed": False},
-            _segment,
-            service_name,
-            method,
-            arguments,
-            checkpoint,
-            uncertain,
-            decided,
-        )
+        try:
+            out = await DBOS.run_step_async(
+                {"name": "agentrt.segment", "retries_allowed": False},
+                _segment,
+                service_name,
+                method,
+                arguments,
+                checkpoint,
+                uncertain,
+                decided,
+            )
+        except PortableWorkflowError as error:
+            # The step's recorded error, replayed (its worker died before the turn recorded it):
+            # the turn fails with it as agentrt's error, not as DBOS's JSON of it.
+            raise rebuilt(DBOS.workflow_id or "", error.name, error.message) from None
         if decided is not None and "refused" not in out:
             # Past the approval (only now: decisions sent while refused ones were read are taken).
             await DBOS.set_event_async(TOPIC, None)
@@ -288,7 +294,12 @@ async def _turn(service_name: str, method: str, arguments: dict[str, Any]) -> di
         decided = await _decision(waiting)
 
 
-def _value_of(recorded: dict[str, Any]) -> Any:
+async def _outcome(handle: WorkflowHandleAsync[dict[str, Any]]) -> Any:
+    """The value of the turn `handle` names, or its error as agentrt's (see `_failed`)."""
+    try:
+        recorded = await handle.get_result()
+    except PortableWorkflowError as error:  # read from its record: JSON, never unpickled
+        raise rebuilt(handle.get_workflow_id(), error.name, error.message) from None
     _, spec = _parts(recorded["service"], recorded["method"])
     return _revalue(spec, recorded["value"], recorded["text"], recorded["parsed"])
 
@@ -323,7 +334,13 @@ class Engine:
     finished); keeping the
     conversation's lock between segments (another turn on it may commit in between); liveness
     (`adopt` is called by the application for executors it knows are dead); retention of finished
-    turns. A turn that failed is recorded with its error's name and message only (JSON).
+    turns.
+
+    A turn that failed raises its error as it fails; read again from its record (`call` with its
+    id, `result`, on any worker) it raises the same class if that is one of agentrt's public errors
+    (with the recorded message only: errors are recorded as JSON, their type's name and message;
+    other attributes such as `partial` are `None`, and a note says so), else `TurnFailedError`,
+    which names the original type and message. Nothing is unpickled.
     """
 
     def __init__(
@@ -375,7 +392,7 @@ class Engine:
         awaiting the method returns (its value). `turn_id` names the turn (default: a random id):
         a turn started again with the same id is not run twice, its recorded result is returned."""
         handle = await self._start(service, method, turn_id, arguments)
-        return _value_of(await handle.get_result())
+        return await _outcome(handle)
 
     async def start(
         self, service: str, method: str, /, *, turn_id: str | None = None, **arguments: Any
@@ -394,7 +411,7 @@ class Engine:
     async def result(self, turn_id: str) -> Any:
         """Wait for the turn `turn_id` (run by any worker) and return its value."""
         handle: WorkflowHandleAsync[dict[str, Any]] = await DBOS.retrieve_workflow_async(turn_id)
-        return _value_of(await handle.get_result())
+        return await _outcome(handle)
 
     async def status(self, turn_id: str) -> str | None:
         """The turn's DBOS status (PENDING, ENQUEUED, SUCCESS, ERROR, ...), `None` for an unknown id."""
