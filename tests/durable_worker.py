@@ -56,6 +56,15 @@ SEEN: Counter[str] = Counter()
 DIR = Path(sys.argv[4])
 
 
+EVENTS: list[str] = []
+
+
+def listen(event: object) -> None:
+    """The listener of every service here: what it saw, in order (a failure with its error's type)."""
+    error = getattr(event, "error", None)
+    EVENTS.append(type(event).__name__ + (f"({type(error).__name__})" if error is not None else ""))
+
+
 def reach(point: str) -> None:
     SEEN[point] += 1
     if KILL == f"{point}:{SEEN[point]}":
@@ -153,6 +162,7 @@ async def approval(database: str, executor: str, mode: str) -> None:
             memory=agentrt.memory.window(namespace="shop", store=store),
             tools=[Gated()],
             approvals=Approvals(expires_after=expires),
+            listeners=[listen],
         )
 
     shop = service(3600.0)
@@ -186,6 +196,7 @@ async def approval(database: str, executor: str, mode: str) -> None:
                 )
                 assert await decider.wait() == 0
             out = await finish(engine, shop, "a1", "c", errors)
+            out["events"] = EVENTS[:]
             if mode == "a-deny":  # and a turn whose approval expires after 0.5 s: nobody decides
                 await engine.call("brief", "ask", turn_id="a2", conversation="c2", question="Refund A1")
                 out["expired"] = await finish(engine, brief, "a2", "c2", [])
@@ -237,7 +248,7 @@ async def failures(database: str, executor: str, mode: str) -> None:
     past its failed step (the step's error replayed in the workflow). `f-read`: their results, read by
     another worker. Prints, per turn, what each read raised (type, message, notes), and the
     attributes of the last one."""
-    service = agentrt.build(Shop, model=FunctionModel(failing))
+    service = agentrt.build(Shop, model=FunctionModel(failing), listeners=[listen])
     engine = Engine(database, executor_id=executor, polling_seconds=0.05)
     engine.register("shop", service)
     out: dict[str, Any] = {}
@@ -255,6 +266,8 @@ async def failures(database: str, executor: str, mode: str) -> None:
                     reads.append(caught(error))
                     last = error
             out[turn] = reads
+            out[f"{turn} events"] = EVENTS[:]
+            EVENTS.clear()
             if isinstance(last, agentrt.RateLimitError):
                 out[f"{turn} attributes"] = [last.retry_after, last.status, last.message]
             elif isinstance(last, TurnFailedError):
@@ -287,6 +300,7 @@ async def main(database: str, executor: str, mode: str) -> None:
         tools=[Tools()],
         output_guardrails=[] if paired else [Polite()],
         tool_settings=ToolSettings(max_concurrency=1),
+        listeners=[listen],
     )
     engine = Engine(database, executor_id=executor, polling_seconds=0.05)
     engine.register("shop", shop)
@@ -302,7 +316,7 @@ async def main(database: str, executor: str, mode: str) -> None:
     finally:
         store.close()
     memory = [[type(m).__name__, getattr(m, "text", None) or ""] for m in stored]
-    print(json.dumps({"value": value, "memory": memory}))
+    print(json.dumps({"value": value, "memory": memory, "events": EVENTS}))
 
 
 if __name__ == "__main__":

@@ -64,6 +64,12 @@ async def crash_and_recover(database: str, directory: Path, kill: str, how: str)
     assert second.returncode == 0, second.stderr.decode()[-3000:]
     out = json.loads(second.stdout.decode().splitlines()[-1])
 
+    # The recovering worker's listener sees one run of the turn: started once (a new run, in this
+    # process), no failure at the segments' ends, completed.
+    events = out["events"]
+    assert (events[0], events[-1], events.count("Started")) == ("Started", "Completed", 1), events
+    assert not [event for event in events if event.startswith(("Failed", "Cancelled"))], events
+
     point = kill.split(":")[0]
     # A completed call is never run again; a call killed inside runs again only if idempotent.
     assert runs(directory, "lookup") == (2 if point == "lookup_after" else 1)
@@ -94,6 +100,13 @@ async def test_a_turn_runs_whole_without_a_crash(tmp_path: Path) -> None:
     assert out["value"] == "Order A1 is refunded (refunded A1)."
     assert len(out["memory"]) == 6
     assert (runs(tmp_path, "lookup"), runs(tmp_path, "refund")) == (1, 1)
+    # A listener sees one turn, as without durability: started once, no failure where a segment ends.
+    assert out["events"] == [
+        "Started",
+        *["RequestIssued", "ResponseReceived", "ToolCallRequested", "ToolExecuted"] * 2,
+        *["RequestIssued", "ResponseReceived", "GuardrailVerdict"] * 2,
+        "Completed",
+    ]
 
 
 # make test: each guarantee once, on both databases and both ways of recovering (a worker start is
@@ -171,6 +184,8 @@ async def test_an_approval_waits_across_a_restart_of_every_worker(
     assert out["value"] == "Order A1: refunded A1"
     assert out["memory"] == one_turn("refunded A1")
     assert out["errors"] == [NOT_WAITING]
+    # The recovering worker's listener: the approved run, started once.
+    assert out["events"] == ["Started", "ToolExecuted", "RequestIssued", "ResponseReceived", "Completed"]
 
 
 async def test_a_denied_or_expired_call_never_runs_and_decisions_that_do_not_fit_are_refused(
@@ -201,6 +216,13 @@ async def test_a_denied_or_expired_call_never_runs_and_decisions_that_do_not_fit
     )
     assert out["expired"]["value"] == f"Order A1: {expired}"
     assert out["expired"]["memory"] == one_turn(expired)
+    # As without durability: the stop for approval, then each resumed run starts (the refused edit's
+    # fails, as `agentrt.resume` raises it), the denied one completes.
+    assert out["events"] == [
+        *["Started", "RequestIssued", "ResponseReceived", "ToolCallRequested", "ApprovalRequested"],
+        *["Started", "FailedEvent(ApprovalDecisionError)"],
+        *["Started", "ToolExecuted", "RequestIssued", "ResponseReceived", "Completed"],
+    ]
 
 
 APPROVED_KILLS = (
@@ -230,6 +252,7 @@ async def test_a_worker_killed_inside_an_approved_call_leaves_its_outcome_unknow
     unknown = "Error: tool 'refund' failed (OutcomeUnknownError)."
     assert out["value"] == f"Order A1: {unknown}"
     assert out["memory"] == one_turn(unknown)
+    assert out["events"] == ["Started", "ToolExecuted", "RequestIssued", "ResponseReceived", "Completed"]
 
 
 # --- one record per call ---------------------------------------------------------------------------
@@ -296,6 +319,9 @@ async def test_a_failed_turn_read_again_raises_agentrt_errors(tmp_path: Path) ->
     assert out["f2"][3][1].endswith("failed with ValueError: boom")
     assert out["f1 attributes"] == [None, None, "slow down (status 429)"]
     assert out["f2 attributes"] == ["ValueError", "boom"]
+    # A real failure: one FailedEvent (the segment before it ended silently).
+    assert out["f1 events"] == ["Started", "RequestIssued", "FailedEvent(RateLimitError)"]
+    assert out["f2 events"] == ["Started", "RequestIssued", "FailedEvent(ValueError)"]
     read = last_line(await worker(sqlite(tmp_path), "w2", "f-read", tmp_path))
     assert read["f1"] == [[*rate, NOTE.format("f1")]]
     assert read["f2"] == [bug]

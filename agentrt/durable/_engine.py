@@ -31,11 +31,13 @@ from dbos import DBOS, DBOSConfig, PortableWorkflowError, SetWorkflowID, Workflo
 from dbos._serialization import DBOSPortableJSON
 
 from .._errors import ApprovalDecisionError, ApprovalNotFoundError, ConfigurationError
+from .._events import Started
 from .._methods import starter
-from .._pipeline import Invocation
+from .._pipeline import Invocation, StopAtBoundary
 from .._pipeline._approve import CLAIMED, EXPIRED
 from .._pipeline._checkpoint import VERSION, _revalue, _value
 from .._pipeline._finish import COMMIT_ONCE
+from .._pipeline._runtime import notify
 from .._pipeline._turn import Phase
 from .._resume import reopen
 from ..tools._run import JOURNAL
@@ -72,12 +74,17 @@ _SERVICES: dict[str, object] = {}
 _FRESH: set[str] = set()
 """Tokens of the intent steps this process ran (not replayed): see the module docstring."""
 
+_RUNNING: set[str] = set()
+"""The turns that ran a segment in this process (until their workflow ends here): a segment of
+another one is its first here, of a turn recovered from another process (or a crashed run)."""
+
 _ENGINE: list[Engine] = []
 """The engine of this process (DBOS is one per process)."""
 
 
-class _Stop(Exception):
-    """Raised by the boundary callback once the turn is saved there: ends a segment."""
+class _Stop(StopAtBoundary):
+    """Raised by the boundary callback once the turn is saved there: ends a segment (not a failure
+    of the turn: listeners see none)."""
 
 
 def _parts(service_name: str, method: str) -> tuple[Any, Any]:
@@ -162,6 +169,14 @@ async def _segment(
     else:
         invocation = Invocation.restore(runtime, spec, checkpoint)
         skip = 1  # a restored turn meets the boundary it was saved at first: that one is this step's
+        if runtime.listeners and (DBOS.workflow_id or "") not in _RUNNING:
+            # Recovered here: a new run of the turn (as a resumed approval is), which listeners see
+            # start; the segments of one run restore the turn silently.
+            turn = invocation._turn
+            model = runtime.model
+            started = Started(invocation.id, spec.qualname, turn.memory_id, model.name, runtime.provider)
+            notify(runtime.listeners, started)
+    _RUNNING.add(DBOS.workflow_id or "")
     saved: list[dict[str, Any]] = []
 
     def boundary(phase: Phase) -> None:
@@ -256,6 +271,13 @@ async def _decision(waiting: dict[str, Any]) -> dict[str, Any]:
 
 @DBOS.workflow(name="agentrt.turn")
 async def _turn(service_name: str, method: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return await _segments(service_name, method, arguments)
+    finally:
+        _RUNNING.discard(DBOS.workflow_id or "")
+
+
+async def _segments(service_name: str, method: str, arguments: dict[str, Any]) -> dict[str, Any]:
     checkpoint: dict[str, Any] | None = None
     waiting: dict[str, Any] = {}
     decided: dict[str, Any] | None = None
@@ -335,6 +357,10 @@ class Engine:
     conversation's lock between segments (another turn on it may commit in between); liveness
     (`adopt` is called by the application for executors it knows are dead); retention of finished
     turns.
+
+    The service's listeners see one turn, as without durability: `Started` once (and once per
+    resumed approval, as with `agentrt.resume`; a turn recovered by another worker starts again
+    there), no failure where a segment ends, one `FailedEvent` for a turn that fails.
 
     A turn that failed raises its error as it fails; read again from its record (`call` with its
     id, `result`, on any worker) it raises the same class if that is one of agentrt's public errors
