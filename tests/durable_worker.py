@@ -26,7 +26,8 @@ decisions that do not fit, sends an edit the tool refuses, then denies the call,
 errors met and the decisions the turn refused too, then runs the turn `a2` of a service whose
 approvals expire after 0.5 s, on which nobody decides.
 
-MODE `f-run` / `f-read`: turns that fail, read again (see `failures`).
+MODE `f-run` / `f-read`: turns that fail, read again (see `failures`). `m-start` / `m-restart`: the
+turn `t1` on an engine with `max_recoveries=1`. `r-keep` / `r-prune`: retention (see `retention`).
 """
 
 from __future__ import annotations
@@ -282,6 +283,46 @@ async def fork(engine: Engine, turn: str) -> Any:
     return await engine.result(handle.get_workflow_id())
 
 
+async def retention(database: str, executor: str, mode: str) -> None:
+    """`r-keep`: an engine that keeps finished turns an hour runs `r1` (no memory: it ends at once)
+    and starts `a1`, which waits for approval; `prune` deletes nothing. `r-prune` (another worker,
+    which does not recover `a1`): an engine that keeps them 0 s deletes `r1` as it starts; then
+    `r2` runs and `prune` deletes it. Prints what `prune` returned, each turn's status, and the rows
+    of `r1` left in DBOS's tables (SQLite)."""
+    store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
+    plain = agentrt.build(Shop, model=FunctionModel(lambda request: "hello"))
+    shop = agentrt.build(
+        Shop,
+        model=FunctionModel(gated),
+        memory=agentrt.memory.window(namespace="shop", store=store),
+        tools=[Gated()],
+    )
+    keep = 3600.0 if mode == "r-keep" else 0
+    engine = Engine(database, executor_id=executor, polling_seconds=0.05, retention_seconds=keep)
+    engine.register("plain", plain)
+    engine.register("shop", shop)
+    out: dict[str, Any] = {}
+    try:
+        async with engine:
+            if mode == "r-keep":
+                await engine.call("plain", "ask", turn_id="r1", conversation="c", question="Hi")
+                await engine.start("shop", "ask", turn_id="a1", conversation="c", question="Refund A1")
+                assert await engine.approval("a1", wait=60) is not None
+            else:
+                await engine.call("plain", "ask", turn_id="r2", conversation="c", question="Hi")
+            out["pruned"] = await engine.prune()
+            out["status"] = {turn: await engine.status(turn) for turn in ("r1", "r2", "a1")}
+    finally:
+        store.close()
+    with contextlib.closing(sqlite3.connect(DIR / "dbos.sqlite")) as db:
+        tables = ("workflow_status", "operation_outputs", "workflow_input", "workflow_output")
+        out["rows"] = {
+            table: db.execute(f"SELECT count(*) FROM {table} WHERE workflow_uuid = 'r1'").fetchone()[0]
+            for table in tables
+        }
+    print(json.dumps(out))
+
+
 async def main(database: str, executor: str, mode: str) -> None:
     if mode.lower().startswith("a-"):
         await approval(database, executor, mode)
@@ -289,8 +330,12 @@ async def main(database: str, executor: str, mode: str) -> None:
     if mode.startswith("f-"):
         await failures(database, executor, mode)
         return
+    if mode.startswith("r-"):
+        await retention(database, executor, mode)
+        return
     paired = mode.startswith("p-")  # a round of two refunds, run one after the other
-    if paired:
+    limited = mode.startswith("m-")  # an engine whose turns are recovered once at most
+    if paired or limited:
         mode = mode[2:]
     store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
     shop = agentrt.build(
@@ -302,7 +347,9 @@ async def main(database: str, executor: str, mode: str) -> None:
         tool_settings=ToolSettings(max_concurrency=1),
         listeners=[listen],
     )
-    engine = Engine(database, executor_id=executor, polling_seconds=0.05)
+    engine = Engine(
+        database, executor_id=executor, polling_seconds=0.05, max_recoveries=1 if limited else 100
+    )
     engine.register("shop", shop)
     try:
         async with engine:
@@ -311,7 +358,10 @@ async def main(database: str, executor: str, mode: str) -> None:
             else:
                 if mode == "adopt":
                     engine.adopt(["w1"])
-                value = await engine.result("t1")
+                try:
+                    value = await engine.result("t1")
+                except TurnFailedError as error:  # given up (`m-`)
+                    value = [type(error).__name__, str(error), error.error_type, await engine.status("t1")]
             stored = await agentrt.memory.access(shop).read("c")
     finally:
         store.close()

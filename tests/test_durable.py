@@ -325,3 +325,57 @@ async def test_a_failed_turn_read_again_raises_agentrt_errors(tmp_path: Path) ->
     read = last_line(await worker(sqlite(tmp_path), "w2", "f-read", tmp_path))
     assert read["f1"] == [[*rate, NOTE.format("f1")]]
     assert read["f2"] == [bug]
+
+
+# --- configuration ---------------------------------------------------------------------------------
+
+
+async def test_a_turn_recovered_more_than_max_recoveries_is_given_up(tmp_path: Path) -> None:
+    """`max_recoveries=1`: w1 dies in the first request; restarted, it recovers the turn (once) and
+    dies there again; restarted again, the turn is given up: `TurnFailedError`, nothing ran."""
+    database = sqlite(tmp_path)
+    for _ in range(2):
+        died = await worker(database, "w1", "m-start" if _ == 0 else "m-restart", tmp_path, "request:1")
+        assert died.returncode == -signal.SIGKILL, died.stderr.decode()[-3000:]
+    out = last_line(await worker(database, "w1", "m-restart", tmp_path, "request:1"))
+    assert out["value"] == [
+        "TurnFailedError",
+        "durable turn 't1' failed with MaxRecoveriesExceeded: given up: its workers died in it more "
+        "often than max_recoveries lets it be recovered",
+        "MaxRecoveriesExceeded",
+        "MAX_RECOVERY_ATTEMPTS_EXCEEDED",
+    ]
+    assert (out["memory"], out["events"]) == ([], [])
+    assert (runs(tmp_path, "lookup"), runs(tmp_path, "refund")) == (0, 0)
+
+
+async def test_retention_deletes_the_records_of_turns_that_ended_before_it(tmp_path: Path) -> None:
+    """Kept an hour, a finished turn stays; kept 0 s, it is deleted (as the engine starts, and by
+    `prune`), every row of it; a turn that waits for approval is never deleted."""
+    database = sqlite(tmp_path)
+    kept = last_line(await worker(database, "w1", "r-keep", tmp_path))
+    assert kept["pruned"] == []
+    assert kept["status"] == {"r1": "SUCCESS", "r2": None, "a1": "PENDING"}
+    assert set(kept["rows"].values()) != {0}
+    pruned = last_line(await worker(database, "w2", "r-prune", tmp_path))
+    assert pruned["pruned"] == ["r2"]  # (r1: deleted as the engine started)
+    assert pruned["status"] == {"r1": None, "r2": None, "a1": "PENDING"}
+    assert set(pruned["rows"].values()) == {0}
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("max_recoveries", -1, "max_recoveries must be an int >= 0 or None, got -1"),
+        ("max_recoveries", 1.5, "max_recoveries must be an int >= 0 or None, got 1.5"),
+        ("max_recoveries", True, "max_recoveries must be an int >= 0 or None, got True"),
+        ("retention_seconds", -1, "retention_seconds must be a finite number of seconds >= 0 or None"),
+        ("retention_seconds", float("inf"), "retention_seconds must be a finite number"),
+        ("retention_seconds", "1d", "retention_seconds must be a finite number"),
+    ],
+)
+async def test_bad_configuration_values_are_refused(option: str, value: Any, message: str) -> None:
+    from agentrt.durable import Engine
+
+    with pytest.raises(ValueError, match=message):
+        Engine(**{option: value})

@@ -23,11 +23,22 @@ decisions (`_resumed`), or returns {"refused": ...} and the body waits again.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from dbos import DBOS, DBOSConfig, PortableWorkflowError, SetWorkflowID, WorkflowHandleAsync
+from dbos import (
+    DBOS,
+    DBOSConfig,
+    PortableWorkflowError,
+    SetWorkflowID,
+    WorkflowHandleAsync,
+    WorkflowStatusString,
+)
+from dbos import error as dbos_errors
+from dbos._registrations import DEFAULT_MAX_RECOVERY_ATTEMPTS, get_func_info
 from dbos._serialization import DBOSPortableJSON
 
 from .._errors import ApprovalDecisionError, ApprovalNotFoundError, ConfigurationError
@@ -42,7 +53,7 @@ from .._pipeline._turn import Phase
 from .._resume import reopen
 from ..tools._run import JOURNAL
 from ._approvals import TOPIC, Client, approval, decide, decisions_of, waiting_json
-from ._failed import rebuilt
+from ._failed import TurnFailedError, rebuilt
 from ._sqlite import SUBSEC_MISSING, SubsecConnection
 
 if TYPE_CHECKING:
@@ -64,6 +75,17 @@ _STOPS: Final = frozenset({Phase.REQUEST, Phase.TOOLS, Phase.APPROVAL, Phase.COM
 commit) and where a turn would wait for a human."""
 
 _TOOLS: Final = Phase.TOOLS.value
+
+_TURN: Final = "agentrt.turn"
+"""The workflow's name (recorded with each turn)."""
+
+_ENDED: Final = [
+    WorkflowStatusString.SUCCESS.value,
+    WorkflowStatusString.ERROR.value,
+    WorkflowStatusString.CANCELLED.value,
+    WorkflowStatusString.MAX_RECOVERY_ATTEMPTS_EXCEEDED.value,
+]
+"""The statuses of a turn that ended (`Engine.prune`)."""
 
 _FOREVER: Final = 366 * 86400.0
 """How long one wait for a decision on an approval without expiry lasts (then it waits again)."""
@@ -269,7 +291,7 @@ async def _decision(waiting: dict[str, Any]) -> dict[str, Any]:
     return {"run_id": waiting["run_id"], "decisions": decisions}
 
 
-@DBOS.workflow(name="agentrt.turn")
+@DBOS.workflow(name=_TURN)
 async def _turn(service_name: str, method: str, arguments: dict[str, Any]) -> dict[str, Any]:
     try:
         return await _segments(service_name, method, arguments)
@@ -318,10 +340,14 @@ async def _segments(service_name: str, method: str, arguments: dict[str, Any]) -
 
 async def _outcome(handle: WorkflowHandleAsync[dict[str, Any]]) -> Any:
     """The value of the turn `handle` names, or its error as agentrt's (see `_failed`)."""
+    turn_id = handle.get_workflow_id()
     try:
         recorded = await handle.get_result()
     except PortableWorkflowError as error:  # read from its record: JSON, never unpickled
-        raise rebuilt(handle.get_workflow_id(), error.name, error.message) from None
+        raise rebuilt(turn_id, error.name, error.message) from None
+    except dbos_errors.DBOSAwaitedWorkflowMaxRecoveryAttemptsExceeded:
+        message = "given up: its workers died in it more often than max_recoveries lets it be recovered"
+        raise TurnFailedError.of(turn_id, "MaxRecoveriesExceeded", message) from None
     _, spec = _parts(recorded["service"], recorded["method"])
     return _revalue(spec, recorded["value"], recorded["text"], recorded["parsed"])
 
@@ -335,6 +361,16 @@ class Engine:
     - `executor_id`: this worker's name, stable across its restarts: at `launch` the pending turns
       recorded under it resume here (DBOS's default: `DBOS__VMID`, else "local").
     - `polling_seconds`: how often SQLite is polled for notifications (DBOS's default: 1 s).
+    - `max_recoveries`: how often one turn may be recovered (after its worker died, by this worker
+      at `launch` or `adopt`): past it, the turn is given up (DBOS's `max_recovery_attempts`, its
+      status MAX_RECOVERY_ATTEMPTS_EXCEEDED), and reading it raises `TurnFailedError`. It stops a
+      turn that kills every worker running it (out of memory, say) from doing so forever. An int
+      >= 0 (DBOS's default: 100), `None` for no limit; the recovering worker's own applies.
+    - `retention_seconds`: how long a finished turn's records (its steps, events and messages in
+      the engine's database, not the conversation in memory) are kept after it ended (successful,
+      failed or given up); `None` (the default): for ever. They are deleted by `prune`, which
+      `async with engine:` runs once at the start; call it on a schedule in a long-lived worker.
+      A turn started again with the id of one deleted runs again.
 
     Register each built service under a name (`register`), the same on every worker, then `launch`
     inside the application's asyncio loop (or `async with engine:`), then `call`. The turn's id is
@@ -353,10 +389,9 @@ class Engine:
     Not yet (issue 28): streaming methods (a durable turn is awaited; its text arrives whole);
     one step per tool call (a call's record is written from inside its round's step: the intent is
     per round, the record per call; a round killed inside runs again its safe calls that had
-    finished); keeping the
-    conversation's lock between segments (another turn on it may commit in between); liveness
-    (`adopt` is called by the application for executors it knows are dead); retention of finished
-    turns.
+    finished); keeping the conversation's lock between segments (another turn on it may commit in
+    between); liveness (`adopt` is called by the application for executors it knows are dead);
+    pruning on a schedule of the engine's own (`prune` runs at the start, then when called).
 
     The service's listeners see one turn, as without durability: `Started` once (and once per
     resumed approval, as with `agentrt.resume`; a turn recovered by another worker starts again
@@ -375,8 +410,25 @@ class Engine:
         *,
         executor_id: str | None = None,
         polling_seconds: float | None = None,
+        max_recoveries: int | None = DEFAULT_MAX_RECOVERY_ATTEMPTS,
+        retention_seconds: float | None = None,
         name: str = "agentrt",
     ) -> None:
+        if max_recoveries is not None and (
+            isinstance(max_recoveries, bool) or not isinstance(max_recoveries, int) or max_recoveries < 0
+        ):
+            raise ValueError(
+                f"agentrt.durable.Engine: max_recoveries must be an int >= 0 or None, got {max_recoveries!r}"
+            )
+        if retention_seconds is not None and (
+            isinstance(retention_seconds, bool)
+            or not isinstance(retention_seconds, int | float)
+            or not 0 <= retention_seconds < math.inf
+        ):
+            raise ValueError(
+                "agentrt.durable.Engine: retention_seconds must be a finite number of seconds >= 0 "
+                f"or None, got {retention_seconds!r}"
+            )
         if _ENGINE:
             raise ConfigurationError(
                 "agentrt.durable: one Engine per process (DBOS is a process-wide singleton)"
@@ -395,8 +447,14 @@ class Engine:
         if polling_seconds is not None:
             config["notification_listener_polling_interval_sec"] = polling_seconds
         DBOS(config=config)
+        # The turn workflow's registration (made at import) carries the limit that recovery reads.
+        info = get_func_info(_turn)
+        assert info is not None
+        info.max_recovery_attempts = max_recoveries
         _ENGINE.append(self)
         self._launched = False
+        self.max_recoveries: Final = max_recoveries
+        self.retention_seconds: Final = retention_seconds
 
     def register(self, name: str, service: object) -> None:
         """Name a service built by `agentrt.build` for the turns that run on it; the name is recorded
@@ -460,6 +518,25 @@ class Engine:
         sent; the first decisions that fit win (any sent after them are not read)."""
         await decide(_status, DBOS.get_event_async, _send, turn_id, decisions)
 
+    async def prune(self) -> list[str]:
+        """Delete the records of the turns that ended more than `retention_seconds` ago (on any
+        worker) and return their ids; nothing without a retention. Turns still running or waiting
+        are never touched."""
+        if self.retention_seconds is None:
+            return []
+        before = datetime.fromtimestamp(time.time() - self.retention_seconds, tz=UTC)
+        ended = await DBOS.list_workflows_async(
+            name=_TURN,
+            status=_ENDED,
+            completed_before=before.isoformat(),
+            load_input=False,
+            load_output=False,
+        )
+        ids = [status.workflow_id for status in ended]
+        if ids:
+            await DBOS.delete_workflows_async(ids)
+        return ids
+
     def adopt(self, executor_ids: list[str]) -> list[str]:
         """Resume here the pending turns of other executors, known to be dead (their ids). Safe to
         call from several workers: only turns still pending on those executors are taken.
@@ -477,6 +554,7 @@ class Engine:
 
     async def __aenter__(self) -> Engine:
         self.launch()
+        await self.prune()
         return self
 
     async def __aexit__(
