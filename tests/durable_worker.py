@@ -28,6 +28,7 @@ approvals expire after 0.5 s, on which nobody decides.
 
 MODE `f-run` / `f-read`: turns that fail, read again (see `failures`). `m-start` / `m-restart`: the
 turn `t1` on an engine with `max_recoveries=1`. `r-keep` / `r-prune`: retention (see `retention`).
+`n-register`: services an engine refuses (see `registering`).
 """
 
 from __future__ import annotations
@@ -323,12 +324,40 @@ async def retention(database: str, executor: str, mode: str) -> None:
     print(json.dumps(out))
 
 
+async def registering(database: str, executor: str) -> None:
+    """`n-register`: services registered with an engine (not launched): one without memory whose
+    `refund` needs approval, one with memory, and an object that is no service. Prints the errors."""
+    store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
+    forgetful = agentrt.build(Shop, model=FunctionModel(gated), tools=[Gated()])
+    remembering = agentrt.build(
+        Shop,
+        model=FunctionModel(gated),
+        tools=[Gated()],
+        memory=agentrt.memory.window(namespace="s", store=store),
+    )
+    engine = Engine(database, executor_id=executor)
+    errors: list[str] = []
+    try:
+        for name, service in (("forgetful", forgetful), ("remembering", remembering), ("other", object())):
+            try:
+                engine.register(name, service)
+            except agentrt.ConfigurationError as error:
+                errors.append(str(error))
+    finally:
+        engine.close()
+        store.close()
+    print(json.dumps({"errors": errors}))
+
+
 async def main(database: str, executor: str, mode: str) -> None:
     if mode.lower().startswith("a-"):
         await approval(database, executor, mode)
         return
     if mode.startswith("f-"):
         await failures(database, executor, mode)
+        return
+    if mode == "n-register":
+        await registering(database, executor)
         return
     if mode.startswith("r-"):
         await retention(database, executor, mode)

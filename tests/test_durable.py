@@ -379,3 +379,17 @@ async def test_bad_configuration_values_are_refused(option: str, value: Any, mes
 
     with pytest.raises(ValueError, match=message):
         Engine(**{option: value})
+
+
+async def test_a_service_without_memory_whose_calls_may_wait_for_approval_is_refused_at_register(
+    tmp_path: Path,
+) -> None:
+    """Its pending turn would live in one process: refused when registered, not when a turn meets
+    the approval (the turn failed there before)."""
+    out = last_line(await worker(sqlite(tmp_path), "w1", "n-register", tmp_path))
+    assert out["errors"] == [
+        "agentrt.durable: service 'forgetful' (Shop) has no memory, but its tool calls may wait for "
+        "approval: a durable turn waits only on a service with memory (its pending record lives in the "
+        "memory's store, which every worker shares)",
+        "agentrt.durable: 'other' is not a service built by agentrt.build (a object)",
+    ]

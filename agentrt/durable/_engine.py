@@ -379,8 +379,9 @@ class Engine:
 
     A tool call that needs approval stops the turn as agentrt does without durability (the pending
     record in the memory's store, so `agentrt.resume`'s checks apply; a service without memory
-    cannot wait durably: `ConfigurationError`); the workflow then waits in `DBOS.recv` until the
-    approval expires (its calls then count as denied), across restarts of every worker.
+    cannot wait durably: `register` refuses it with `ConfigurationError`); the workflow then waits
+    in `DBOS.recv` until the approval expires (its calls then count as denied), across restarts of
+    every worker.
     `approval(turn_id)` gives what it waits for, `decide(turn_id, decisions)` sends a human's
     decisions from any worker (`Client`: from a process that runs no turns); the turn goes on as
     `agentrt.resume` would, on whichever worker runs it. `call` returns once the turn has ended,
@@ -458,9 +459,29 @@ class Engine:
 
     def register(self, name: str, service: object) -> None:
         """Name a service built by `agentrt.build` for the turns that run on it; the name is recorded
-        with each turn, so a recovering worker finds the same service under it."""
+        with each turn, so a recovering worker finds the same service under it.
+
+        A service without memory whose tool calls may wait for approval (its own tools', or
+        declared approvals) is refused (`ConfigurationError`): its pending turns would live in this
+        process alone. (Approvals only from a tool provider's tools: a turn that meets one fails.)"""
+        from .._service import runtime_of
+
         if _ENGINE[:1] != [self]:
             raise ConfigurationError("agentrt.durable: this engine was closed")
+        runtime = runtime_of(service)
+        if runtime is None:
+            raise ConfigurationError(
+                f"agentrt.durable: {name!r} is not a service built by agentrt.build "
+                f"(a {type(service).__name__})"
+            )
+        if runtime.memory is None and runtime.approvals:
+            own = any(tool.needs_approval is not False for tool in runtime.tools.values())
+            if own or runtime.tool_provider is None:
+                raise ConfigurationError(
+                    f"agentrt.durable: service {name!r} ({type(service).__name__}) has no memory, but its "
+                    "tool calls may wait for approval: a durable turn waits only on a service with memory "
+                    "(its pending record lives in the memory's store, which every worker shares)"
+                )
         _SERVICES[name] = service
 
     def launch(self) -> None:
