@@ -26,11 +26,17 @@ decisions that do not fit, sends an edit the tool refuses, then denies the call,
 errors met and the decisions the turn refused too, then runs the turn `a2` of a service whose
 approvals expire after 0.5 s, on which nobody decides.
 
+MODE `f-run` / `f-read`: turns that fail, read again (see `failures`). `m-start` / `m-restart`: the
+turn `t1` on an engine with `max_recoveries=1`. `r-keep` / `r-prune`: retention (see `retention`).
+`n-register`: services an engine refuses (see `registering`).
+
 The streaming modes run the streamed turn `s1` of `Shop.chat`: a round that says "Let me look. " and
 calls `lookup`, then the answer "Order A1 is paid." token by token. `s-start` starts it; its model
 hangs after the answer's second token (the test, reading the turn's text once the worker printed
 "started", kills it there);
-`s-restart` / `s-adopt` recover it and print its value and the conversation.
+`s-restart` / `s-adopt` recover it and print its value and the conversation. `x-start` /
+`x-restart` / `x-adopt`: the same for the streamed turn of `Talk.chat` (see `streamed`), killed
+at KILL `*:N`, the N-th kill point of any kind.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from dbos import DBOS
 
 import agentrt
 from agentrt import Approvals, Approve, Deny, MemoryId, ModelRequest, ToolResultMessage, ToolSettings, tool
-from agentrt.durable import Client, Engine
+from agentrt.durable import Client, Engine, TurnFailedError
 from agentrt.guardrails import GuardrailResult, OutputGuardrailRequest, output_guardrails, reprompt, success
 from agentrt.memory import SQLiteStore
 from agentrt.testing import CallTool, FunctionModel, Hang
@@ -59,6 +65,15 @@ from agentrt.testing import CallTool, FunctionModel, Hang
 KILL = sys.argv[5] if len(sys.argv) > 5 else ""
 SEEN: Counter[str] = Counter()
 DIR = Path(sys.argv[4])
+
+
+EVENTS: list[str] = []
+
+
+def listen(event: object) -> None:
+    """The listener of every service here: what it saw, in order (a failure with its error's type)."""
+    error = getattr(event, "error", None)
+    EVENTS.append(type(event).__name__ + (f"({type(error).__name__})" if error is not None else ""))
 
 
 def reach(point: str) -> None:
@@ -163,6 +178,7 @@ async def approval(database: str, executor: str, mode: str) -> None:
             memory=agentrt.memory.window(namespace="shop", store=store),
             tools=[Gated()],
             approvals=Approvals(expires_after=expires),
+            listeners=[listen],
         )
 
     shop = service(3600.0)
@@ -196,6 +212,7 @@ async def approval(database: str, executor: str, mode: str) -> None:
                 )
                 assert await decider.wait() == 0
             out = await finish(engine, shop, "a1", "c", errors)
+            out["events"] = EVENTS[:]
             if mode == "a-deny":  # and a turn whose approval expires after 0.5 s: nobody decides
                 await engine.call("brief", "ask", turn_id="a2", conversation="c2", question="Refund A1")
                 out["expired"] = await finish(engine, brief, "a2", "c2", [])
@@ -260,7 +277,7 @@ def words(request: ModelRequest) -> Any:
 
 
 async def streamed(database: str, executor: str, mode: str) -> None:
-    """`s-*`: the turn `s1` of `Shop.chat`; `r-*`: of `Talk.chat`, `Shop.ask`'s turn streamed (two
+    """`s-*`: the turn `s1` of `Shop.chat`; `x-*`: of `Talk.chat`, `Shop.ask`'s turn streamed (two
     tool rounds, a re-ask under `optimistic` release: the rejected answer is shown, then reset),
     every chunk a kill point."""
 
@@ -272,8 +289,8 @@ async def streamed(database: str, executor: str, mode: str) -> None:
 
     store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
     shop = agentrt.build(
-        Talk if mode.startswith("r-") else Shop,
-        model=Counted(FunctionModel(words)) if mode.startswith("r-") else FunctionModel(chat),
+        Talk if mode.startswith("x-") else Shop,
+        model=Counted(FunctionModel(words)) if mode.startswith("x-") else FunctionModel(chat),
         memory=agentrt.memory.window(namespace="shop", store=store),
         tools=[Tools()],
         tool_settings=ToolSettings(max_concurrency=1),
@@ -295,15 +312,141 @@ async def streamed(database: str, executor: str, mode: str) -> None:
     print(json.dumps({"value": value, "memory": memory, "points": SEEN["*"]}))
 
 
+def failing(request: ModelRequest) -> Any:
+    question = str(getattr(request.messages[-1], "text", ""))
+    if question == "rate":
+        raise agentrt.RateLimitError("slow down", retry_after=3.0, status=429)
+    raise ValueError("boom")
+
+
+def caught(error: BaseException) -> list[str]:
+    return [type(error).__name__, str(error), *getattr(error, "__notes__", ())]
+
+
+async def failures(database: str, executor: str, mode: str) -> None:
+    """Turns that fail (`f1`: agentrt's `RateLimitError`; `f2`: a `ValueError` of the model's own),
+    each read: as it fails, started again with its id, its result, and that of a fork of the turn
+    past its failed step (the step's error replayed in the workflow). `f-read`: their results, read by
+    another worker. Prints, per turn, what each read raised (type, message, notes), and the
+    attributes of the last one."""
+    service = agentrt.build(Shop, model=FunctionModel(failing), listeners=[listen])
+    engine = Engine(database, executor_id=executor, polling_seconds=0.05)
+    engine.register("shop", service)
+    out: dict[str, Any] = {}
+    async with engine:
+        for turn, question in (("f1", "rate"), ("f2", "bug")):
+            reads: list[list[str]] = []
+            ways = ["call", "call", "result", "fork"] if mode == "f-run" else ["result"]
+            for way in ways:
+                try:
+                    if way == "call":
+                        await engine.call("shop", "ask", turn_id=turn, conversation="c", question=question)
+                    else:
+                        await (engine.result(turn) if way == "result" else fork(engine, turn))
+                except Exception as error:
+                    reads.append(caught(error))
+                    last = error
+            out[turn] = reads
+            out[f"{turn} events"] = EVENTS[:]
+            EVENTS.clear()
+            if isinstance(last, agentrt.RateLimitError):
+                out[f"{turn} attributes"] = [last.retry_after, last.status, last.message]
+            elif isinstance(last, TurnFailedError):
+                out[f"{turn} attributes"] = [last.error_type, last.error_message]
+    print(json.dumps(out))
+
+
+async def fork(engine: Engine, turn: str) -> Any:
+    """The turn forked after its last step: that step's recorded error replayed in the new workflow."""
+    steps = await DBOS.list_workflow_steps_async(turn)
+    handle = await DBOS.fork_workflow_async(turn, steps[-1]["function_id"] + 1)
+    return await engine.result(handle.get_workflow_id())
+
+
+async def retention(database: str, executor: str, mode: str) -> None:
+    """`r-keep`: an engine that keeps finished turns an hour runs `r1` (no memory: it ends at once)
+    and starts `a1`, which waits for approval; `prune` deletes nothing. `r-prune` (another worker,
+    which does not recover `a1`): an engine that keeps them 0 s deletes `r1` as it starts; then
+    `r2` runs and `prune` deletes it. Prints what `prune` returned, each turn's status, and the rows
+    of `r1` left in DBOS's tables (SQLite)."""
+    store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
+    plain = agentrt.build(Shop, model=FunctionModel(lambda request: "hello"))
+    shop = agentrt.build(
+        Shop,
+        model=FunctionModel(gated),
+        memory=agentrt.memory.window(namespace="shop", store=store),
+        tools=[Gated()],
+    )
+    keep = 3600.0 if mode == "r-keep" else 0
+    engine = Engine(database, executor_id=executor, polling_seconds=0.05, retention_seconds=keep)
+    engine.register("plain", plain)
+    engine.register("shop", shop)
+    out: dict[str, Any] = {}
+    try:
+        async with engine:
+            if mode == "r-keep":
+                await engine.call("plain", "ask", turn_id="r1", conversation="c", question="Hi")
+                await engine.start("shop", "ask", turn_id="a1", conversation="c", question="Refund A1")
+                assert await engine.approval("a1", wait=60) is not None
+            else:
+                await engine.call("plain", "ask", turn_id="r2", conversation="c", question="Hi")
+            out["pruned"] = await engine.prune()
+            out["status"] = {turn: await engine.status(turn) for turn in ("r1", "r2", "a1")}
+    finally:
+        store.close()
+    with contextlib.closing(sqlite3.connect(DIR / "dbos.sqlite")) as db:
+        tables = ("workflow_status", "operation_outputs", "workflow_input", "workflow_output")
+        out["rows"] = {
+            table: db.execute(f"SELECT count(*) FROM {table} WHERE workflow_uuid = 'r1'").fetchone()[0]
+            for table in tables
+        }
+    print(json.dumps(out))
+
+
+async def registering(database: str, executor: str) -> None:
+    """`n-register`: services registered with an engine (not launched): one without memory whose
+    `refund` needs approval, one with memory, and an object that is no service. Prints the errors."""
+    store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
+    forgetful = agentrt.build(Shop, model=FunctionModel(gated), tools=[Gated()])
+    remembering = agentrt.build(
+        Shop,
+        model=FunctionModel(gated),
+        tools=[Gated()],
+        memory=agentrt.memory.window(namespace="s", store=store),
+    )
+    engine = Engine(database, executor_id=executor)
+    errors: list[str] = []
+    try:
+        for name, service in (("forgetful", forgetful), ("remembering", remembering), ("other", object())):
+            try:
+                engine.register(name, service)
+            except agentrt.ConfigurationError as error:
+                errors.append(str(error))
+    finally:
+        engine.close()
+        store.close()
+    print(json.dumps({"errors": errors}))
+
+
 async def main(database: str, executor: str, mode: str) -> None:
     if mode.lower().startswith("a-"):
         await approval(database, executor, mode)
         return
-    if mode[:2] in ("s-", "r-"):
+    if mode.startswith("f-"):
+        await failures(database, executor, mode)
+        return
+    if mode == "n-register":
+        await registering(database, executor)
+        return
+    if mode.startswith("r-"):
+        await retention(database, executor, mode)
+        return
+    if mode[:2] in ("s-", "x-"):
         await streamed(database, executor, mode)
         return
     paired = mode.startswith("p-")  # a round of two refunds, run one after the other
-    if paired:
+    limited = mode.startswith("m-")  # an engine whose turns are recovered once at most
+    if paired or limited:
         mode = mode[2:]
     store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
     shop = agentrt.build(
@@ -313,8 +456,11 @@ async def main(database: str, executor: str, mode: str) -> None:
         tools=[Tools()],
         output_guardrails=[] if paired else [Polite()],
         tool_settings=ToolSettings(max_concurrency=1),
+        listeners=[listen],
     )
-    engine = Engine(database, executor_id=executor, polling_seconds=0.05)
+    engine = Engine(
+        database, executor_id=executor, polling_seconds=0.05, max_recoveries=1 if limited else 100
+    )
     engine.register("shop", shop)
     try:
         async with engine:
@@ -323,12 +469,15 @@ async def main(database: str, executor: str, mode: str) -> None:
             else:
                 if mode == "adopt":
                     engine.adopt(["w1"])
-                value = await engine.result("t1")
+                try:
+                    value = await engine.result("t1")
+                except TurnFailedError as error:  # given up (`m-`)
+                    value = [type(error).__name__, str(error), error.error_type, await engine.status("t1")]
             stored = await agentrt.memory.access(shop).read("c")
     finally:
         store.close()
     memory = [[type(m).__name__, getattr(m, "text", None) or ""] for m in stored]
-    print(json.dumps({"value": value, "memory": memory}))
+    print(json.dumps({"value": value, "memory": memory, "events": EVENTS}))
 
 
 if __name__ == "__main__":

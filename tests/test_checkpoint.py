@@ -28,7 +28,7 @@ from agentrt import (
     TokenStream,
     tool,
 )
-from agentrt._pipeline import Invocation
+from agentrt._pipeline import Invocation, StopAtBoundary
 from agentrt._pipeline._checkpoint import VERSION, CheckpointError
 from agentrt._service import _RUNTIMES
 from agentrt.guardrails import (
@@ -311,3 +311,25 @@ def test_a_held_tool_call_keeps_its_tools_annotations_through_json() -> None:
     for event in (annotated, plain):
         assert _loaded(orjson.loads(orjson.dumps(_event(event))), "inv") == event
     assert "annotations" not in _event(plain)  # nothing stored for a tool without them
+
+
+@pytest.mark.parametrize("stop", [StopAtBoundary, Stop])
+async def test_a_stop_at_a_boundary_is_a_failure_for_listeners_unless_the_owner_stops(
+    stop: type[Exception],
+) -> None:
+    """`StopAtBoundary` (a durable turn's segment ends) is no failure: listeners see none; any other
+    error the boundary callback raises is one."""
+    seen: list[Any] = []
+    service = agentrt.build(Text, model=ScriptedModel(["Hi."]), listeners=[seen.append])
+    invocation = Invocation(
+        _RUNTIMES[type(service)], service.ask.__agentrt_spec__, {"conversation": "c", "question": "q"}
+    )
+
+    def boundary(phase: Any) -> None:
+        raise stop
+
+    invocation.on_boundary(boundary)
+    with pytest.raises(stop):
+        await invocation.result()
+    names = [type(event).__name__ for event in seen]
+    assert names == (["Started"] if stop is StopAtBoundary else ["Started", "FailedEvent"])

@@ -69,6 +69,12 @@ async def crash_and_recover(database: str, directory: Path, kill: str, how: str)
     assert second.returncode == 0, second.stderr.decode()[-3000:]
     out = json.loads(second.stdout.decode().splitlines()[-1])
 
+    # The recovering worker's listener sees one run of the turn: started once (a new run, in this
+    # process), no failure at the segments' ends, completed.
+    events = out["events"]
+    assert (events[0], events[-1], events.count("Started")) == ("Started", "Completed", 1), events
+    assert not [event for event in events if event.startswith(("Failed", "Cancelled"))], events
+
     assert_once(directory, kill, out)
 
 
@@ -104,6 +110,13 @@ async def test_a_turn_runs_whole_without_a_crash(tmp_path: Path) -> None:
     assert out["value"] == "Order A1 is refunded (refunded A1)."
     assert len(out["memory"]) == 6
     assert (runs(tmp_path, "lookup"), runs(tmp_path, "refund")) == (1, 1)
+    # A listener sees one turn, as without durability: started once, no failure where a segment ends.
+    assert out["events"] == [
+        "Started",
+        *["RequestIssued", "ResponseReceived", "ToolCallRequested", "ToolExecuted"] * 2,
+        *["RequestIssued", "ResponseReceived", "GuardrailVerdict"] * 2,
+        "Completed",
+    ]
 
 
 # make test: each guarantee once, on both databases and both ways of recovering (a worker start is
@@ -181,6 +194,8 @@ async def test_an_approval_waits_across_a_restart_of_every_worker(
     assert out["value"] == "Order A1: refunded A1"
     assert out["memory"] == one_turn("refunded A1")
     assert out["errors"] == [NOT_WAITING]
+    # The recovering worker's listener: the approved run, started once.
+    assert out["events"] == ["Started", "ToolExecuted", "RequestIssued", "ResponseReceived", "Completed"]
 
 
 async def test_a_denied_or_expired_call_never_runs_and_decisions_that_do_not_fit_are_refused(
@@ -211,6 +226,13 @@ async def test_a_denied_or_expired_call_never_runs_and_decisions_that_do_not_fit
     )
     assert out["expired"]["value"] == f"Order A1: {expired}"
     assert out["expired"]["memory"] == one_turn(expired)
+    # As without durability: the stop for approval, then each resumed run starts (the refused edit's
+    # fails, as `agentrt.resume` raises it), the denied one completes.
+    assert out["events"] == [
+        *["Started", "RequestIssued", "ResponseReceived", "ToolCallRequested", "ApprovalRequested"],
+        *["Started", "FailedEvent(ApprovalDecisionError)"],
+        *["Started", "ToolExecuted", "RequestIssued", "ResponseReceived", "Completed"],
+    ]
 
 
 APPROVED_KILLS = (
@@ -240,6 +262,7 @@ async def test_a_worker_killed_inside_an_approved_call_leaves_its_outcome_unknow
     unknown = "Error: tool 'refund' failed (OutcomeUnknownError)."
     assert out["value"] == f"Order A1: {unknown}"
     assert out["memory"] == one_turn(unknown)
+    assert out["events"] == ["Started", "ToolExecuted", "RequestIssued", "ResponseReceived", "Completed"]
 
 
 # --- one record per call ---------------------------------------------------------------------------
@@ -277,6 +300,108 @@ async def test_a_round_killed_between_two_unsafe_calls_reports_only_the_unfinish
         ["AssistantMessage", ""],
         *(["ToolResultMessage", text] for text in results),
         ["AssistantMessage", "; ".join(results)],
+    ]
+
+
+# --- a failed turn read again ----------------------------------------------------------------------
+# DBOS records a turn's error as JSON (type name and message), so a failed turn read from its record
+# (started again with its id, `result`, another worker, a replay) raised DBOS's PortableWorkflowError.
+
+NOTE = (
+    "agentrt.durable: read from the records of turn {!r}, which keep the error's type and message "
+    "only (its other attributes are not recorded)"
+)
+
+
+async def test_a_failed_turn_read_again_raises_agentrt_errors(tmp_path: Path) -> None:
+    """`f1` fails with agentrt's `RateLimitError`, `f2` with a `ValueError` (the model's own): read
+    again, `f1` raises `RateLimitError` (the recorded message, a note, no other attribute), `f2`
+    `TurnFailedError` naming the original; also in another worker, and when the failed step is
+    replayed in the workflow (a fork past it)."""
+    out = last_line(await worker(sqlite(tmp_path), "w1", "f-run", tmp_path))
+    rate = ["RateLimitError", "slow down (status 429)"]
+    bug = ["TurnFailedError", "durable turn 'f2' failed with ValueError: boom"]
+    assert out["f1"][:3] == [rate, [*rate, NOTE.format("f1")], [*rate, NOTE.format("f1")]]
+    assert out["f2"][:3] == [["ValueError", "boom"], bug, bug]
+    # The fork: a new turn id, the same error (not `TurnFailedError` naming DBOS's).
+    assert out["f1"][3][0] == "RateLimitError"
+    assert out["f2"][3][0] == "TurnFailedError"
+    assert out["f2"][3][1].endswith("failed with ValueError: boom")
+    assert out["f1 attributes"] == [None, None, "slow down (status 429)"]
+    assert out["f2 attributes"] == ["ValueError", "boom"]
+    # A real failure: one FailedEvent (the segment before it ended silently).
+    assert out["f1 events"] == ["Started", "RequestIssued", "FailedEvent(RateLimitError)"]
+    assert out["f2 events"] == ["Started", "RequestIssued", "FailedEvent(ValueError)"]
+    read = last_line(await worker(sqlite(tmp_path), "w2", "f-read", tmp_path))
+    assert read["f1"] == [[*rate, NOTE.format("f1")]]
+    assert read["f2"] == [bug]
+
+
+# --- configuration ---------------------------------------------------------------------------------
+
+
+async def test_a_turn_recovered_more_than_max_recoveries_is_given_up(tmp_path: Path) -> None:
+    """`max_recoveries=1`: w1 dies in the first request; restarted, it recovers the turn (once) and
+    dies there again; restarted again, the turn is given up: `TurnFailedError`, nothing ran."""
+    database = sqlite(tmp_path)
+    for _ in range(2):
+        died = await worker(database, "w1", "m-start" if _ == 0 else "m-restart", tmp_path, "request:1")
+        assert died.returncode == -signal.SIGKILL, died.stderr.decode()[-3000:]
+    out = last_line(await worker(database, "w1", "m-restart", tmp_path, "request:1"))
+    assert out["value"] == [
+        "TurnFailedError",
+        "durable turn 't1' failed with MaxRecoveriesExceeded: given up: its workers died in it more "
+        "often than max_recoveries lets it be recovered",
+        "MaxRecoveriesExceeded",
+        "MAX_RECOVERY_ATTEMPTS_EXCEEDED",
+    ]
+    assert (out["memory"], out["events"]) == ([], [])
+    assert (runs(tmp_path, "lookup"), runs(tmp_path, "refund")) == (0, 0)
+
+
+async def test_retention_deletes_the_records_of_turns_that_ended_before_it(tmp_path: Path) -> None:
+    """Kept an hour, a finished turn stays; kept 0 s, it is deleted (as the engine starts, and by
+    `prune`), every row of it; a turn that waits for approval is never deleted."""
+    database = sqlite(tmp_path)
+    kept = last_line(await worker(database, "w1", "r-keep", tmp_path))
+    assert kept["pruned"] == []
+    assert kept["status"] == {"r1": "SUCCESS", "r2": None, "a1": "PENDING"}
+    assert set(kept["rows"].values()) != {0}
+    pruned = last_line(await worker(database, "w2", "r-prune", tmp_path))
+    assert pruned["pruned"] == ["r2"]  # (r1: deleted as the engine started)
+    assert pruned["status"] == {"r1": None, "r2": None, "a1": "PENDING"}
+    assert set(pruned["rows"].values()) == {0}
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("max_recoveries", -1, "max_recoveries must be an int >= 0 or None, got -1"),
+        ("max_recoveries", 1.5, "max_recoveries must be an int >= 0 or None, got 1.5"),
+        ("max_recoveries", True, "max_recoveries must be an int >= 0 or None, got True"),
+        ("retention_seconds", -1, "retention_seconds must be a finite number of seconds >= 0 or None"),
+        ("retention_seconds", float("inf"), "retention_seconds must be a finite number"),
+        ("retention_seconds", "1d", "retention_seconds must be a finite number"),
+    ],
+)
+async def test_bad_configuration_values_are_refused(option: str, value: Any, message: str) -> None:
+    from agentrt.durable import Engine
+
+    with pytest.raises(ValueError, match=message):
+        Engine(**{option: value})
+
+
+async def test_a_service_without_memory_whose_calls_may_wait_for_approval_is_refused_at_register(
+    tmp_path: Path,
+) -> None:
+    """Its pending turn would live in one process: refused when registered, not when a turn meets
+    the approval (the turn failed there before)."""
+    out = last_line(await worker(sqlite(tmp_path), "w1", "n-register", tmp_path))
+    assert out["errors"] == [
+        "agentrt.durable: service 'forgetful' (Shop) has no memory, but its tool calls may wait for "
+        "approval: a durable turn waits only on a service with memory (its pending record lives in the "
+        "memory's store, which every worker shares)",
+        "agentrt.durable: 'other' is not a service built by agentrt.build (a object)",
     ]
 
 
@@ -344,10 +469,10 @@ async def test_a_streamed_turn_killed_mid_answer_retracts_it_and_streams_the_new
 
 # The streamed turn `s1` of `Talk.chat`: `Shop.ask`'s turn (two tool rounds, a re-ask), streamed,
 # the rejected answer shown and reset (`optimistic` release). w1 kills itself at the N-th of the
-# turn's 23 kill points (every model chunk one of them, N drawn from the seed); w1 restarted or w2
-# adopting finishes it while the test reads its text. The text after a reader's last `RESET` is the
-# turn's value (a dead run's text never stays: each retraction is explicit), a late reader reads the
-# same tokens, and the turn completed once (`assert_once`).
+# turn's 23 kill points (every model chunk one of them; N from the seed, each N twice in 50 runs);
+# w1 restarted or w2 adopting finishes it while the test reads its text. The text after a reader's
+# last `RESET` is the turn's value (a dead run's text never stays: each retraction is explicit), a
+# late reader reads the same tokens, and the turn completed once (`assert_once`).
 POINTS_OF_A_RUN = 23
 RANDOM_RUNS = [(db, seed) for db in ("sqlite", "postgres") for seed in range(50 if FULL else 2)]
 
@@ -358,9 +483,11 @@ async def test_a_streamed_turn_killed_at_a_random_point_completes_once_and_reads
     request: pytest.FixtureRequest, tmp_path: Path, db: str, seed: int
 ) -> None:
     database = database_for(request, db, tmp_path)
-    point = random.Random(f"{db}{seed}").randint(1, POINTS_OF_A_RUN)
+    # Every point comes twice in 50 runs, in an order drawn at random.
+    order = random.Random(db).sample(range(1, POINTS_OF_A_RUN + 1), POINTS_OF_A_RUN)
+    point = order[seed % POINTS_OF_A_RUN]
     how = ("restart", "adopt")[seed % 2]
-    command = [sys.executable, WORKER, database, "w1", "r-start", str(tmp_path), f"*:{point}"]
+    command = [sys.executable, WORKER, database, "w1", "x-start", str(tmp_path), f"*:{point}"]
     client = None
     try:
         with anyio.fail_after(120):
@@ -374,7 +501,7 @@ async def test_a_streamed_turn_killed_at_a_random_point_completes_once_and_reads
             done: list[Any] = []
 
             async def recover() -> None:
-                done.append(await worker(database, "w1" if how == "restart" else "w2", f"r-{how}", tmp_path))
+                done.append(await worker(database, "w1" if how == "restart" else "w2", f"x-{how}", tmp_path))
 
             async with anyio.create_task_group() as group:
                 group.start_soon(recover)

@@ -77,6 +77,7 @@ from agentrt._messages import (
     ToolResultMessage,
     UserMessage,
 )
+from agentrt.durable import TurnFailedError
 from agentrt.local import LocalModelError
 from agentrt.mcp import MCPServerError, MCPToolError
 from agentrt.moderation import Moderation
@@ -212,6 +213,7 @@ SAMPLES: dict[type[AgentError], Callable[[], AgentError]] = {
     OutcomeUnknownError: lambda: OutcomeUnknownError(
         "tool 'refund' started in a worker that died; it was not run again"
     ),
+    TurnFailedError: lambda: TurnFailedError.of("t1", "ValueError", "boom"),
     RetrievalError: lambda: RetrievalError(
         "Docs.ask: retriever BM25Retriever failed", retriever="BM25Retriever"
     ),

@@ -46,6 +46,12 @@ def python_blocks() -> list[str]:
     ]
 
 
+def durable(block: str) -> bool:
+    """A block of durable turns: a program of its own (DBOS is one per process, and asyncio only),
+    run by `test_the_durable_blocks_run_as_written`."""
+    return "agentrt.durable" in block
+
+
 async def run_block(source: str, namespace: dict[str, Any]) -> None:
     code = compile(source, "README.md", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     result = eval(code, namespace)
@@ -59,7 +65,7 @@ async def run_readme(namespace: dict[str, Any], *, local: bool, models: list[Any
     ran = []
     supply = list(models or [])
     for block in python_blocks():
-        if ("agentrt.local" in block) != local:
+        if ("agentrt.local" in block) != local or durable(block):
             continue
         if supply and re.search(r"\bmodel\b", block) and not re.search(r"^model = ", block, re.MULTILINE):
             namespace["model"] = supply.pop(0)
@@ -139,7 +145,8 @@ async def test_every_readme_block_runs_as_written(
     models = list(scripted.values())
     ran = await run_readme(namespace, local=False, models=models)
 
-    assert len(ran) == len(python_blocks()) - 1  # all but the local-server block
+    # all but the local-server block and the durable programs
+    assert len(ran) == len(python_blocks()) - 1 - len([b for b in python_blocks() if durable(b)])
     assert model.requests[0].messages[-1] == agentrt.UserMessage.of("Where is order SO-2026-0001?")
     ticket = namespace["ticket"]
     assert isinstance(ticket, BaseModel) and ticket.model_dump() == {"origin": "Bern", "destination": "Basel"}
@@ -224,10 +231,10 @@ async def test_every_readme_block_runs_as_written(
             await value.aclose()
 
 
-def test_the_readme_quickstart_runs_as_written(tmp_path: Path) -> None:
-    # A program: its own event loop, its model from the environment (here the echo server's).
-    (block,) = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
-    script = tmp_path / "quickstart.py"
+def run_program(block: str, directory: Path) -> subprocess.CompletedProcess[str]:
+    """Run `block` as a program in `directory`: its own event loop, its model from the environment
+    (here the echo server's)."""
+    script = directory / "program.py"
     script.write_text(block)
     for base in serve(ROOT / "tests" / "servers" / "openai_app.py"):
         env = {
@@ -238,11 +245,40 @@ def test_the_readme_quickstart_runs_as_written(tmp_path: Path) -> None:
         }
         env.pop("OPENAI_MODEL", None)
         ran = subprocess.run(
-            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120, check=False
+            [sys.executable, str(script)],
+            env=env,
+            cwd=directory,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
     assert ran.returncode == 0, ran.stderr
+    return ran
+
+
+def readme_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+
+
+def test_the_readme_quickstart_runs_as_written(tmp_path: Path) -> None:
+    quickstart, _ = readme_blocks()  # (and the durable turn's: below)
+    ran = run_program(quickstart, tmp_path)
     assert ran.stdout.splitlines() == [
         "You said: Where is order SO-2026-0001?",
         "Ticket(origin='echo origin', destination='echo destination')",
         "You said: And the other one?",
     ]
+
+
+def test_the_durable_blocks_run_as_written(tmp_path: Path) -> None:
+    """The README's durable turn and the durable guide's worker, each a program of its own (in a
+    directory of its own: the databases they make)."""
+    _, readme = readme_blocks()
+    (guide,) = [block for block in python_blocks() if durable(block)]
+    assert durable(readme)
+    (tmp_path / "readme").mkdir()
+    (tmp_path / "guide").mkdir()
+    assert run_program(readme, tmp_path / "readme").stdout.splitlines() == ["You said: Refund A1"]
+    assert run_program(guide, tmp_path / "guide").stdout.splitlines() == ["You said: Refund A1 True"]
+    assert (tmp_path / "guide" / "turns.sqlite").exists() and (tmp_path / "guide" / "chat.db").exists()

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from ._runtime import Listener, Runtime, SystemMessageProvider, ToolProvider, ToolRequest
-from .invocation import READY, Invocation
+from .invocation import READY, Invocation, StopAtBoundary
 
 __all__ = [
     "READY",
     "Invocation",
     "Listener",
     "Runtime",
+    "StopAtBoundary",
     "SystemMessageProvider",
     "ToolProvider",
     "ToolRequest",

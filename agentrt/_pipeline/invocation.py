@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from ..models._protocol import ModelSettings
     from ._runtime import Runtime
 
-__all__ = ["READY", "Invocation"]
+__all__ = ["READY", "Invocation", "StopAtBoundary"]
 
 _T = TypeVar("_T")
 
@@ -85,6 +85,12 @@ class _Ready:
 
 
 READY: Final = _Ready()
+
+
+class StopAtBoundary(Exception):
+    """Raised by an `on_boundary` callback to end the invocation there because its owner stops it (a
+    durable turn's segment ends): not the invocation's failure, so listeners get no `FailedEvent`
+    (any other exception the callback raises is one)."""
 
 
 class Invocation:
@@ -135,7 +141,8 @@ class Invocation:
 
     def on_boundary(self, callback: Callable[[Phase], None] | None) -> None:
         """Call `callback` with the step at each step boundary, before the step runs: where the turn
-        may be checkpointed. An exception it raises ends the invocation there (nothing is stored)."""
+        may be checkpointed. An exception it raises ends the invocation there (nothing is stored);
+        listeners see it as a failure unless it is a `StopAtBoundary`."""
         self._turn.boundary = None if callback is None else (lambda turn: callback(turn.phase))
 
     def result(self) -> Coroutine[Any, Any, Result[Any]]:
@@ -456,7 +463,7 @@ class Invocation:
                     return
         except BaseException as exc:
             # A reader that stops at Completed and closes the stream is not a cancellation.
-            if listeners and not done:
+            if listeners and not done and not isinstance(exc, StopAtBoundary):
                 cancelled = isinstance(exc, GeneratorExit | anyio.get_cancelled_exc_class())
                 if not (cancelled and turn.watched):  # watched: result() reports cancellations
                     notify(listeners, CancelledEvent(self.id) if cancelled else FailedEvent(self.id, exc))

@@ -33,8 +33,10 @@ from __future__ import annotations
 from ..tools._run import OutcomeUnknownError
 from ._approvals import Client
 from ._engine import Engine
+from ._failed import TurnFailedError
 from ._stream import DurableStream
 
-__all__ = ["Client", "DurableStream", "Engine", "OutcomeUnknownError"]
+__all__ = ["Client", "DurableStream", "Engine", "OutcomeUnknownError", "TurnFailedError"]
 
-OutcomeUnknownError.__module__ = __name__  # tracebacks name where it is imported from (it pickles by it)
+# Tracebacks name where they are imported from (they pickle by it).
+OutcomeUnknownError.__module__ = TurnFailedError.__module__ = __name__

@@ -23,23 +23,37 @@ decisions (`_resumed`), or returns {"refused": ...} and the body waits again.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from dbos import DBOS, DBOSConfig, SetWorkflowID, WorkflowHandleAsync
+from dbos import (
+    DBOS,
+    DBOSConfig,
+    PortableWorkflowError,
+    SetWorkflowID,
+    WorkflowHandleAsync,
+    WorkflowStatusString,
+)
+from dbos import error as dbos_errors
+from dbos._registrations import DEFAULT_MAX_RECOVERY_ATTEMPTS, get_func_info
 from dbos._serialization import DBOSPortableJSON
 
 from .._errors import ApprovalDecisionError, ApprovalNotFoundError, ConfigurationError
+from .._events import Started
 from .._methods import starter
-from .._pipeline import Invocation
+from .._pipeline import Invocation, StopAtBoundary
 from .._pipeline._approve import CLAIMED, EXPIRED
 from .._pipeline._checkpoint import VERSION, _revalue, _value
 from .._pipeline._finish import COMMIT_ONCE
+from .._pipeline._runtime import notify
 from .._pipeline._turn import Phase
 from .._resume import reopen
 from ..tools._run import JOURNAL
 from ._approvals import TOPIC, Client, approval, decide, decisions_of, waiting_json
+from ._failed import TurnFailedError, rebuilt
 from ._sqlite import SUBSEC_MISSING, SubsecConnection
 from ._stream import KEY, DurableStream, fold
 
@@ -63,6 +77,17 @@ commit) and where a turn would wait for a human."""
 
 _TOOLS: Final = Phase.TOOLS.value
 
+_TURN: Final = "agentrt.turn"
+"""The workflow's name (recorded with each turn)."""
+
+_ENDED: Final = [
+    WorkflowStatusString.SUCCESS.value,
+    WorkflowStatusString.ERROR.value,
+    WorkflowStatusString.CANCELLED.value,
+    WorkflowStatusString.MAX_RECOVERY_ATTEMPTS_EXCEEDED.value,
+]
+"""The statuses of a turn that ended (`Engine.prune`)."""
+
 _FOREVER: Final = 366 * 86400.0
 """How long one wait for a decision on an approval without expiry lasts (then it waits again)."""
 
@@ -72,12 +97,17 @@ _SERVICES: dict[str, object] = {}
 _FRESH: set[str] = set()
 """Tokens of the intent steps this process ran (not replayed): see the module docstring."""
 
+_RUNNING: set[str] = set()
+"""The turns that ran a segment in this process (until their workflow ends here): a segment of
+another one is its first here, of a turn recovered from another process (or a crashed run)."""
+
 _ENGINE: list[Engine] = []
 """The engine of this process (DBOS is one per process)."""
 
 
-class _Stop(Exception):
-    """Raised by the boundary callback once the turn is saved there: ends a segment."""
+class _Stop(StopAtBoundary):
+    """Raised by the boundary callback once the turn is saved there: ends a segment (not a failure
+    of the turn: listeners see none)."""
 
 
 def _parts(service_name: str, method: str) -> tuple[Any, Any]:
@@ -166,6 +196,14 @@ async def _segment(
     else:
         invocation = Invocation.restore(runtime, spec, checkpoint)
         skip = 1  # a restored turn meets the boundary it was saved at first: that one is this step's
+        if runtime.listeners and (DBOS.workflow_id or "") not in _RUNNING:
+            # Recovered here: a new run of the turn (as a resumed approval is), which listeners see
+            # start; the segments of one run restore the turn silently.
+            turn = invocation._turn
+            model = runtime.model
+            started = Started(invocation.id, spec.qualname, turn.memory_id, model.name, runtime.provider)
+            notify(runtime.listeners, started)
+    _RUNNING.add(DBOS.workflow_id or "")
     saved: list[dict[str, Any]] = []
 
     def boundary(phase: Phase) -> None:
@@ -264,9 +302,18 @@ async def _decision(waiting: dict[str, Any]) -> dict[str, Any]:
     return {"run_id": waiting["run_id"], "decisions": decisions}
 
 
-@DBOS.workflow(name="agentrt.turn")
+@DBOS.workflow(name=_TURN)
 async def _turn(
     service_name: str, method: str, arguments: dict[str, Any], streamed: bool = False
+) -> dict[str, Any]:
+    try:
+        return await _segments(service_name, method, arguments, streamed)
+    finally:
+        _RUNNING.discard(DBOS.workflow_id or "")
+
+
+async def _segments(
+    service_name: str, method: str, arguments: dict[str, Any], streamed: bool
 ) -> dict[str, Any]:
     checkpoint: dict[str, Any] | None = None
     waiting: dict[str, Any] = {}
@@ -278,18 +325,23 @@ async def _turn(
             token = await DBOS.run_step_async({"name": "agentrt.intent"}, _intent)
             uncertain = token not in _FRESH
             _FRESH.discard(token)
-        out = await DBOS.run_step_async(
-            {"name": "agentrt.segment", "retries_allowed": False},
-            _segment,
-            service_name,
-            method,
-            arguments,
-            checkpoint,
-            uncertain,
-            decided,
-            segments if streamed else None,
-        )
-        segments += 1
+        try:
+            out = await DBOS.run_step_async(
+                {"name": "agentrt.segment", "retries_allowed": False},
+                _segment,
+                service_name,
+                method,
+                arguments,
+                checkpoint,
+                uncertain,
+                decided,
+                segments if streamed else None,
+            )
+            segments += 1
+        except PortableWorkflowError as error:
+            # The step's recorded error, replayed (its worker died before the turn recorded it):
+            # the turn fails with it as agentrt's error, not as DBOS's JSON of it.
+            raise rebuilt(DBOS.workflow_id or "", error.name, error.message) from None
         if decided is not None and "refused" not in out:
             # Past the approval (only now: decisions sent while refused ones were read are taken).
             await DBOS.set_event_async(TOPIC, None)
@@ -304,7 +356,16 @@ async def _turn(
         decided = await _decision(waiting)
 
 
-def _value_of(recorded: dict[str, Any]) -> Any:
+async def _outcome(handle: WorkflowHandleAsync[dict[str, Any]]) -> Any:
+    """The value of the turn `handle` names, or its error as agentrt's (see `_failed`)."""
+    turn_id = handle.get_workflow_id()
+    try:
+        recorded = await handle.get_result()
+    except PortableWorkflowError as error:  # read from its record: JSON, never unpickled
+        raise rebuilt(turn_id, error.name, error.message) from None
+    except dbos_errors.DBOSAwaitedWorkflowMaxRecoveryAttemptsExceeded:
+        message = "given up: its workers died in it more often than max_recoveries lets it be recovered"
+        raise TurnFailedError.of(turn_id, "MaxRecoveriesExceeded", message) from None
     _, spec = _parts(recorded["service"], recorded["method"])
     return _revalue(spec, recorded["value"], recorded["text"], recorded["parsed"])
 
@@ -318,6 +379,16 @@ class Engine:
     - `executor_id`: this worker's name, stable across its restarts: at `launch` the pending turns
       recorded under it resume here (DBOS's default: `DBOS__VMID`, else "local").
     - `polling_seconds`: how often SQLite is polled for notifications (DBOS's default: 1 s).
+    - `max_recoveries`: how often one turn may be recovered (after its worker died, by this worker
+      at `launch` or `adopt`): past it, the turn is given up (DBOS's `max_recovery_attempts`, its
+      status MAX_RECOVERY_ATTEMPTS_EXCEEDED), and reading it raises `TurnFailedError`. It stops a
+      turn that kills every worker running it (out of memory, say) from doing so forever. An int
+      >= 0 (DBOS's default: 100), `None` for no limit; the recovering worker's own applies.
+    - `retention_seconds`: how long a finished turn's records (its steps, events and messages in
+      the engine's database, not the conversation in memory) are kept after it ended (successful,
+      failed or given up); `None` (the default): for ever. They are deleted by `prune`, which
+      `async with engine:` runs once at the start; call it on a schedule in a long-lived worker.
+      A turn started again with the id of one deleted runs again.
 
     Register each built service under a name (`register`), the same on every worker, then `launch`
     inside the application's asyncio loop (or `async with engine:`), then `call`. The turn's id is
@@ -326,8 +397,9 @@ class Engine:
 
     A tool call that needs approval stops the turn as agentrt does without durability (the pending
     record in the memory's store, so `agentrt.resume`'s checks apply; a service without memory
-    cannot wait durably: `ConfigurationError`); the workflow then waits in `DBOS.recv` until the
-    approval expires (its calls then count as denied), across restarts of every worker.
+    cannot wait durably: `register` refuses it with `ConfigurationError`); the workflow then waits
+    in `DBOS.recv` until the approval expires (its calls then count as denied), across restarts of
+    every worker.
     `approval(turn_id)` gives what it waits for, `decide(turn_id, decisions)` sends a human's
     decisions from any worker (`Client`: from a process that runs no turns); the turn goes on as
     `agentrt.resume` would, on whichever worker runs it. `call` returns once the turn has ended,
@@ -336,10 +408,19 @@ class Engine:
     Not yet (issue 28): streaming methods (a durable turn is awaited; its text arrives whole);
     one step per tool call (a call's record is written from inside its round's step: the intent is
     per round, the record per call; a round killed inside runs again its safe calls that had
-    finished); keeping the
-    conversation's lock between segments (another turn on it may commit in between); liveness
-    (`adopt` is called by the application for executors it knows are dead); retention of finished
-    turns. A turn that failed is recorded with its error's name and message only (JSON).
+    finished); keeping the conversation's lock between segments (another turn on it may commit in
+    between); liveness (`adopt` is called by the application for executors it knows are dead);
+    pruning on a schedule of the engine's own (`prune` runs at the start, then when called).
+
+    The service's listeners see one turn, as without durability: `Started` once (and once per
+    resumed approval, as with `agentrt.resume`; a turn recovered by another worker starts again
+    there), no failure where a segment ends, one `FailedEvent` for a turn that fails.
+
+    A turn that failed raises its error as it fails; read again from its record (`call` with its
+    id, `result`, on any worker) it raises the same class if that is one of agentrt's public errors
+    (with the recorded message only: errors are recorded as JSON, their type's name and message;
+    other attributes such as `partial` are `None`, and a note says so), else `TurnFailedError`,
+    which names the original type and message. Nothing is unpickled.
     """
 
     def __init__(
@@ -348,8 +429,25 @@ class Engine:
         *,
         executor_id: str | None = None,
         polling_seconds: float | None = None,
+        max_recoveries: int | None = DEFAULT_MAX_RECOVERY_ATTEMPTS,
+        retention_seconds: float | None = None,
         name: str = "agentrt",
     ) -> None:
+        if max_recoveries is not None and (
+            isinstance(max_recoveries, bool) or not isinstance(max_recoveries, int) or max_recoveries < 0
+        ):
+            raise ValueError(
+                f"agentrt.durable.Engine: max_recoveries must be an int >= 0 or None, got {max_recoveries!r}"
+            )
+        if retention_seconds is not None and (
+            isinstance(retention_seconds, bool)
+            or not isinstance(retention_seconds, int | float)
+            or not 0 <= retention_seconds < math.inf
+        ):
+            raise ValueError(
+                "agentrt.durable.Engine: retention_seconds must be a finite number of seconds >= 0 "
+                f"or None, got {retention_seconds!r}"
+            )
         if _ENGINE:
             raise ConfigurationError(
                 "agentrt.durable: one Engine per process (DBOS is a process-wide singleton)"
@@ -368,15 +466,41 @@ class Engine:
         if polling_seconds is not None:
             config["notification_listener_polling_interval_sec"] = polling_seconds
         DBOS(config=config)
+        # The turn workflow's registration (made at import) carries the limit that recovery reads.
+        info = get_func_info(_turn)
+        assert info is not None
+        info.max_recovery_attempts = max_recoveries
         _ENGINE.append(self)
         self._launched = False
         self._polling = polling_seconds
+        self.max_recoveries: Final = max_recoveries
+        self.retention_seconds: Final = retention_seconds
 
     def register(self, name: str, service: object) -> None:
         """Name a service built by `agentrt.build` for the turns that run on it; the name is recorded
-        with each turn, so a recovering worker finds the same service under it."""
+        with each turn, so a recovering worker finds the same service under it.
+
+        A service without memory whose tool calls may wait for approval (its own tools', or
+        declared approvals) is refused (`ConfigurationError`): its pending turns would live in this
+        process alone. (Approvals only from a tool provider's tools: a turn that meets one fails.)"""
+        from .._service import runtime_of
+
         if _ENGINE[:1] != [self]:
             raise ConfigurationError("agentrt.durable: this engine was closed")
+        runtime = runtime_of(service)
+        if runtime is None:
+            raise ConfigurationError(
+                f"agentrt.durable: {name!r} is not a service built by agentrt.build "
+                f"(a {type(service).__name__})"
+            )
+        if runtime.memory is None and runtime.approvals:
+            own = any(tool.needs_approval is not False for tool in runtime.tools.values())
+            if own or runtime.tool_provider is None:
+                raise ConfigurationError(
+                    f"agentrt.durable: service {name!r} ({type(service).__name__}) has no memory, but its "
+                    "tool calls may wait for approval: a durable turn waits only on a service with memory "
+                    "(its pending record lives in the memory's store, which every worker shares)"
+                )
         _SERVICES[name] = service
 
     def launch(self) -> None:
@@ -392,7 +516,7 @@ class Engine:
         awaiting the method returns (its value). `turn_id` names the turn (default: a random id):
         a turn started again with the same id is not run twice, its recorded result is returned."""
         handle = await self._start(service, method, turn_id, arguments)
-        return _value_of(await handle.get_result())
+        return await _outcome(handle)
 
     async def start(
         self, service: str, method: str, /, *, turn_id: str | None = None, **arguments: Any
@@ -433,7 +557,7 @@ class Engine:
     async def result(self, turn_id: str) -> Any:
         """Wait for the turn `turn_id` (run by any worker) and return its value."""
         handle: WorkflowHandleAsync[dict[str, Any]] = await DBOS.retrieve_workflow_async(turn_id)
-        return _value_of(await handle.get_result())
+        return await _outcome(handle)
 
     async def status(self, turn_id: str) -> str | None:
         """The turn's DBOS status (PENDING, ENQUEUED, SUCCESS, ERROR, ...), `None` for an unknown id."""
@@ -456,6 +580,25 @@ class Engine:
         sent; the first decisions that fit win (any sent after them are not read)."""
         await decide(_status, DBOS.get_event_async, _send, turn_id, decisions)
 
+    async def prune(self) -> list[str]:
+        """Delete the records of the turns that ended more than `retention_seconds` ago (on any
+        worker) and return their ids; nothing without a retention. Turns still running or waiting
+        are never touched."""
+        if self.retention_seconds is None:
+            return []
+        before = datetime.fromtimestamp(time.time() - self.retention_seconds, tz=UTC)
+        ended = await DBOS.list_workflows_async(
+            name=_TURN,
+            status=_ENDED,
+            completed_before=before.isoformat(),
+            load_input=False,
+            load_output=False,
+        )
+        ids = [status.workflow_id for status in ended]
+        if ids:
+            await DBOS.delete_workflows_async(ids)
+        return ids
+
     def adopt(self, executor_ids: list[str]) -> list[str]:
         """Resume here the pending turns of other executors, known to be dead (their ids). Safe to
         call from several workers: only turns still pending on those executors are taken.
@@ -473,6 +616,7 @@ class Engine:
 
     async def __aenter__(self) -> Engine:
         self.launch()
+        await self.prune()
         return self
 
     async def __aexit__(
