@@ -428,6 +428,44 @@ async def registering(database: str, executor: str) -> None:
     print(json.dumps({"errors": errors}))
 
 
+async def streamed_approval(database: str, executor: str) -> None:
+    """MODE `sa-run`: the streamed turn `sa1` of `Shop.chat` on a service whose `refund` needs
+    approval: its text read up to the approval, then (approved) from where it stopped."""
+
+    def chat(request: ModelRequest) -> Any:
+        results = [m for m in request.messages if isinstance(m, ToolResultMessage)]
+        if results:
+            return re.findall(r"\S+\s*", f"Order A1: {results[-1].text}")
+        return ["Checking. ", CallTool("refund", {"order": "A1"}, id="c1")]
+
+    store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
+    shop = agentrt.build(
+        Shop,
+        model=FunctionModel(chat),
+        memory=agentrt.memory.window(namespace="shop", store=store),
+        tools=[Gated()],
+        approvals=Approvals(expires_after=3600.0),
+    )
+    engine = Engine(database, executor_id=executor, polling_seconds=0.05)
+    engine.register("shop", shop)
+    try:
+        async with engine:
+            async with await engine.stream(
+                "shop", "chat", turn_id="sa1", conversation="c", question="Refund A1"
+            ) as tokens:
+                first = [token async for token in tokens]
+            waiting, offset = tokens.waiting, tokens.offset
+            await engine.decide("sa1", {"c1": Approve()})
+            async with engine.read("sa1", offset=offset) as rest:
+                second = [token async for token in rest]
+            async with engine.read("sa1") as whole:  # from the start: it stops at the approval
+                again = [token async for token in whole]
+            value = await engine.result("sa1")
+    finally:
+        store.close()
+    print(json.dumps({"first": first, "waiting": waiting, "second": second, "again": again, "value": value}))
+
+
 async def main(database: str, executor: str, mode: str) -> None:
     if mode.lower().startswith("a-"):
         await approval(database, executor, mode)
@@ -443,6 +481,9 @@ async def main(database: str, executor: str, mode: str) -> None:
         return
     if mode[:2] in ("s-", "x-"):
         await streamed(database, executor, mode)
+        return
+    if mode == "sa-run":
+        await streamed_approval(database, executor)
         return
     paired = mode.startswith("p-")  # a round of two refunds, run one after the other
     limited = mode.startswith("m-")  # an engine whose turns are recovered once at most

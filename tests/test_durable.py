@@ -516,3 +516,12 @@ async def test_a_streamed_turn_killed_at_a_random_point_completes_once_and_reads
     finally:
         if client is not None:
             client.close()
+
+
+async def test_a_streamed_turn_stops_at_an_approval_and_is_read_on_from_there(tmp_path: Path) -> None:
+    out = last_line(await worker(sqlite(tmp_path), "w1", "sa-run", tmp_path))
+    assert (out["first"], out["waiting"]) == (["Checking. "], True)
+    assert out["second"] == ["Order ", "A1: ", "refunded ", "A1"]
+    assert out["again"] == ["Checking. "]
+    assert out["value"] == "Order A1: refunded A1"
+    assert runs(tmp_path, "refund") == 1
