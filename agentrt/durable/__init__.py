@@ -16,7 +16,9 @@ result stands), one that never started runs, and one that started and never fini
 the model as failed with `OutcomeUnknownError` (under the tool failure policy), not run; safe calls
 run again. The commit stores the turn once, even when run again (`ChatMemoryStore.commit`'s
 `turn`). A tool approval waits durably: the turn's workflow waits for a human's decisions
-(`Engine.decide`, from any worker) across restarts of every worker.
+(`Engine.decide`, from any worker) across restarts of every worker. A streamed turn
+(`Engine.stream`) writes its text to its workflow's DBOS stream, which readers in any process read
+(`DurableStream`); a segment whose worker died after showing text is retracted explicitly.
 
     engine = Engine("sqlite:///turns.sqlite", executor_id="worker-1")
     engine.register("shop", shop)           # every worker registers its services by the same names

@@ -405,12 +405,15 @@ class Engine:
     `agentrt.resume` would, on whichever worker runs it. `call` returns once the turn has ended,
     approval included: start a turn that may wait with `start`, then wait with `result`.
 
-    Not yet (issue 28): streaming methods (a durable turn is awaited; its text arrives whole);
-    one step per tool call (a call's record is written from inside its round's step: the intent is
-    per round, the record per call; a round killed inside runs again its safe calls that had
-    finished); keeping the conversation's lock between segments (another turn on it may commit in
-    between); liveness (`adopt` is called by the application for executors it knows are dead);
-    pruning on a schedule of the engine's own (`prune` runs at the start, then when called).
+    `stream` starts a turn whose text is streamed through the workflow's DBOS stream, and `read`
+    attaches a reader to one (`DurableStream`: a worker that dies part way through an answer
+    leaves it retracted, explicitly, before the new run's text).
+
+    Not yet (issue 28): one step per tool call (a call's record is written from inside its round's step:
+    the intent is per round, the record per call; a round killed inside runs again its safe calls that
+    had finished); keeping the conversation's lock between segments (another turn on it may commit in
+    between); liveness (`adopt` is called by the application for executors it knows are dead); pruning
+    on a schedule of the engine's own (`prune` runs at the start, then when called).
 
     The service's listeners see one turn, as without durability: `Started` once (and once per
     resumed approval, as with `agentrt.resume`; a turn recovered by another worker starts again
