@@ -8,6 +8,11 @@ durable turn records 8 segment steps and 2 intent steps (one before each tool ro
 workflow's own rows and 2 events for the non-idempotent call (started, its outcome). Each turn has
 a new id on a new conversation. Median of `TURNS` turns after `WARMUP`.
 
+The streamed rows: a turn of one request whose answer is `TOKENS` tokens (from memory, at once),
+read to its last token, plainly (a `TokenStream`) and as a durable streamed turn (`Engine.stream`,
+read in the same process, SQLite polled every 10 ms), with the writes its text took (DBOS stream
+rows: the writer batches what arrives during a write).
+
 Postgres: `--postgres URL` (a server; the script makes its own database on it), else a server this
 script starts like the tests do (tests/postgres_server.py: `initdb`/`pg_ctl` on PATH or Debian's),
 else the Postgres row is skipped. It prints, it never asserts.
@@ -28,9 +33,12 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import agentrt
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+TOKENS = 500
 STEPS = 10  # 8 segments (prepare, 4 requests, 2 tool rounds, commit) and an intent step per round
 
 
@@ -79,6 +87,51 @@ async def durable(database: str, shop: Any, turns: int, warmup: int) -> float:
         return await timed(turn, turns, warmup)
 
 
+class Talker:
+    async def chat(self, question: str) -> agentrt.TokenStream: ...
+
+
+def talker() -> Any:
+    from agentrt.testing import FunctionModel
+
+    words = [f"w{i} " for i in range(TOKENS)]
+    return agentrt.build(Talker, model=FunctionModel(lambda request: words))
+
+
+async def streamed(database: str | None, turns: int, warmup: int) -> tuple[float, float]:
+    """The median time to a streamed turn's last token, and the writes (stream rows) it took."""
+    service = talker()
+    if database is None:
+
+        async def plain(index: int) -> None:
+            async with await service.chat("?") as tokens:
+                async for _ in tokens:
+                    pass
+
+        return await timed(plain, turns, warmup), 0.0
+    from dbos import DBOS
+
+    from agentrt.durable import Engine
+
+    engine = Engine(database, executor_id="bench-stream", polling_seconds=0.01)
+    engine.register("talker", service)
+    async with engine:
+        run = uuid.uuid4().hex
+
+        async def turn(index: int) -> None:
+            async with await engine.stream(
+                "talker", "chat", turn_id=f"{run}-{index}", question="?"
+            ) as tokens:
+                async for _ in tokens:
+                    pass
+
+        seconds = await timed(turn, turns, warmup)
+        values = 0
+        async for _ in DBOS.read_stream_async(f"{run}-0", "agentrt.text"):
+            values += 1
+    return seconds, float(values)
+
+
 @contextlib.contextmanager
 def postgres(url: str | None) -> Iterator[str | None]:
     if url is not None:
@@ -117,11 +170,27 @@ async def main(turns: int, warmup: int, url: str | None) -> None:
                 database = f"{server}/bench{uuid.uuid4().hex[:8]}"
                 rows.append(("durable, Postgres", await durable(database, shop, turns, warmup)))
         store.close()
+        streams = [("plain stream", *(await streamed(None, turns, warmup)))]
+        streams.append(
+            (
+                "durable stream, SQLite",
+                *(await streamed(f"sqlite:///{directory / 'stream.sqlite'}", turns, warmup)),
+            )
+        )
     print(f"median of {turns} turns ({STEPS} recorded steps per durable turn)")
     for name, seconds in rows:
         added = seconds - base
         per_step = f"  +{added / STEPS * 1e3:6.2f} ms/step" if seconds is not base else ""
         print(f"{name:20} {seconds * 1e3:8.2f} ms/turn  +{added * 1e3:7.2f} ms{per_step}")
+    print(f"a streamed turn of {TOKENS} tokens, read to its last token (median of {turns})")
+    base = streams[0][1]
+    for name, seconds, values in streams:
+        writes = (
+            f"  {values:.0f} stream values ({TOKENS / max(values - 2, 1):.0f} tokens a write)"
+            if values
+            else ""
+        )
+        print(f"{name:24} {seconds * 1e3:8.2f} ms  +{(seconds - base) * 1e3:7.2f} ms{writes}")
 
 
 if __name__ == "__main__":
