@@ -28,7 +28,8 @@ approvals expire after 0.5 s, on which nobody decides.
 
 MODE `f-run` / `f-read`: turns that fail, read again (see `failures`). `m-start` / `m-restart`: the
 turn `t1` on an engine with `max_recoveries=1`. `r-keep` / `r-prune`: retention (see `retention`).
-`n-register`: services an engine refuses (see `registering`).
+`n-register`: services an engine refuses (see `registering`). `l-start` / `l-wait`: the turn `t1`
+on engines that beat (`adopt_after=1.0`); `l-wait` adopts nothing itself, it waits for the turn.
 
 The streaming modes run the streamed turn `s1` of `Shop.chat`: a round that says "Let me look. " and
 calls `lookup`, then the answer "Order A1 is paid." token by token. `s-start` starts it; its model
@@ -487,7 +488,8 @@ async def main(database: str, executor: str, mode: str) -> None:
         return
     paired = mode.startswith("p-")  # a round of two refunds, run one after the other
     limited = mode.startswith("m-")  # an engine whose turns are recovered once at most
-    if paired or limited:
+    live = mode.startswith("l-")  # engines that beat, and adopt an executor that stopped (`wait`)
+    if paired or limited or live:
         mode = mode[2:]
     store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
     shop = agentrt.build(
@@ -500,7 +502,11 @@ async def main(database: str, executor: str, mode: str) -> None:
         listeners=[listen],
     )
     engine = Engine(
-        database, executor_id=executor, polling_seconds=0.05, max_recoveries=1 if limited else 100
+        database,
+        executor_id=executor,
+        polling_seconds=0.05,
+        max_recoveries=1 if limited else 100,
+        adopt_after=1.0 if live else None,
     )
     engine.register("shop", shop)
     try:

@@ -29,6 +29,7 @@ from depth import FULL
 
 from agentrt import RESET
 from agentrt.durable import Client
+from agentrt.durable._liveness import Heartbeats
 
 pytest_plugins = ["postgres_server"]
 
@@ -525,3 +526,42 @@ async def test_a_streamed_turn_stops_at_an_approval_and_is_read_on_from_there(tm
     assert out["again"] == ["Checking. "]
     assert out["value"] == "Order A1: refunded A1"
     assert runs(tmp_path, "refund") == 1
+
+
+# --- liveness --------------------------------------------------------------------------------------
+
+
+async def test_a_worker_that_stopped_beating_has_its_turn_adopted_by_a_live_one(tmp_path: Path) -> None:
+    """w1 (beating) dies inside the turn; w2 (beating, `adopt_after=1.0`) is told nothing, takes the
+    turn over once w1's last beat is older than a second, and the turn completes once."""
+    database = sqlite(tmp_path)
+    first = await worker(database, "w1", "l-start", tmp_path, "refund_after:1")
+    assert first.returncode == -signal.SIGKILL, first.stderr.decode()[-3000:]
+    out = last_line(await worker(database, "w2", "l-wait", tmp_path))
+    assert_once(tmp_path, "refund_after:1", out)
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgres"])
+async def test_heartbeats_say_who_stopped_beating_and_one_worker_takes_each(
+    request: pytest.FixtureRequest, tmp_path: Path, db: str
+) -> None:
+    database = sqlite(tmp_path) if db == "sqlite" else f"{request.getfixturevalue('postgres_url')}/postgres"
+    w1, w2, w3 = (Heartbeats(database, name) for name in ("w1", "w2", "w3"))
+    try:
+        w1.beat(now=100.0)
+        w2.beat(now=105.0)
+        w3.beat(now=105.5)
+        assert w2.stale(3.0, now=106.0) == ["w1"]  # older than 3 s; never the asker itself
+        assert w3.stale(3.0, now=106.0) == ["w1"]
+        assert w2.stale(10.0, now=106.0) == []
+        # Both see w1 stale: only one of them removes its row (and adopts its turns).
+        assert [w2.forget("w1", 3.0, now=106.0), w3.forget("w1", 3.0, now=106.0)] == [True, False]
+        assert w2.stale(3.0, now=106.0) == []
+        # A worker that beat again meanwhile is not given up.
+        w1.beat(now=107.0)
+        assert w2.forget("w1", 3.0, now=108.0) is False
+        assert w3.stale(3.0, now=108.0) == []
+        assert w1.stale(3.0, now=110.0) == ["w2", "w3"]
+    finally:
+        for beats in (w1, w2, w3):
+            beats.close()

@@ -22,6 +22,7 @@ decisions (`_resumed`), or returns {"refused": ...} and the body waits again.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -40,6 +41,7 @@ from dbos import (
 from dbos import error as dbos_errors
 from dbos._registrations import DEFAULT_MAX_RECOVERY_ATTEMPTS, get_func_info
 from dbos._serialization import DBOSPortableJSON
+from dbos._utils import GlobalParams
 
 from .._errors import ApprovalDecisionError, ApprovalNotFoundError, ConfigurationError
 from .._events import Started
@@ -54,6 +56,7 @@ from .._resume import reopen
 from ..tools._run import JOURNAL
 from ._approvals import TOPIC, Client, approval, decide, decisions_of, waiting_json
 from ._failed import TurnFailedError, rebuilt
+from ._liveness import Heartbeats
 from ._sqlite import SUBSEC_MISSING, SubsecConnection
 from ._stream import KEY, DurableStream, fold
 
@@ -434,6 +437,7 @@ class Engine:
         polling_seconds: float | None = None,
         max_recoveries: int | None = DEFAULT_MAX_RECOVERY_ATTEMPTS,
         retention_seconds: float | None = None,
+        adopt_after: float | None = None,
         name: str = "agentrt",
     ) -> None:
         if max_recoveries is not None and (
@@ -450,6 +454,15 @@ class Engine:
             raise ValueError(
                 "agentrt.durable.Engine: retention_seconds must be a finite number of seconds >= 0 "
                 f"or None, got {retention_seconds!r}"
+            )
+        if adopt_after is not None and (
+            isinstance(adopt_after, bool)
+            or not isinstance(adopt_after, int | float)
+            or not 0 < adopt_after < math.inf
+        ):
+            raise ValueError(
+                "agentrt.durable.Engine: adopt_after must be a finite number of seconds > 0 or None, "
+                f"got {adopt_after!r}"
             )
         if _ENGINE:
             raise ConfigurationError(
@@ -478,6 +491,10 @@ class Engine:
         self._polling = polling_seconds
         self.max_recoveries: Final = max_recoveries
         self.retention_seconds: Final = retention_seconds
+        self.adopt_after: Final = adopt_after
+        self._database = database
+        self._heartbeats: Heartbeats | None = None
+        self._beating: asyncio.Task[None] | None = None
 
     def register(self, name: str, service: object) -> None:
         """Name a service built by `agentrt.build` for the turns that run on it; the name is recorded
@@ -511,6 +528,29 @@ class Engine:
         turns of this executor (a crashed run of this worker) resume."""
         DBOS.launch()
         self._launched = True
+        if self.adopt_after is not None:
+            heartbeats = self._heartbeats = Heartbeats(self._database, GlobalParams.executor_id)
+            # Before a turn starts here: a worker dead before its first beat would never be adopted.
+            heartbeats.beat()
+            self._beating = asyncio.get_running_loop().create_task(self._beat(heartbeats, self.adopt_after))
+
+    async def _beat(self, heartbeats: Heartbeats, after: float) -> None:
+        """Beat every quarter of `adopt_after` from this loop, and adopt the pending turns of the
+        executors that stopped beating (see `_liveness`)."""
+        while True:
+            await asyncio.sleep(after / 4)
+            try:
+                await asyncio.to_thread(heartbeats.beat)
+                for executor in await asyncio.to_thread(heartbeats.stale, after):
+                    if await asyncio.to_thread(heartbeats.forget, executor, after):
+                        adopted = self.adopt([executor])
+                        _logger.warning(
+                            "agentrt.durable: executor %r stopped beating; %d pending turn(s) adopted here",
+                            executor,
+                            len(adopted),
+                        )
+            except Exception:
+                _logger.warning("agentrt.durable: the heartbeat failed; trying again", exc_info=True)
 
     async def call(
         self, service: str, method: str, /, *, turn_id: str | None = None, **arguments: Any
@@ -612,6 +652,12 @@ class Engine:
 
     def close(self) -> None:
         """Stop the engine (DBOS's threads and connections); a new `Engine` may then be made."""
+        if self._beating is not None:
+            self._beating.cancel()
+            self._beating = None
+        if self._heartbeats is not None:
+            self._heartbeats.close()  # (its row stays: another worker adopts what is left pending here)
+            self._heartbeats = None
         if _ENGINE[:1] == [self]:
             _ENGINE.clear()
             _SERVICES.clear()
@@ -638,3 +684,4 @@ async def _send(turn_id: str, message: Any, topic: str, key: str) -> None:
 
 
 logging.getLogger("dbos").setLevel(logging.WARNING)
+_logger = logging.getLogger("agentrt.durable")
