@@ -392,6 +392,11 @@ class Engine:
       failed or given up); `None` (the default): for ever. They are deleted by `prune`, which
       `async with engine:` runs once at the start; call it on a schedule in a long-lived worker.
       A turn started again with the id of one deleted runs again.
+    - `adopt_after`: seconds without a heartbeat after which an executor's pending turns are
+      adopted by a live engine (see `_liveness`): each engine then beats from its loop every
+      quarter of it, and one live worker takes over the turns of each that stopped (a crash, a loop
+      wedged that long). Every worker should set it; `None` (the default): no heartbeat, adoption
+      is the application's (`adopt`).
 
     Register each built service under a name (`register`), the same on every worker, then `launch`
     inside the application's asyncio loop (or `async with engine:`), then `call`. The turn's id is
@@ -415,8 +420,7 @@ class Engine:
     Not yet (issue 28): one step per tool call (a call's record is written from inside its round's step:
     the intent is per round, the record per call; a round killed inside runs again its safe calls that
     had finished); keeping the conversation's lock between segments (another turn on it may commit in
-    between); liveness (`adopt` is called by the application for executors it knows are dead); pruning
-    on a schedule of the engine's own (`prune` runs at the start, then when called).
+    between); pruning on a schedule of the engine's own (`prune` runs at the start, then when called).
 
     The service's listeners see one turn, as without durability: `Started` once (and once per
     resumed approval, as with `agentrt.resume`; a turn recovered by another worker starts again
