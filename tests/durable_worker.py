@@ -30,6 +30,7 @@ MODE `f-run` / `f-read`: turns that fail, read again (see `failures`). `m-start`
 turn `t1` on an engine with `max_recoveries=1`. `r-keep` / `r-prune`: retention (see `retention`).
 `n-register`: services an engine refuses (see `registering`). `l-start` / `l-wait`: the turn `t1`
 on engines that beat (`adopt_after=1.0`); `l-wait` adopts nothing itself, it waits for the turn.
+`k-run`: see `kept`.
 
 The streaming modes run the streamed turn `s1` of `Shop.chat`: a round that says "Let me look. " and
 calls `lookup`, then the answer "Order A1 is paid." token by token. `s-start` starts it; its model
@@ -57,7 +58,17 @@ from typing import Annotated, Any
 from dbos import DBOS
 
 import agentrt
-from agentrt import Approvals, Approve, Deny, MemoryId, ModelRequest, ToolResultMessage, ToolSettings, tool
+from agentrt import (
+    Approvals,
+    Approve,
+    Deny,
+    MemoryId,
+    ModelRequest,
+    ToolResultMessage,
+    ToolSettings,
+    UserMessage,
+    tool,
+)
 from agentrt.durable import Client, Engine, TurnFailedError
 from agentrt.guardrails import GuardrailResult, OutputGuardrailRequest, output_guardrails, reprompt, success
 from agentrt.memory import SQLiteStore
@@ -467,6 +478,44 @@ async def streamed_approval(database: str, executor: str) -> None:
     print(json.dumps({"first": first, "waiting": waiting, "second": second, "again": again, "value": value}))
 
 
+async def kept(database: str, executor: str) -> None:
+    """MODE `k-run`: the turn `k1` of `Shop.ask` (as `start` runs it); its `lookup` starts another,
+    plain turn on the same conversation, which waits for the durable turn to end, not only for its
+    segment: the conversation holds the durable turn whole, then the other."""
+    others: list[asyncio.Task[str]] = []
+
+    class Busy(Tools):
+        @tool("Look an order up.", idempotent=True)
+        async def lookup(self, order: str) -> str:
+            others.append(asyncio.ensure_future(shop.ask("c", "Another question")))
+            return effect("lookup", f"order {order}: paid")
+
+    def answer(request: ModelRequest) -> Any:
+        asked = [m for m in request.messages if isinstance(m, UserMessage)][-1].text
+        return "Other answer." if asked == "Another question" else respond(request)
+
+    store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
+    shop = agentrt.build(
+        Shop,
+        model=FunctionModel(answer),
+        memory=agentrt.memory.window(namespace="shop", store=store),
+        tools=[Busy()],
+        output_guardrails=[Polite()],
+        tool_settings=ToolSettings(max_concurrency=1),
+    )
+    engine = Engine(database, executor_id=executor, polling_seconds=0.05)
+    engine.register("shop", shop)
+    try:
+        async with engine:
+            value = await engine.call("shop", "ask", turn_id="k1", conversation="c", question="Refund A1")
+            other = await others[0]
+            stored = await agentrt.memory.access(shop).read("c")
+    finally:
+        store.close()
+    memory = [[type(m).__name__, getattr(m, "text", None) or ""] for m in stored]
+    print(json.dumps({"value": value, "other": other, "memory": memory}))
+
+
 async def main(database: str, executor: str, mode: str) -> None:
     if mode.lower().startswith("a-"):
         await approval(database, executor, mode)
@@ -482,6 +531,9 @@ async def main(database: str, executor: str, mode: str) -> None:
         return
     if mode[:2] in ("s-", "x-"):
         await streamed(database, executor, mode)
+        return
+    if mode == "k-run":
+        await kept(database, executor)
         return
     if mode == "sa-run":
         await streamed_approval(database, executor)

@@ -565,3 +565,26 @@ async def test_heartbeats_say_who_stopped_beating_and_one_worker_takes_each(
     finally:
         for beats in (w1, w2, w3):
             beats.close()
+
+
+# --- the conversation's lock -----------------------------------------------------------------------
+
+
+async def test_a_durable_turn_holds_its_conversation_from_its_first_segment_to_its_commit(
+    tmp_path: Path,
+) -> None:
+    """Another turn on the conversation, started during the durable turn's first tool round, waits
+    for the durable turn's commit, not for the end of the segment it was started in."""
+    out = last_line(await worker(sqlite(tmp_path), "w1", "k-run", tmp_path))
+    assert out["value"] == "Order A1 is refunded (refunded A1)."
+    assert out["other"] == "Other answer."
+    assert out["memory"] == [
+        ["UserMessage", "Refund A1"],
+        ["AssistantMessage", ""],
+        ["ToolResultMessage", "order A1: paid"],
+        ["AssistantMessage", ""],
+        ["ToolResultMessage", "refunded A1"],
+        ["AssistantMessage", "Order A1 is refunded (refunded A1)."],
+        ["UserMessage", "Another question"],
+        ["AssistantMessage", "Other answer."],
+    ]

@@ -30,6 +30,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
+import anyio
 from dbos import (
     DBOS,
     DBOSConfig,
@@ -53,6 +54,7 @@ from .._pipeline._finish import COMMIT_ONCE
 from .._pipeline._runtime import notify
 from .._pipeline._turn import Phase
 from .._resume import reopen
+from ..memory._memory import LEASE_OWNER
 from ..tools._run import JOURNAL
 from ._approvals import TOPIC, Client, approval, decide, decisions_of, waiting_json
 from ._failed import TurnFailedError, rebuilt
@@ -66,6 +68,7 @@ if TYPE_CHECKING:
 
     from .._approval import Decision
     from .._events import ApprovalRequested
+    from ..memory._memory import Conversation
 
 __all__ = ["APPLICATION_VERSION", "Client", "Engine"]
 
@@ -99,6 +102,11 @@ _SERVICES: dict[str, object] = {}
 
 _FRESH: set[str] = set()
 """Tokens of the intent steps this process ran (not replayed): see the module docstring."""
+
+_HELD: dict[str, Conversation] = {}
+"""The conversations of this process's turns between two of their segments: still locked (for the
+turn's owner, `LEASE_OWNER`), so that no other turn on it commits in between; the next segment
+takes it over, the workflow's end releases one left."""
 
 _RUNNING: set[str] = set()
 """The turns that ran a segment in this process (until their workflow ends here): a segment of
@@ -155,6 +163,14 @@ class _Journal:
         await DBOS.set_event_async(f"agentrt.call:{key}", outcome)
 
 
+async def _release_held(workflow: str) -> None:
+    """Release the conversation a turn of this process kept locked between two segments, if any."""
+    held = _HELD.pop(workflow, None)
+    if held is not None:
+        with anyio.CancelScope(shield=True):
+            await held.release()
+
+
 async def _intent() -> str:
     token = os.urandom(8).hex()
     _FRESH.add(token)
@@ -170,6 +186,24 @@ async def _segment(
     decided: dict[str, Any] | None = None,
     streamed: int | None = None,
 ) -> dict[str, Any]:
+    """`_run_segment`, its conversation's lock taken for the turn (`LEASE_OWNER`: a worker that
+    recovers the turn takes over the lock its dead worker held, without waiting for it to expire)."""
+    owner = LEASE_OWNER.set(f"agentrt.turn:{DBOS.workflow_id}")
+    try:
+        return await _run_segment(service_name, method, arguments, checkpoint, uncertain, decided, streamed)
+    finally:
+        LEASE_OWNER.reset(owner)
+
+
+async def _run_segment(
+    service_name: str,
+    method: str,
+    arguments: dict[str, Any],
+    checkpoint: dict[str, Any] | None,
+    uncertain: bool,
+    decided: dict[str, Any] | None,
+    streamed: int | None,
+) -> dict[str, Any]:
     """One step of a durable turn: from `checkpoint` (None: the start) to the next stopping boundary.
     Returns {"checkpoint": ...} there, {"waiting": ...} where the turn stopped for approval (agentrt's
     own: its pending record stored, the conversation released), or the result at the turn's end
@@ -183,9 +217,11 @@ async def _segment(
     `streamed`: the segment's number in a streamed turn, whose text goes to the workflow's stream
     (`_stream`): the number first (a second run of the segment shows it again), then the tokens."""
     runtime, spec = _parts(service_name, method)
+    workflow = DBOS.workflow_id or ""
     claimed = False
     if decided is not None:
         assert checkpoint is not None
+        await _release_held(workflow)  # (none: the turn released it when it stopped for approval)
         try:
             invocation, uncertain, claimed = await _resumed(
                 runtime, spec, service_name, checkpoint, decided, uncertain
@@ -199,6 +235,10 @@ async def _segment(
     else:
         invocation = Invocation.restore(runtime, spec, checkpoint)
         skip = 1  # a restored turn meets the boundary it was saved at first: that one is this step's
+        held = _HELD.pop(workflow, None)
+        if held is not None:  # the previous segment's, still locked: the turn goes on with it
+            held.claim()
+            invocation._turn.conversation = held
         if runtime.listeners and (DBOS.workflow_id or "") not in _RUNNING:
             # Recovered here: a new run of the turn (as a resumed approval is), which listeners see
             # start; the segments of one run restore the turn silently.
@@ -221,6 +261,10 @@ async def _segment(
                     "(its pending record lives in the memory's store, which every worker shares)"
                 )
             saved.append(invocation.checkpoint())
+            turn = invocation._turn
+            if turn.conversation is not None and turn.conversation.held:
+                # Kept locked for the next segment (the invocation releases only what it has).
+                _HELD[workflow], turn.conversation = turn.conversation, None
             raise _Stop
 
     invocation.on_boundary(boundary)
@@ -313,6 +357,7 @@ async def _turn(
         return await _segments(service_name, method, arguments, streamed)
     finally:
         _RUNNING.discard(DBOS.workflow_id or "")
+        await _release_held(DBOS.workflow_id or "")
 
 
 async def _segments(
@@ -675,6 +720,8 @@ class Engine:
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
+        for workflow in list(_HELD):  # turns stopped between two segments: their locks given back
+            await _release_held(workflow)
         self.close()
 
 

@@ -22,6 +22,7 @@ import math
 import os
 import warnings
 from collections import Counter
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -48,6 +49,10 @@ DEFAULT_MEMORY_ID: Final = "default"
 """The conversation of methods without a `MemoryId` parameter."""
 
 logger = logging.getLogger("agentrt.memory")
+
+LEASE_OWNER: Final[ContextVar[str | None]] = ContextVar("agentrt_lease_owner", default=None)
+"""The owner of the shared store's locks taken in this context (else a random one per lock): a
+durable turn's, so that a worker recovering the turn takes over the lock its dead worker held."""
 
 _FIRST_POLL: Final = 0.002  # seconds between tries of a shared store's lock, doubling up to _LAST_POLL
 _LAST_POLL: Final = 0.1
@@ -299,7 +304,7 @@ class Conversation:
         memory's `wait`; the time budget bounds it too)."""
         store = self.memory.store
         assert isinstance(store, SharedChatMemoryStore)
-        owner = os.urandom(16).hex()
+        owner = LEASE_OWNER.get() or os.urandom(16).hex()
         delay = _FIRST_POLL
         while True:
             try:

@@ -94,6 +94,16 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+# The lock for ARGV[1] if it is free (an expired lease is gone) or ARGV[1] holds it already.
+_TAKE = """
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
 _RENEW = """
 local lost = {}
 for i, key in ipairs(KEYS) do
@@ -152,6 +162,7 @@ class RedisStore:
         self._lease_ms = max(1, round(lease_seconds * 1000))
         self._write: Script = client.register_script(_WRITE)
         self._unlock: Script = client.register_script(_UNLOCK)
+        self._take: Script = client.register_script(_TAKE)
         self._renew_script: Script = client.register_script(_RENEW)
         self._save_pending: Script = client.register_script(_SAVE_PENDING)
         self._take_pending: Script = client.register_script(_TAKE_PENDING)
@@ -270,13 +281,13 @@ class RedisStore:
         return bytes(reply[1]) if len(reply) > 1 else None
 
     async def try_lock(self, key: str, owner: str) -> bool:
-        """Take the lock with `SET NX PX` (an expired lease is gone, so it is free); when taken, the
-        renewer renews it, and a caller that stopped waiting meanwhile has it given back (see
-        `LeaseRenewer.attempt`)."""
+        """Take the lock with one script (free: an expired lease is gone; or held by `owner`
+        already: its lease set again); when taken, the renewer renews it, and a caller that
+        stopped waiting meanwhile has it given back (see `LeaseRenewer.attempt`)."""
         return await self._renewer.take(
             key,
             owner,
-            lambda: bool(self._client.set(self._lock(key), owner, nx=True, px=self._lease_ms)),
+            lambda: bool(self._take(keys=[self._lock(key)], args=[owner, self._lease_ms])),
             lambda: self._give_back(key, owner),
         )
 

@@ -81,7 +81,7 @@ _INSERT = "INSERT INTO agentrt_messages (key, seq, body) VALUES (?, ?, ?)"
 _TAKE = (
     "INSERT INTO agentrt_leases (key, owner, expires) VALUES (?, ?, ?) "
     "ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, expires = excluded.expires "
-    "WHERE agentrt_leases.expires < ?"
+    "WHERE agentrt_leases.expires < ? OR agentrt_leases.owner = excluded.owner"
 )
 _RENEW = "UPDATE agentrt_leases SET expires = ? WHERE key = ? AND owner = ?"
 _UNLOCK = "DELETE FROM agentrt_leases WHERE key = ? AND owner = ?"
@@ -314,8 +314,8 @@ class SQLiteStore:
             )
 
     async def try_lock(self, key: str, owner: str) -> bool:
-        """Take the lease row if there is none or it expired (one upsert); when taken, the renewer
-        renews it, and a caller that stopped waiting meanwhile has it given back (see
+        """Take the lease row if there is none, it expired or `owner` holds it (one upsert); when
+        taken, the renewer renews it, and a caller that stopped waiting meanwhile has it given back (see
         `LeaseRenewer.attempt`)."""
         return await self._renewer.take(
             key, owner, lambda: self._take(key, owner), lambda: self._give_back(key, owner)

@@ -76,7 +76,9 @@ class SharedChatMemoryStore(ChatMemoryStore, Protocol):
 
     async def try_lock(self, key: str, owner: str) -> bool:
         """Take the conversation's lock for `owner` if nobody holds it (or its holder's lease
-        expired); `True` when taken. The store renews the lease until `unlock`."""
+        expired), or `owner` holds it already (a durable turn going on in another worker after its
+        worker died: its owner is the turn's, see `agentrt.durable`); `True` when taken. The store
+        renews the lease until `unlock`."""
         ...
 
     async def unlock(self, key: str, owner: str) -> None:
