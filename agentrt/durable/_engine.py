@@ -464,8 +464,7 @@ class Engine:
 
     Not yet (issue 28): one step per tool call (a call's record is written from inside its round's step:
     the intent is per round, the record per call; a round killed inside runs again its safe calls that
-    had finished); keeping the conversation's lock between segments (another turn on it may commit in
-    between); pruning on a schedule of the engine's own (`prune` runs at the start, then when called).
+    had finished); pruning on a schedule of the engine's own (`prune` runs at the start, then when called).
 
     The service's listeners see one turn, as without durability: `Started` once (and once per
     resumed approval, as with `agentrt.resume`; a turn recovered by another worker starts again
