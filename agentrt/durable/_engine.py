@@ -22,7 +22,6 @@ decisions (`_resumed`), or returns {"refused": ...} and the body waits again.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import os
@@ -44,6 +43,7 @@ from dbos._registrations import DEFAULT_MAX_RECOVERY_ATTEMPTS, get_func_info
 from dbos._serialization import DBOSPortableJSON
 from dbos._utils import GlobalParams
 
+from .._backend import spawn
 from .._errors import ApprovalDecisionError, ApprovalNotFoundError, ConfigurationError
 from .._events import Started
 from .._methods import starter
@@ -541,8 +541,7 @@ class Engine:
         self.retention_seconds: Final = retention_seconds
         self.adopt_after: Final = adopt_after
         self._database = database
-        self._heartbeats: Heartbeats | None = None
-        self._beating: asyncio.Task[None] | None = None
+        self._stopping: anyio.Event | None = None  # set: the heartbeat task ends
 
     def register(self, name: str, service: object) -> None:
         """Name a service built by `agentrt.build` for the turns that run on it; the name is recorded
@@ -577,28 +576,38 @@ class Engine:
         DBOS.launch()
         self._launched = True
         if self.adopt_after is not None:
-            heartbeats = self._heartbeats = Heartbeats(self._database, GlobalParams.executor_id)
+            heartbeats = Heartbeats(self._database, GlobalParams.executor_id)
             # Before a turn starts here: a worker dead before its first beat would never be adopted.
             heartbeats.beat()
-            self._beating = asyncio.get_running_loop().create_task(self._beat(heartbeats, self.adopt_after))
+            self._stopping = anyio.Event()
+            spawn(self._beat, heartbeats, self.adopt_after, self._stopping)
 
-    async def _beat(self, heartbeats: Heartbeats, after: float) -> None:
+    async def _beat(self, heartbeats: Heartbeats, after: float, stopping: anyio.Event) -> None:
         """Beat every quarter of `adopt_after` from this loop, and adopt the pending turns of the
-        executors that stopped beating (see `_liveness`)."""
-        while True:
-            await asyncio.sleep(after / 4)
-            try:
-                await asyncio.to_thread(heartbeats.beat)
-                for executor in await asyncio.to_thread(heartbeats.stale, after):
-                    if await asyncio.to_thread(heartbeats.forget, executor, after):
-                        adopted = self.adopt([executor])
-                        _logger.warning(
-                            "agentrt.durable: executor %r stopped beating; %d pending turn(s) adopted here",
-                            executor,
-                            len(adopted),
-                        )
-            except Exception:
-                _logger.warning("agentrt.durable: the heartbeat failed; trying again", exc_info=True)
+        executors that stopped beating (see `_liveness`), until `stopping` is set."""
+        try:
+            while True:
+                with anyio.move_on_after(after / 4):
+                    await stopping.wait()
+                if stopping.is_set():
+                    return
+                await self._beat_once(heartbeats, after)
+        finally:
+            heartbeats.close()
+
+    async def _beat_once(self, heartbeats: Heartbeats, after: float) -> None:
+        try:
+            await anyio.to_thread.run_sync(heartbeats.beat)
+            for executor in await anyio.to_thread.run_sync(heartbeats.stale, after):
+                if await anyio.to_thread.run_sync(heartbeats.forget, executor, after):
+                    adopted = self.adopt([executor])
+                    _logger.warning(
+                        "agentrt.durable: executor %r stopped beating; %d pending turn(s) adopted here",
+                        executor,
+                        len(adopted),
+                    )
+        except Exception:
+            _logger.warning("agentrt.durable: the heartbeat failed; trying again", exc_info=True)
 
     async def call(
         self, service: str, method: str, /, *, turn_id: str | None = None, **arguments: Any
@@ -700,12 +709,9 @@ class Engine:
 
     def close(self) -> None:
         """Stop the engine (DBOS's threads and connections); a new `Engine` may then be made."""
-        if self._beating is not None:
-            self._beating.cancel()
-            self._beating = None
-        if self._heartbeats is not None:
-            self._heartbeats.close()  # (its row stays: another worker adopts what is left pending here)
-            self._heartbeats = None
+        if self._stopping is not None:
+            self._stopping.set()  # the heartbeat task ends (its row stays: another worker adopts
+            self._stopping = None  # what is left pending here)
         if _ENGINE[:1] == [self]:
             _ENGINE.clear()
             _SERVICES.clear()
