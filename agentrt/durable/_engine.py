@@ -286,8 +286,6 @@ async def _run_segment(
         COMMIT_ONCE.reset(once)
         JOURNAL.reset(journal)
     if result.approval is not None:
-        if streamed is not None:
-            await DBOS.write_stream_async(KEY, {"approval": result.approval.run_id})
         return {"waiting": waiting_json(result.approval)}
     turn = invocation._turn
     return {"text": result.text, "value": _value(turn), "parsed": turn.parsed}
@@ -328,11 +326,14 @@ async def _resumed(
     return invocation, False, False
 
 
-async def _decision(waiting: dict[str, Any]) -> dict[str, Any]:
+async def _decision(waiting: dict[str, Any], streamed: bool) -> dict[str, Any]:
     """Wait, durably, for a human's decisions on the approval `waiting` (published for `approval`
     and `decide` until the turn has gone past it): a restart of every worker replays up to here and
-    waits again. Past the approval's expiry, every call is denied as expired."""
+    waits again. Past the approval's expiry, every call is denied as expired. A streamed turn's
+    readers stop here (once it is published: a reader that decides at once finds it)."""
     await DBOS.set_event_async(TOPIC, waiting)
+    if streamed:
+        await DBOS.write_stream_async(KEY, {"approval": waiting["run_id"]})
     expires = waiting["expires_at"]
     while True:
         left = _FOREVER if expires is None else max(0.0, expires - time.time())
@@ -401,7 +402,7 @@ async def _segments(
             waiting = out["waiting"]
         elif "refused" not in out:  # (refused decisions: nothing ran, the turn waits again)
             return {"service": service_name, "method": method, **out}
-        decided = await _decision(waiting)
+        decided = await _decision(waiting, streamed)
 
 
 async def _outcome(handle: WorkflowHandleAsync[dict[str, Any]]) -> Any:
