@@ -483,10 +483,13 @@ async def kept(database: str, executor: str) -> None:
     plain turn on the same conversation, which waits for the durable turn to end, not only for its
     segment: the conversation holds the durable turn whole, then the other."""
     others: list[asyncio.Task[str]] = []
+    owners: list[str] = []
 
     class Busy(Tools):
         @tool("Look an order up.", idempotent=True)
         async def lookup(self, order: str) -> str:
+            with contextlib.closing(sqlite3.connect(DIR / "memory.sqlite")) as db:
+                owners.extend(row[0] for row in db.execute("SELECT owner FROM agentrt_leases"))
             others.append(asyncio.ensure_future(shop.ask("c", "Another question")))
             return effect("lookup", f"order {order}: paid")
 
@@ -513,7 +516,7 @@ async def kept(database: str, executor: str) -> None:
     finally:
         store.close()
     memory = [[type(m).__name__, getattr(m, "text", None) or ""] for m in stored]
-    print(json.dumps({"value": value, "other": other, "memory": memory}))
+    print(json.dumps({"value": value, "other": other, "memory": memory, "owners": owners}))
 
 
 async def main(database: str, executor: str, mode: str) -> None:

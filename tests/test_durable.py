@@ -576,6 +576,8 @@ async def test_a_durable_turn_holds_its_conversation_from_its_first_segment_to_i
     """Another turn on the conversation, started during the durable turn's first tool round, waits
     for the durable turn's commit, not for the end of the segment it was started in."""
     out = last_line(await worker(sqlite(tmp_path), "w1", "k-run", tmp_path))
+    # The lock is the turn's own: a worker recovering the turn takes it over.
+    assert out["owners"] == ["agentrt.turn:k1"]
     assert out["value"] == "Order A1 is refunded (refunded A1)."
     assert out["other"] == "Other answer."
     assert out["memory"] == [

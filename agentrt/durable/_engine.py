@@ -186,24 +186,6 @@ async def _segment(
     decided: dict[str, Any] | None = None,
     streamed: int | None = None,
 ) -> dict[str, Any]:
-    """`_run_segment`, its conversation's lock taken for the turn (`LEASE_OWNER`: a worker that
-    recovers the turn takes over the lock its dead worker held, without waiting for it to expire)."""
-    owner = LEASE_OWNER.set(f"agentrt.turn:{DBOS.workflow_id}")
-    try:
-        return await _run_segment(service_name, method, arguments, checkpoint, uncertain, decided, streamed)
-    finally:
-        LEASE_OWNER.reset(owner)
-
-
-async def _run_segment(
-    service_name: str,
-    method: str,
-    arguments: dict[str, Any],
-    checkpoint: dict[str, Any] | None,
-    uncertain: bool,
-    decided: dict[str, Any] | None,
-    streamed: int | None,
-) -> dict[str, Any]:
     """One step of a durable turn: from `checkpoint` (None: the start) to the next stopping boundary.
     Returns {"checkpoint": ...} there, {"waiting": ...} where the turn stopped for approval (agentrt's
     own: its pending record stored, the conversation released), or the result at the turn's end
@@ -354,11 +336,16 @@ async def _decision(waiting: dict[str, Any], streamed: bool) -> dict[str, Any]:
 async def _turn(
     service_name: str, method: str, arguments: dict[str, Any], streamed: bool = False
 ) -> dict[str, Any]:
+    workflow = DBOS.workflow_id or ""
+    # The conversation's lock is the turn's (its steps run in this task, with this context): a
+    # worker that recovers the turn takes over the lock its dead worker held, at once.
+    owner = LEASE_OWNER.set(f"agentrt.turn:{workflow}")
     try:
         return await _segments(service_name, method, arguments, streamed)
     finally:
-        _RUNNING.discard(DBOS.workflow_id or "")
-        await _release_held(DBOS.workflow_id or "")
+        LEASE_OWNER.reset(owner)
+        _RUNNING.discard(workflow)
+        await _release_held(workflow)
 
 
 async def _segments(
