@@ -299,12 +299,11 @@ async def streamed(database: str, executor: str, mode: str) -> None:
         answer: list[Any] = ["Order ", "A1 ", "is ", "paid."]
         return [*answer[:2], Hang()] if mode == "s-start" else answer
 
-    store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
-    shop = agentrt.build(
-        Talk if mode.startswith("x-") else Shop,
-        model=Counted(FunctionModel(words)) if mode.startswith("x-") else FunctionModel(chat),
-        memory=agentrt.memory.window(namespace="shop", store=store),
-        tools=[Tools()],
+    random = mode.startswith("x-")
+    shop, store = service(
+        Talk if random else Shop,
+        Counted(FunctionModel(words)) if random else FunctionModel(chat),
+        [Tools()],
         tool_settings=ToolSettings(max_concurrency=1),
     )
     engine = Engine(database, executor_id=executor, polling_seconds=0.05)
@@ -440,6 +439,13 @@ async def registering(database: str, executor: str) -> None:
     print(json.dumps({"errors": errors}))
 
 
+def service(cls: type, model: Any, tools: list[Any], **options: Any) -> tuple[Any, Store]:
+    """A service of `cls` with memory in DIR (an SQLiteStore: its store, to close)."""
+    store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
+    memory = agentrt.memory.window(namespace="shop", store=store)
+    return agentrt.build(cls, model=model, memory=memory, tools=tools, **options), store
+
+
 async def streamed_approval(database: str, executor: str) -> None:
     """MODE `sa-run`: the streamed turn `sa1` of `Shop.chat` on a service whose `refund` needs
     approval: its text read up to the approval, then (approved) from where it stopped."""
@@ -450,14 +456,7 @@ async def streamed_approval(database: str, executor: str) -> None:
             return re.findall(r"\S+\s*", f"Order A1: {results[-1].text}")
         return ["Checking. ", CallTool("refund", {"order": "A1"}, id="c1")]
 
-    store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
-    shop = agentrt.build(
-        Shop,
-        model=FunctionModel(chat),
-        memory=agentrt.memory.window(namespace="shop", store=store),
-        tools=[Gated()],
-        approvals=Approvals(expires_after=3600.0),
-    )
+    shop, store = service(Shop, FunctionModel(chat), [Gated()], approvals=Approvals(expires_after=3600.0))
     engine = Engine(database, executor_id=executor, polling_seconds=0.05)
     engine.register("shop", shop)
     try:
@@ -497,12 +496,10 @@ async def kept(database: str, executor: str) -> None:
         asked = [m for m in request.messages if isinstance(m, UserMessage)][-1].text
         return "Other answer." if asked == "Another question" else respond(request)
 
-    store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
-    shop = agentrt.build(
+    shop, store = service(
         Shop,
-        model=FunctionModel(answer),
-        memory=agentrt.memory.window(namespace="shop", store=store),
-        tools=[Busy()],
+        FunctionModel(answer),
+        [Busy()],
         output_guardrails=[Polite()],
         tool_settings=ToolSettings(max_concurrency=1),
     )
