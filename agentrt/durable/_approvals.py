@@ -131,8 +131,10 @@ class Client:
         if database.startswith("sqlite") and SUBSEC_MISSING:  # (see `SUBSEC_MISSING`)
             engine = sqlalchemy.create_engine(database, connect_args={"factory": SubsecConnection})
             self._client = DBOSClient(system_database_engine=engine, serializer=DBOSPortableJSON)
+            self._engine: sqlalchemy.Engine | None = engine  # DBOS does not dispose an engine it is given
         else:
             self._client = DBOSClient(system_database_url=database, serializer=DBOSPortableJSON)
+            self._engine = None
 
     async def _status(self, turn_id: str) -> str | None:
         found = await self._client.list_workflows_async(workflow_ids=[turn_id])
@@ -159,3 +161,5 @@ class Client:
 
     def close(self) -> None:
         self._client.destroy()
+        if self._engine is not None:
+            self._engine.dispose()  # its connections closed now, not by the collector
