@@ -364,6 +364,24 @@ async def failures(database: str, executor: str, mode: str) -> None:
                 out[f"{turn} attributes"] = [last.retry_after, last.status, last.message]
             elif isinstance(last, TurnFailedError):
                 out[f"{turn} attributes"] = [last.error_type, last.error_message]
+        if mode == "f-run":  # a streamed turn that fails: its readers raise its error at the end
+            out["f3"] = []
+            client = Client(database)
+            try:
+                for reader in ("stream", "engine", "client"):
+                    try:
+                        if reader == "stream":
+                            tokens = await engine.stream(
+                                "shop", "chat", turn_id="f3", conversation="c", question="rate"
+                            )
+                        else:
+                            tokens = (engine if reader == "engine" else client).read("f3")
+                        async with tokens:
+                            out["f3"].append([token async for token in tokens])
+                    except Exception as error:
+                        out["f3"].append(caught(error))
+            finally:
+                client.close()
     print(json.dumps(out))
 
 

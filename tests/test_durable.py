@@ -333,6 +333,9 @@ async def test_a_failed_turn_read_again_raises_agentrt_errors(tmp_path: Path) ->
     # A real failure: one FailedEvent (the segment before it ended silently).
     assert out["f1 events"] == ["Started", "RequestIssued", "FailedEvent(RateLimitError)"]
     assert out["f2 events"] == ["Started", "RequestIssued", "FailedEvent(ValueError)"]
+    # A streamed turn that fails: its readers (the one `stream` gives, `Engine.read`, `Client.read`)
+    # raise its error where the stream ends, as `result` does, instead of ending as if it completed.
+    assert out["f3"] == [[*rate, NOTE.format("f3")]] * 3
     read = last_line(await worker(sqlite(tmp_path), "w2", "f-read", tmp_path))
     assert read["f1"] == [[*rate, NOTE.format("f1")]]
     assert read["f2"] == [bug]
@@ -439,6 +442,7 @@ async def test_a_streamed_turn_killed_mid_answer_retracts_it_and_streams_the_new
                 tokens = client.read("s1", polling_seconds=0.02)
                 seen = [await anext(tokens) for _ in range(3)]
                 assert seen == STREAMED[:3]
+                stopped = tokens.offset  # where a reader that left off here would go on
                 first.kill()
                 assert await first.wait() == -signal.SIGKILL
             executor = "w1" if how == "restart" else "w2"
@@ -463,6 +467,9 @@ async def test_a_streamed_turn_killed_mid_answer_retracts_it_and_streams_the_new
             # A reader that comes later reads the same tokens.
             async with client.read("s1", polling_seconds=0.02) as late:
                 assert [token async for token in late] == RETRACTED
+            # One that goes on where the first left off, mid-answer, gets the retraction too.
+            async with client.read("s1", offset=stopped, polling_seconds=0.02) as resumed:
+                assert [token async for token in resumed] == RETRACTED[3:]
     finally:
         if client is not None:
             client.close()

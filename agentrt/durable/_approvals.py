@@ -16,8 +16,9 @@ from .._approval import Approve, Deny
 from .._errors import ApprovalDecisionError, ApprovalNotFoundError
 from .._events import ApprovalRequested, PendingCall
 from .._pipeline._approve import check_decided
+from ._failed import FAILED, raised
 from ._sqlite import SUBSEC_MISSING, SubsecConnection
-from ._stream import KEY, DurableStream
+from ._stream import KEY, DurableStream, checked
 
 if TYPE_CHECKING:
     from .._approval import Decision
@@ -154,10 +155,14 @@ class Client:
     def read(self, turn_id: str, *, offset: int = 0, polling_seconds: float | None = None) -> DurableStream:
         """As `Engine.read`; `polling_seconds`: how often an SQLite database is asked for new text
         (DBOS's default: 1 s)."""
-        values = self._client.read_stream_async(
-            turn_id, KEY, offset=offset, polling_interval_sec=polling_seconds
-        )
-        return DurableStream(values, turn_id, offset)
+        checked(offset)
+        values = self._client.read_stream_async(turn_id, KEY, offset=0, polling_interval_sec=polling_seconds)
+        return DurableStream(values, turn_id, offset, lambda: self._failed(turn_id))
+
+    async def _failed(self, turn_id: str) -> None:
+        if await self._status(turn_id) in FAILED:
+            handle: Any = await self._client.retrieve_workflow_async(turn_id)
+            await raised(turn_id, handle.get_result())
 
     def close(self) -> None:
         self._client.destroy()

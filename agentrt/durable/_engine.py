@@ -38,7 +38,6 @@ from dbos import (
     WorkflowHandleAsync,
     WorkflowStatusString,
 )
-from dbos import error as dbos_errors
 from dbos._registrations import DEFAULT_MAX_RECOVERY_ATTEMPTS, get_func_info
 from dbos._serialization import DBOSPortableJSON
 from dbos._utils import GlobalParams
@@ -57,10 +56,10 @@ from .._resume import reopen
 from ..memory._memory import LEASE_OWNER
 from ..tools._run import JOURNAL
 from ._approvals import TOPIC, Client, approval, decide, decisions_of, waiting_json
-from ._failed import TurnFailedError, rebuilt
+from ._failed import FAILED, raised, rebuilt
 from ._liveness import Heartbeats
 from ._sqlite import SUBSEC_MISSING, SubsecConnection
-from ._stream import KEY, DurableStream, fold
+from ._stream import KEY, DurableStream, checked, fold
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -394,14 +393,7 @@ async def _segments(
 
 async def _outcome(handle: WorkflowHandleAsync[dict[str, Any]]) -> Any:
     """The value of the turn `handle` names, or its error as agentrt's (see `_failed`)."""
-    turn_id = handle.get_workflow_id()
-    try:
-        recorded = await handle.get_result()
-    except PortableWorkflowError as error:  # read from its record: JSON, never unpickled
-        raise rebuilt(turn_id, error.name, error.message) from None
-    except dbos_errors.DBOSAwaitedWorkflowMaxRecoveryAttemptsExceeded:
-        message = "given up: its workers died in it more often than max_recoveries lets it be recovered"
-        raise TurnFailedError.of(turn_id, "MaxRecoveriesExceeded", message) from None
+    recorded = await raised(handle.get_workflow_id(), handle.get_result())
     _, spec = _parts(recorded["service"], recorded["method"])
     return _revalue(spec, recorded["value"], recorded["text"], recorded["parsed"])
 
@@ -625,9 +617,11 @@ class Engine:
 
     def read(self, turn_id: str, *, offset: int = 0) -> DurableStream:
         """The text of the streamed turn `turn_id` (run by any worker), from `offset` (0: the
-        start; a `DurableStream`'s `offset` where it stopped, to read on after an approval)."""
-        values = DBOS.read_stream_async(turn_id, KEY, offset=offset, polling_interval_sec=self._polling)
-        return DurableStream(values, turn_id, offset)
+        start; a `DurableStream`'s `offset` where it stopped: to read on after an approval, or
+        where a reader left off). It raises the turn's error, as `result` does, if it failed."""
+        checked(offset)
+        values = DBOS.read_stream_async(turn_id, KEY, offset=0, polling_interval_sec=self._polling)
+        return DurableStream(values, turn_id, offset, lambda: _failed(turn_id))
 
     async def _start(
         self,
@@ -721,6 +715,12 @@ class Engine:
 async def _status(turn_id: str) -> str | None:
     status = await DBOS.get_workflow_status_async(turn_id)
     return None if status is None else str(status.status)
+
+
+async def _failed(turn_id: str) -> None:
+    """Raise the error of the turn `turn_id` if it failed (the end of its `DurableStream`)."""
+    if await _status(turn_id) in FAILED:
+        await _outcome(await DBOS.retrieve_workflow_async(turn_id))
 
 
 async def _send(turn_id: str, message: Any, topic: str, key: str) -> None:

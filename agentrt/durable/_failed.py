@@ -10,13 +10,26 @@ other name (a user's or a library's exception, a bug) gives `TurnFailedError`, w
 from __future__ import annotations
 
 import inspect
-from typing import Final
+from typing import TYPE_CHECKING, Final, TypeVar
+
+from dbos import PortableWorkflowError, WorkflowStatusString
+from dbos import error as dbos_errors
 
 import agentrt
 
 from .._errors import AgentError
 
-__all__ = ["TurnFailedError", "rebuilt"]
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+__all__ = ["FAILED", "TurnFailedError", "raised", "rebuilt"]
+
+T = TypeVar("T")
+
+FAILED: Final = frozenset(
+    {WorkflowStatusString.ERROR.value, WorkflowStatusString.MAX_RECOVERY_ATTEMPTS_EXCEEDED.value}
+)
+"""The statuses of a turn that failed (its error raised, or given up)."""
 
 
 class TurnFailedError(AgentError):
@@ -91,3 +104,15 @@ def rebuilt(turn_id: str, name: str, message: str) -> AgentError:
         "and message only (its other attributes are not recorded)"
     )
     return error
+
+
+async def raised(turn_id: str, result: Awaitable[T]) -> T:
+    """`result` (a DBOS handle's `get_result()` of the turn `turn_id`), its error raised as
+    agentrt's: read from its record (JSON, never unpickled), or the turn given up."""
+    try:
+        return await result
+    except PortableWorkflowError as error:
+        raise rebuilt(turn_id, error.name, error.message) from None
+    except dbos_errors.DBOSAwaitedWorkflowMaxRecoveryAttemptsExceeded:
+        message = "given up: its workers died in it more often than max_recoveries lets it be recovered"
+        raise TurnFailedError.of(turn_id, "MaxRecoveriesExceeded", message) from None

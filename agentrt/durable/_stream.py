@@ -22,18 +22,20 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 from dbos import DBOS
 
-from .._events import Reset, TextDelta
+from .._events import FailedEvent, Reset, TextDelta
+from .._pipeline import StopAtBoundary
 from .._pipeline._fold import _fold
+from .._pipeline._runtime import notify
 from .._stream import RESET
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator
+    from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
     from types import TracebackType
 
     from .._events import Event, Result
     from .._pipeline._turn import Turn
 
-__all__ = ["KEY", "DurableStream", "fold"]
+__all__ = ["KEY", "DurableStream", "checked", "fold"]
 
 KEY: Final = "agentrt.text"
 """The key of a streamed turn's text in its workflow's streams."""
@@ -104,41 +106,87 @@ async def fold(turn: Turn, events: AsyncGenerator[Event, None]) -> Result[Any]:
             caught = error
         finally:
             tokens.close()
-    if caught is not None:
+    unwritten = tokens.error
+    if caught is not None and (unwritten is None or not isinstance(caught, StopAtBoundary)):
         raise caught
-    if tokens.error is not None:
-        raise tokens.error
+    if unwritten is not None:
+        # Some of the segment's text never reached the stream: the segment fails, even where the
+        # turn itself stopped at a boundary, rather than readers missing text without a sign.
+        if turn.runtime.listeners:
+            notify(turn.runtime.listeners, FailedEvent(turn.id, unwritten))
+        raise unwritten
     assert result is not None
     return result
+
+
+def checked(offset: int) -> int:
+    """A reader's `offset`, refused unless an int >= 0."""
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"agentrt.durable: a stream's offset is an int >= 0, got {offset!r}")
+    return offset
+
+
+_APPROVAL: Final = object()
+"""Where the turn stopped to wait for approval, in a reader's sequence (`DurableStream._items`)."""
 
 
 class DurableStream:
     """The text of a durable turn (`Engine.stream`, `Engine.read`, `Client.read`): its tokens as the
     turn releases them, `RESET` to discard the text so far (a reset of the turn's own, or the
     retraction of a segment whose worker died part way; the text it showed before that segment comes
-    again after it). It ends when the turn ends, or where the turn waits for approval (`waiting` is
-    then true; read on from `offset` once it is decided). Read it in `async with`."""
+    again after it). It ends when the turn ends (raising the turn's error, as `result` does, if it
+    failed), or where the turn waits for approval (`waiting` is then true; read on from `offset` once
+    it is decided). Read it in `async with`.
 
-    def __init__(self, values: AsyncGenerator[Any, None], turn_id: str, offset: int = 0) -> None:
+    Every reader of a turn reads the same sequence (tokens, and a stop at each approval), so a
+    reader made with another's `offset` goes on exactly where that one stopped, mid-answer too: it
+    reads the turn's stream from its start, silently up to `offset`, and so knows what to retract."""
+
+    def __init__(
+        self,
+        values: AsyncGenerator[Any, None],
+        turn_id: str,
+        offset: int = 0,
+        failed: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.turn_id = turn_id
-        self.offset = offset
-        """The position in the turn's stream after the last value read: where a reader goes on."""
+        self.offset = checked(offset)
+        """How far this reader's sequence was read (its tokens, and a stop at each approval): where
+        another reader goes on (`Engine.read(turn_id, offset=...)`)."""
         self.waiting = False
         """The stream stopped where the turn waits for a human's decisions on an approval."""
-        self._values = values
-        self._tokens = self._read()
+        self._values = values  # the turn's stream, from its start
+        self._failed = failed  # raises the turn's error if it failed (at the stream's end)
+        self._tokens = self._read(offset)
 
-    async def _read(self) -> AsyncGenerator[str, None]:
+    async def _read(self, skip: int) -> AsyncGenerator[str, None]:
+        items = self._items()
+        try:
+            async for item in items:
+                if skip:
+                    skip -= 1
+                    continue
+                self.offset += 1
+                if item is _APPROVAL:
+                    self.waiting = True
+                    return
+                yield item  # type: ignore[misc]
+        finally:
+            await items.aclose()
+        if self._failed is not None:
+            await self._failed()
+
+    async def _items(self) -> AsyncGenerator[object, None]:
+        """The reader's sequence, from the stream's values: tokens, `RESET`, `_APPROVAL`."""
         segment: int | None = None
         held: list[str] = []  # what a reader holds: the text shown since the last reset
         before = ""  # what it held when the current segment started
         showed = False  # the current segment's run showed something (text or a reset)
         async for value in self._values:
-            self.offset += 1
             if isinstance(value, dict):
                 if "approval" in value:
-                    self.waiting = True
-                    return
+                    yield _APPROVAL
+                    continue
                 started = value["segment"]
                 if started == segment and showed:
                     # The segment runs again: its worker died after it showed this. Retracted, and
