@@ -30,7 +30,7 @@ MODE `f-run` / `f-read`: turns that fail, read again (see `failures`). `m-start`
 turn `t1` on an engine with `max_recoveries=1`. `r-keep` / `r-prune`: retention (see `retention`).
 `n-register`: services an engine refuses (see `registering`). `l-start` / `l-wait`: the turn `t1`
 on engines that beat (`adopt_after=1.0`); `l-wait` adopts nothing itself, it waits for the turn.
-`k-run`: see `kept`.
+`k-run`: see `kept`. `u-start` / `u-approve` / `u-deny`: see `unknown`.
 
 The streaming modes run the streamed turn `s1` of `Shop.chat`: a round that says "Let me look. " and
 calls `lookup`, then the answer "Order A1 is paid." token by token. `s-start` starts it; its model
@@ -534,6 +534,39 @@ async def kept(database: str, executor: str) -> None:
     print(json.dumps({"value": value, "other": other, "memory": memory, "owners": owners}))
 
 
+async def unknown(database: str, executor: str, mode: str) -> None:
+    """MODE `u-start` / `u-approve` / `u-deny`: the turn `t1` (as `start` runs it) on engines with
+    `unknown_outcome="approval"`; `u-start` is killed inside `refund` (KILL), `u-approve` /
+    `u-deny` adopt the turn, see the approval it waits for (the call of unknown outcome), decide, and
+    print the turn's value, the conversation and the calls asked about."""
+    shop, store = service(
+        Shop,
+        FunctionModel(respond),
+        [Tools()],
+        output_guardrails=[Polite()],
+        tool_settings=ToolSettings(max_concurrency=1),
+    )
+    engine = Engine(database, executor_id=executor, polling_seconds=0.05, unknown_outcome="approval")
+    engine.register("shop", shop)
+    asked: list[Any] = []
+    try:
+        async with engine:
+            if mode == "u-start":
+                await engine.call("shop", "ask", turn_id="t1", conversation="c", question="Refund A1")
+            engine.adopt(["w1"])
+            waits = await engine.approval("t1", wait=60)
+            assert waits is not None
+            asked = [[c.id, c.tool, c.arguments] for c in waits.calls]
+            decision = Approve() if mode == "u-approve" else Deny("it went through")
+            await engine.decide("t1", {call.id: decision for call in waits.calls})
+            value = await engine.result("t1")
+            stored = await agentrt.memory.access(shop).read("c")
+    finally:
+        store.close()
+    memory = [[type(m).__name__, getattr(m, "text", None) or ""] for m in stored]
+    print(json.dumps({"value": value, "memory": memory, "asked": asked}))
+
+
 async def main(database: str, executor: str, mode: str) -> None:
     if mode.lower().startswith("a-"):
         await approval(database, executor, mode)
@@ -549,6 +582,9 @@ async def main(database: str, executor: str, mode: str) -> None:
         return
     if mode[:2] in ("s-", "x-"):
         await streamed(database, executor, mode)
+        return
+    if mode.startswith("u-"):
+        await unknown(database, executor, mode)
         return
     if mode == "k-run":
         await kept(database, executor)

@@ -597,3 +597,39 @@ async def test_a_durable_turn_holds_its_conversation_from_its_first_segment_to_i
         ["UserMessage", "Another question"],
         ["AssistantMessage", "Other answer."],
     ]
+
+
+# --- a call of unknown outcome, as an approval -----------------------------------------------------
+
+
+@pytest.mark.parametrize("decision", ["approve", "deny"])
+async def test_a_call_of_unknown_outcome_waits_for_a_human_under_the_approval_policy(
+    tmp_path: Path, decision: str
+) -> None:
+    """w1 dies inside `refund` (after its side effect); w2 adopts the turn, which asks a human about
+    that call before the round runs anything; approved, it runs again (the human chose: two
+    refunds); denied, it does not, and the model is told why."""
+    database = sqlite(tmp_path)
+    first = await worker(database, "w1", "u-start", tmp_path, "refund_after:1")
+    assert first.returncode == -signal.SIGKILL, first.stderr.decode()[-3000:]
+    out = last_line(await worker(database, "w2", f"u-{decision}", tmp_path))
+    assert out["asked"] == [["c2", "refund", {"order": "A1"}]]
+    if decision == "approve":
+        refund_text = "refunded A1"
+    else:
+        refund_text = (
+            "The user chose not to run this call of 'refund' again; whether its first run took effect "
+            "is unknown. Reason: it went through"
+        )
+    assert runs(tmp_path, "refund") == (2 if decision == "approve" else 1)
+    assert runs(tmp_path, "lookup") == 1
+    answer = f"Order A1 is refunded ({refund_text})."
+    assert out["value"] == answer
+    assert out["memory"] == [
+        ["UserMessage", "Refund A1"],
+        ["AssistantMessage", ""],
+        ["ToolResultMessage", "order A1: paid"],
+        ["AssistantMessage", ""],
+        ["ToolResultMessage", refund_text],
+        ["AssistantMessage", answer],
+    ]

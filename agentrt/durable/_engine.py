@@ -27,9 +27,10 @@ import math
 import os
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
+import orjson
 from dbos import (
     DBOS,
     DBOSConfig,
@@ -44,7 +45,7 @@ from dbos._utils import GlobalParams
 
 from .._backend import spawn
 from .._errors import ApprovalDecisionError, ApprovalNotFoundError, ConfigurationError
-from .._events import Started
+from .._events import Started, ToolOutcome
 from .._methods import starter
 from .._pipeline import Invocation, StopAtBoundary
 from .._pipeline._approve import CLAIMED, EXPIRED
@@ -62,11 +63,12 @@ from ._sqlite import SUBSEC_MISSING, SubsecConnection
 from ._stream import KEY, DurableStream, checked, fold
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from types import TracebackType
 
     from .._approval import Decision
     from .._events import ApprovalRequested
+    from .._messages import ToolCall
     from ..memory._memory import Conversation
 
 __all__ = ["APPLICATION_VERSION", "Client", "Engine"]
@@ -102,6 +104,9 @@ _SERVICES: dict[str, object] = {}
 _FRESH: set[str] = set()
 """Tokens of the intent steps this process ran (not replayed): see the module docstring."""
 
+_UNKNOWN_OUTCOME: list[str] = ["error"]
+"""This process's engine's `unknown_outcome` policy."""
+
 _HELD: dict[str, Conversation] = {}
 """The conversations of this process's turns between two of their segments: still locked (for the
 turn's owner, `LEASE_OWNER`), so that no other turn on it commits in between; the next segment
@@ -135,31 +140,82 @@ def _parts(service_name: str, method: str) -> tuple[Any, Any]:
     return runtime, spec
 
 
+class _AskUnknown(StopAtBoundary):
+    """Raised before a tool round runs any call, under `unknown_outcome="approval"`: calls of it
+    started in a worker that died before they finished; a human decides whether they run again."""
+
+    def __init__(self, calls: list[tuple[str, ToolCall]]) -> None:
+        super().__init__("calls of unknown outcome wait for a human's decision")
+        self.calls = calls
+
+
 class _Journal:
     """The calls of a segment's tools not safe to run again, recorded one by one (`CallJournal`) as
     events of the turn's workflow (written from inside the segment's step, which DBOS allows; a step
     cannot run steps of its own): "started" before the call, its outcome after. `uncertain`: a run
     of this segment died before (see `_intent`), so the records are read first; otherwise there
-    are none yet (one write per call before, one after, no read)."""
+    are none yet (one write per call before, one after, no read).
 
-    __slots__ = ("uncertain",)
+    `rerun`: a human's decisions on calls of unknown outcome, by key (`{"approve": ...}`: run it
+    again, `{"deny": reason}`: it is not run, the model is told why); `ask`: without a decision,
+    such a call stops the round before any call runs (`_AskUnknown`) instead of failing with
+    `OutcomeUnknownError`."""
 
-    def __init__(self, uncertain: bool) -> None:
+    __slots__ = ("ask", "rerun", "uncertain")
+
+    def __init__(self, uncertain: bool, rerun: dict[str, Any] | None = None, ask: bool = False) -> None:
         self.uncertain = uncertain
+        self.rerun = rerun or {}
+        self.ask = ask
+
+    async def _known(self, name: str) -> Any:
+        return await DBOS.get_event_async(DBOS.workflow_id or "", name, timeout_seconds=0)
+
+    async def settle(self, calls: Sequence[tuple[str, ToolCall]]) -> None:
+        if not (self.uncertain and self.ask):
+            return
+        unknown = [
+            (key, call)
+            for key, call in calls
+            if key not in self.rerun and (await self._known(f"agentrt.call:{key}")) == "started"
+        ]
+        if unknown:
+            raise _AskUnknown(unknown)
 
     async def before(self, key: str) -> dict[str, Any] | bool:
         name = f"agentrt.call:{key}"
         if self.uncertain:
-            known = await DBOS.get_event_async(DBOS.workflow_id or "", name, timeout_seconds=0)
+            known = await self._known(name)
             if isinstance(known, dict):
                 return known
             if known is not None:
-                return True  # started, never finished
+                decision = self.rerun.get(key)
+                if decision is None:
+                    return True  # started, never finished
+                if "deny" in decision:
+                    outcome = _not_again(decision["tool"], decision["deny"])
+                    await DBOS.set_event_async(name, outcome)
+                    return outcome
+                # approved: it runs again, recorded as a new start
         await DBOS.set_event_async(name, "started")
         return False
 
     async def after(self, key: str, outcome: dict[str, Any]) -> None:
         await DBOS.set_event_async(f"agentrt.call:{key}", outcome)
+
+
+def _not_again(tool: str, reason: str | None) -> dict[str, Any]:
+    """The recorded outcome of a call of unknown outcome that a human chose not to run again."""
+    text = (
+        f"The user chose not to run this call of {tool!r} again; "
+        "whether its first run took effect is unknown."
+    )
+    return {
+        "result": text if reason is None else f"{text} Reason: {reason}",
+        "outcome": ToolOutcome.DENIED.value,
+        "error_kind": "OutcomeUnknownError",
+        "images": [],
+    }
 
 
 async def _release_held(workflow: str) -> None:
@@ -184,6 +240,7 @@ async def _segment(
     uncertain: bool,
     decided: dict[str, Any] | None = None,
     streamed: int | None = None,
+    rerun: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One step of a durable turn: from `checkpoint` (None: the start) to the next stopping boundary.
     Returns {"checkpoint": ...} there, {"waiting": ...} where the turn stopped for approval (agentrt's
@@ -249,7 +306,7 @@ async def _segment(
             raise _Stop
 
     invocation.on_boundary(boundary)
-    journal = JOURNAL.set(_Journal(uncertain))
+    journal = JOURNAL.set(_Journal(uncertain or rerun is not None, rerun, _UNKNOWN_OUTCOME[0] == "approval"))
     once = COMMIT_ONCE.set(True)
     taken = CLAIMED.set(claimed)
     try:
@@ -260,6 +317,26 @@ async def _segment(
             result = await fold(invocation._turn, invocation.events())
     except _Stop:
         return {"checkpoint": saved[0]}
+    except _AskUnknown as ask:
+        turn = invocation._turn
+        return {
+            "unknown": {
+                "invocation_id": turn.id,
+                "run_id": f"unknown:{workflow}:{turn.round}",
+                "method": spec.qualname,
+                "memory_id": orjson.loads(orjson.dumps(turn.memory_id, default=str)),
+                "calls": [
+                    {
+                        "id": call.id,
+                        "tool": call.name,
+                        "arguments": orjson.loads(call.arguments or "{}"),
+                        "key": key,
+                    }
+                    for key, call in ask.calls
+                ],
+                "expires_at": None,
+            }
+        }
     except ApprovalDecisionError as error:
         return {"refused": str(error)}
     finally:
@@ -353,6 +430,7 @@ async def _segments(
     checkpoint: dict[str, Any] | None = None
     waiting: dict[str, Any] = {}
     decided: dict[str, Any] | None = None
+    rerun: dict[str, Any] | None = None  # decisions on calls of unknown outcome, by journal key
     segments = 0
     while True:
         uncertain = False
@@ -371,18 +449,28 @@ async def _segments(
                 uncertain,
                 decided,
                 segments if streamed else None,
+                rerun,
             )
             segments += 1
         except PortableWorkflowError as error:
             # The step's recorded error, replayed (its worker died before the turn recorded it):
             # the turn fails with it as agentrt's error, not as DBOS's JSON of it.
             raise rebuilt(DBOS.workflow_id or "", error.name, error.message) from None
-        if decided is not None and "refused" not in out:
+        if (decided is not None or rerun is not None) and "refused" not in out and "unknown" not in out:
             # Past the approval (only now: decisions sent while refused ones were read are taken).
             await DBOS.set_event_async(TOPIC, None)
-        decided = None
+        resumed, decided, rerun = decided, None, None
         if "checkpoint" in out:
             checkpoint = out["checkpoint"]
+            continue
+        if "unknown" in out:  # calls of unknown outcome: a human decides, then the round runs again
+            waiting = out["unknown"]
+            got = await _decision(waiting, streamed)
+            rerun = {
+                call["key"]: {**got["decisions"][call["id"]], "tool": call["tool"]}
+                for call in waiting["calls"]
+            }
+            decided = resumed  # (a round resumed from an approval runs again as one)
             continue
         if "waiting" in out:
             waiting = out["waiting"]
@@ -417,6 +505,12 @@ class Engine:
       failed or given up); `None` (the default): for ever. They are deleted by `prune`, which
       `async with engine:` runs once at the start; call it on a schedule in a long-lived worker.
       A turn started again with the id of one deleted runs again.
+    - `unknown_outcome`: what a turn does with a call of a tool not safe to run again that started
+      in a worker that died before it finished: `"error"` (the default) tells the model it failed
+      with `OutcomeUnknownError` (under the tool failure policy, which may raise or give a text of
+      yours); `"approval"` asks a human before the round runs any call, as an approval the turn
+      waits for (`approval`, `decide`): `Approve()` runs the call again (as it was: edited
+      arguments are not taken), `Deny(reason)` does not, and the model is told so.
     - `adopt_after`: seconds without a heartbeat after which an executor's pending turns are
       adopted by a live engine (see `_liveness`): each engine then beats from its loop every
       quarter of it, and one live worker takes over the turns of each that stopped (a crash, a loop
@@ -466,6 +560,7 @@ class Engine:
         max_recoveries: int | None = DEFAULT_MAX_RECOVERY_ATTEMPTS,
         retention_seconds: float | None = None,
         adopt_after: float | None = None,
+        unknown_outcome: Literal["error", "approval"] = "error",
         name: str = "agentrt",
     ) -> None:
         if max_recoveries is not None and (
@@ -492,6 +587,11 @@ class Engine:
                 "agentrt.durable.Engine: adopt_after must be a finite number of seconds > 0 or None, "
                 f"got {adopt_after!r}"
             )
+        if unknown_outcome not in ("error", "approval"):
+            raise ValueError(
+                "agentrt.durable.Engine: unknown_outcome must be 'error' or 'approval', "
+                f"got {unknown_outcome!r}"
+            )
         if _ENGINE:
             raise ConfigurationError(
                 "agentrt.durable: one Engine per process (DBOS is a process-wide singleton)"
@@ -515,6 +615,7 @@ class Engine:
         assert info is not None
         info.max_recovery_attempts = max_recoveries
         _ENGINE.append(self)
+        _UNKNOWN_OUTCOME[0] = unknown_outcome
         self._launched = False
         self._polling = polling_seconds
         self.max_recoveries: Final = max_recoveries

@@ -215,6 +215,11 @@ class ToolLoop:
         """Run `calls` of the current round concurrently (see `run_round`); records their executions."""
         if not calls:
             return []
+        journal = JOURNAL.get()
+        if journal is not None:
+            unsafe = [(self._key(call), call) for call in calls if not self._safe_again(call)]
+            if unsafe:
+                await journal.settle(unsafe)
         if len(calls) == 1:
             # One call needs neither a task group nor a concurrency limiter (it is always within it).
             done = [await self._execute(calls[0])]
@@ -287,7 +292,7 @@ class ToolLoop:
                 if journal is None:
                     unknown = True
                 else:
-                    key = f"{self.rounds}:{call.id}:{call.name}:{digest}"
+                    key = self._key(call, digest)
                     known = await journal.before(key)
                     if isinstance(known, dict):  # finished before: its outcome, not run again
                         return self._recorded(call, digest, known), None
@@ -372,6 +377,15 @@ class ToolLoop:
                 },
             )
         return execution, raised
+
+    def _key(self, call: ToolCall, digest: str | None = None) -> str:
+        """A call's key in a durable turn's journal (`CallJournal`): unique in the turn."""
+        return f"{self.rounds}:{call.id}:{call.name}:{digest or arguments_hash(call.arguments)}"
+
+    def _safe_again(self, call: ToolCall) -> bool:
+        """An unknown tool (never run) or one safe to run again (see `safe_again`)."""
+        definition = self.tools.get(call.name)
+        return definition is None or safe_again(definition.annotations)
 
     def _recorded(self, call: ToolCall, digest: str, known: dict[str, Any]) -> ToolExecution:
         """The execution of a call that finished in a worker that died later (`CallJournal`): its

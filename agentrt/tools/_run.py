@@ -55,6 +55,12 @@ class CallJournal(Protocol):
         """The call finished: record its outcome."""
         ...
 
+    async def settle(self, calls: Sequence[tuple[str, ToolCall]]) -> None:
+        """Before a round's calls run: its calls not safe to run again, with their keys. A durable
+        turn may stop the round here, before any call ran (to ask a human about a call whose
+        outcome is unknown)."""
+        ...
+
 
 JOURNAL: Final[ContextVar[CallJournal | None]] = ContextVar("agentrt_call_journal", default=None)
 """Set by a durable turn around each segment that may run tools: one read per call, none per token."""
