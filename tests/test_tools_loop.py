@@ -851,6 +851,11 @@ class Journal:
     def __init__(self, records: dict[str, Any]) -> None:
         self.records = records
         self.seen: list[str] = []
+        self.settled: list[list[str]] = []  # the keys of each round's unsafe calls, before they run
+
+    async def settle(self, calls: Any) -> None:
+        assert self.seen == [], "settled after a call of its round started"  # (one round here)
+        self.settled.append([key.rsplit(":", 1)[0] for key, _ in calls])
 
     async def before(self, key: str) -> dict[str, Any] | bool:
         self.seen.append(key)
@@ -890,5 +895,6 @@ async def test_a_call_journal_runs_each_unsafe_call_once_and_reports_only_an_unf
     texts = [m.text for m in model.requests[1].messages[-4:]]  # type: ignore[union-attr]
     assert texts == ["paid earlier", "Error: tool 'pay' failed (OutcomeUnknownError).", "paid", "open"]
     assert sorted(key.rsplit(":", 1)[0] for key in journal.seen) == ["1:c1:pay", "1:c2:pay", "1:c3:pay"]
+    assert journal.settled == [["1:c1:pay", "1:c2:pay", "1:c3:pay"]]  # once, the unsafe calls only
     assert journal.records["c3"] == {"result": "paid", "outcome": "success", "error_kind": None, "images": []}
     assert [e.outcome for e in result.tool_executions] == ["success", "error", "success", "success"]
