@@ -633,3 +633,42 @@ async def test_a_call_of_unknown_outcome_waits_for_a_human_under_the_approval_po
         ["ToolResultMessage", refund_text],
         ["AssistantMessage", answer],
     ]
+
+
+async def test_an_approved_call_killed_inside_is_put_to_a_human_under_the_approval_policy(
+    tmp_path: Path,
+) -> None:
+    """The round of an approval: w2 resumes it approved and dies inside `refund`; w3 (policy
+    "approval") adopts the turn, asks a human about the call (not about the approval, claimed
+    already), who approves it: it runs again, and the turn completes (it failed with
+    ApprovalNotFoundError: the re-run round looked for the pending record its dead run had claimed)."""
+    database = sqlite(tmp_path)
+    first = await worker(database, "w1", "a-start", tmp_path)
+    assert first.returncode == -signal.SIGKILL, first.stderr.decode()[-3000:]
+    second = await worker(database, "w2", "a-adopt", tmp_path, "refund_after:1")
+    assert second.returncode == -signal.SIGKILL, second.stderr.decode()[-3000:]
+    out = last_line(await worker(database, "w3", "uA-adopt", tmp_path))
+    assert runs(tmp_path, "refund") == 2
+    assert out["value"] == "Order A1: refunded A1"
+    assert out["memory"] == one_turn("refunded A1")
+
+
+async def test_a_call_run_again_on_a_human_approval_and_killed_inside_is_asked_about_again(
+    tmp_path: Path,
+) -> None:
+    """w1 dies inside `refund`; w2 asks, is told to run it again, and dies inside it again; w3 asks
+    again (a new approval, its own run id: the same decision sent again is not taken for the first
+    one's double click) rather than run it a third time on the first approval."""
+    database = sqlite(tmp_path)
+    first = await worker(database, "w1", "u-start", tmp_path, "refund_after:1")
+    assert first.returncode == -signal.SIGKILL, first.stderr.decode()[-3000:]
+    second = await worker(database, "w2", "u-crash", tmp_path, "refund_after:1")
+    assert second.returncode == -signal.SIGKILL, second.stderr.decode()[-3000:]
+    out = last_line(await worker(database, "w3", "u-approve", tmp_path))
+    asked = (tmp_path / "asked").read_text().splitlines()
+    assert len(asked) == len(set(asked)) == 2, asked
+    assert out["asked"] == [["c2", "refund", {"order": "A1"}]]
+    assert runs(tmp_path, "refund") == 3  # the first run, and one per approval
+    answer = "Order A1 is refunded (refunded A1)."
+    assert out["value"] == answer
+    assert out["memory"][-2:] == [["ToolResultMessage", "refunded A1"], ["AssistantMessage", answer]]
