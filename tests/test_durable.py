@@ -19,6 +19,7 @@ import json
 import random
 import signal
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -672,3 +673,25 @@ async def test_a_call_run_again_on_a_human_approval_and_killed_inside_is_asked_a
     answer = "Order A1 is refunded (refunded A1)."
     assert out["value"] == answer
     assert out["memory"][-2:] == [["ToolResultMessage", "refunded A1"], ["AssistantMessage", answer]]
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgres"])
+async def test_a_worker_whose_clock_is_ahead_does_not_take_a_live_one_for_dead(
+    request: pytest.FixtureRequest, tmp_path: Path, db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beats are dated by the database's clock, one for every host: w2, on a host whose clock is
+    100 s ahead, sees w1's fresh beat as fresh (dated by its own clock, it adopted w1's turns)."""
+    from agentrt.durable import _liveness
+
+    database = sqlite(tmp_path) if db == "sqlite" else f"{request.getfixturevalue('postgres_url')}/postgres"
+    w1, w2 = (Heartbeats(database, name) for name in (f"w1-{uuid.uuid4().hex}", "w2"))
+    try:
+        w1.beat()
+        ahead = time.time() + 100.0  # (this host's clock, as a module that dated beats by it reads it)
+        clock = type("Clock", (), {"time": staticmethod(lambda: ahead)})
+        monkeypatch.setattr(_liveness, "time", clock, raising=False)
+        assert w1.executor_id not in w2.stale(3.0)
+        assert w2.forget(w1.executor_id, 3.0) is False
+    finally:
+        for beats in (w1, w2):
+            beats.close()
