@@ -30,7 +30,9 @@ MODE `f-run` / `f-read`: turns that fail, read again (see `failures`). `m-start`
 turn `t1` on an engine with `max_recoveries=1`. `r-keep` / `r-prune`: retention (see `retention`).
 `n-register`: services an engine refuses (see `registering`). `l-start` / `l-wait`: the turn `t1`
 on engines that beat (`adopt_after=1.0`); `l-wait` adopts nothing itself, it waits for the turn.
-`k-run`: see `kept`. `u-start` / `u-approve` / `u-deny`: see `unknown`.
+`k-run`: see `kept`. `u-start` / `u-approve` / `u-deny` / `u-crash`: see `unknown`.
+`uA-adopt`: `A-adopt` on an engine with `unknown_outcome="approval"`, which approves the call of
+unknown outcome it is asked about.
 
 The streaming modes run the streamed turn `s1` of `Shop.chat`: a round that says "Let me look. " and
 calls `lookup`, then the answer "Order A1 is paid." token by token. `s-start` starts it; its model
@@ -52,13 +54,16 @@ import signal
 import sqlite3
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
+import anyio
 from dbos import DBOS
 
 import agentrt
 from agentrt import (
+    ApprovalRequested,
     Approvals,
     Approve,
     Deny,
@@ -181,6 +186,8 @@ async def approval(database: str, executor: str, mode: str) -> None:
     if mode == "a-decide":
         await decide(database)
         return
+    ask = mode.startswith("u")  # `uA-adopt`: `A-adopt` on an engine with unknown_outcome="approval"
+    mode = mode.removeprefix("u")
     store = Store(DIR / "memory.sqlite", lease_seconds=1.0)
 
     def service(expires: float) -> Shop:
@@ -194,7 +201,8 @@ async def approval(database: str, executor: str, mode: str) -> None:
         )
 
     shop = service(3600.0)
-    engine = Engine(database, executor_id=executor, polling_seconds=0.05)
+    policy = "approval" if ask else "error"
+    engine = Engine(database, executor_id=executor, polling_seconds=0.05, unknown_outcome=policy)
     engine.register("shop", shop)
     engine.register("brief", brief := service(0.5))
     errors: list[str] = []
@@ -207,6 +215,10 @@ async def approval(database: str, executor: str, mode: str) -> None:
             if mode != "A-adopt":  # (A-adopt: decided already, the turn goes on here)
                 waits = await engine.approval("a1", wait=60)
                 assert waits is not None and [c.tool for c in waits.calls] == ["refund"], waits
+            if ask:  # the approved call, killed inside, is put to a human: approved again
+                # (Until the turn asks, it still publishes the approval it went past before w2 died.)
+                waits = await anew(engine, "a1", lambda run: run.startswith("unknown:"))
+                await engine.decide("a1", {call.id: Approve() for call in waits.calls})
             if mode == "a-start":
                 os.kill(os.getpid(), signal.SIGKILL)
             if mode == "a-deny":
@@ -535,10 +547,11 @@ async def kept(database: str, executor: str) -> None:
 
 
 async def unknown(database: str, executor: str, mode: str) -> None:
-    """MODE `u-start` / `u-approve` / `u-deny`: the turn `t1` (as `start` runs it) on engines with
-    `unknown_outcome="approval"`; `u-start` is killed inside `refund` (KILL), `u-approve` /
-    `u-deny` adopt the turn, see the approval it waits for (the call of unknown outcome), decide, and
-    print the turn's value, the conversation and the calls asked about."""
+    """MODE `u-start` / `u-approve` / `u-deny` / `u-crash`: the turn `t1` (as `start` runs it) on
+    engines with `unknown_outcome="approval"`; `u-start` is killed inside `refund` (KILL), `u-approve`
+    / `u-deny` adopt the turn (of `w1` or `w2`), see the approval it waits for (the call of unknown
+    outcome; its run id appended to DIR/asked), decide, and print the turn's value, the conversation
+    and the calls asked about; `u-crash` approves and is killed (KILL) inside the call run again."""
     shop, store = service(
         Shop,
         FunctionModel(respond),
@@ -553,11 +566,14 @@ async def unknown(database: str, executor: str, mode: str) -> None:
         async with engine:
             if mode == "u-start":
                 await engine.call("shop", "ask", turn_id="t1", conversation="c", question="Refund A1")
-            engine.adopt(["w1"])
-            waits = await engine.approval("t1", wait=60)
-            assert waits is not None
+            engine.adopt(["w1", "w2"])
+            log = DIR / "asked"
+            before = log.read_text().splitlines() if log.exists() else []
+            waits = await anew(engine, "t1", lambda run: run not in before)
+            with (DIR / "asked").open("a") as log:  # each approval asked, by its run id
+                log.write(f"{waits.run_id}\n")
             asked = [[c.id, c.tool, c.arguments] for c in waits.calls]
-            decision = Approve() if mode == "u-approve" else Deny("it went through")
+            decision = Deny("it went through") if mode == "u-deny" else Approve()  # u-crash: killed
             await engine.decide("t1", {call.id: decision for call in waits.calls})
             value = await engine.result("t1")
             stored = await agentrt.memory.access(shop).read("c")
@@ -567,8 +583,19 @@ async def unknown(database: str, executor: str, mode: str) -> None:
     print(json.dumps({"value": value, "memory": memory, "asked": asked}))
 
 
+async def anew(engine: Engine, turn: str, fits: Callable[[str], bool]) -> ApprovalRequested:
+    """The approval the turn waits for once its run id `fits` (a recovered turn publishes what it
+    waited for before its worker died until it asks anew; a decided question is published as none)."""
+    with anyio.fail_after(60):
+        while True:
+            waits = await engine.approval(turn, wait=60)
+            if waits is not None and fits(waits.run_id):
+                return waits
+            await anyio.sleep(0.05)  # (set by the turn's workflow: no event of this process to wait on)
+
+
 async def main(database: str, executor: str, mode: str) -> None:
-    if mode.lower().startswith("a-"):
+    if mode.lower().removeprefix("u").startswith("a-"):
         await approval(database, executor, mode)
         return
     if mode.startswith("f-"):

@@ -19,6 +19,7 @@ import json
 import random
 import signal
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -633,3 +634,64 @@ async def test_a_call_of_unknown_outcome_waits_for_a_human_under_the_approval_po
         ["ToolResultMessage", refund_text],
         ["AssistantMessage", answer],
     ]
+
+
+async def test_an_approved_call_killed_inside_is_put_to_a_human_under_the_approval_policy(
+    tmp_path: Path,
+) -> None:
+    """The round of an approval: w2 resumes it approved and dies inside `refund`; w3 (policy
+    "approval") adopts the turn, asks a human about the call (not about the approval, claimed
+    already), who approves it: it runs again, and the turn completes (it failed with
+    ApprovalNotFoundError: the re-run round looked for the pending record its dead run had claimed)."""
+    database = sqlite(tmp_path)
+    first = await worker(database, "w1", "a-start", tmp_path)
+    assert first.returncode == -signal.SIGKILL, first.stderr.decode()[-3000:]
+    second = await worker(database, "w2", "a-adopt", tmp_path, "refund_after:1")
+    assert second.returncode == -signal.SIGKILL, second.stderr.decode()[-3000:]
+    out = last_line(await worker(database, "w3", "uA-adopt", tmp_path))
+    assert runs(tmp_path, "refund") == 2
+    assert out["value"] == "Order A1: refunded A1"
+    assert out["memory"] == one_turn("refunded A1")
+
+
+async def test_a_call_run_again_on_a_human_approval_and_killed_inside_is_asked_about_again(
+    tmp_path: Path,
+) -> None:
+    """w1 dies inside `refund`; w2 asks, is told to run it again, and dies inside it again; w3 asks
+    again (a new approval, its own run id: the same decision sent again is not taken for the first
+    one's double click) rather than run it a third time on the first approval."""
+    database = sqlite(tmp_path)
+    first = await worker(database, "w1", "u-start", tmp_path, "refund_after:1")
+    assert first.returncode == -signal.SIGKILL, first.stderr.decode()[-3000:]
+    second = await worker(database, "w2", "u-crash", tmp_path, "refund_after:1")
+    assert second.returncode == -signal.SIGKILL, second.stderr.decode()[-3000:]
+    out = last_line(await worker(database, "w3", "u-approve", tmp_path))
+    asked = (tmp_path / "asked").read_text().splitlines()
+    assert len(asked) == len(set(asked)) == 2, asked
+    assert out["asked"] == [["c2", "refund", {"order": "A1"}]]
+    assert runs(tmp_path, "refund") == 3  # the first run, and one per approval
+    answer = "Order A1 is refunded (refunded A1)."
+    assert out["value"] == answer
+    assert out["memory"][-2:] == [["ToolResultMessage", "refunded A1"], ["AssistantMessage", answer]]
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgres"])
+async def test_a_worker_whose_clock_is_ahead_does_not_take_a_live_one_for_dead(
+    request: pytest.FixtureRequest, tmp_path: Path, db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beats are dated by the database's clock, one for every host: w2, on a host whose clock is
+    100 s ahead, sees w1's fresh beat as fresh (dated by its own clock, it adopted w1's turns)."""
+    from agentrt.durable import _liveness
+
+    database = sqlite(tmp_path) if db == "sqlite" else f"{request.getfixturevalue('postgres_url')}/postgres"
+    w1, w2 = (Heartbeats(database, name) for name in (f"w1-{uuid.uuid4().hex}", "w2"))
+    try:
+        w1.beat()
+        ahead = time.time() + 100.0  # (this host's clock, as a module that dated beats by it reads it)
+        clock = type("Clock", (), {"time": staticmethod(lambda: ahead)})
+        monkeypatch.setattr(_liveness, "time", clock, raising=False)
+        assert w1.executor_id not in w2.stale(3.0)
+        assert w2.forget(w1.executor_id, 3.0) is False
+    finally:
+        for beats in (w1, w2):
+            beats.close()

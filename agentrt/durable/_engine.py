@@ -171,14 +171,21 @@ class _Journal:
     async def _known(self, name: str) -> Any:
         return await DBOS.get_event_async(DBOS.workflow_id or "", name, timeout_seconds=0)
 
+    def _undecided(self, key: str, known: str) -> bool:
+        """Whether a call recorded started (`known`) and never finished is of unknown outcome to
+        this run: no human decided on it since that start (an approved call is recorded started
+        again under its decision's number, `started:N`: one killed inside is asked about again)."""
+        decision = self.rerun.get(key)
+        return decision is None or decision["ask"] <= _started_under(known)
+
     async def settle(self, calls: Sequence[tuple[str, ToolCall]]) -> None:
         if not (self.uncertain and self.ask):
             return
-        unknown = [
-            (key, call)
-            for key, call in calls
-            if key not in self.rerun and (await self._known(f"agentrt.call:{key}")) == "started"
-        ]
+        unknown = []
+        for key, call in calls:
+            known = await self._known(f"agentrt.call:{key}")
+            if isinstance(known, str) and self._undecided(key, known):
+                unknown.append((key, call))
         if unknown:
             raise _AskUnknown(unknown)
 
@@ -189,19 +196,26 @@ class _Journal:
             if isinstance(known, dict):
                 return known
             if known is not None:
-                decision = self.rerun.get(key)
-                if decision is None:
+                if self._undecided(key, known):
                     return True  # started, never finished
+                decision = self.rerun[key]
                 if "deny" in decision:
                     outcome = _not_again(decision["tool"], decision["deny"])
                     await DBOS.set_event_async(name, outcome)
                     return outcome
-                # approved: it runs again, recorded as a new start
+                # approved: it runs again, recorded as started under this decision
+                await DBOS.set_event_async(name, f"started:{decision['ask']}")
+                return False
         await DBOS.set_event_async(name, "started")
         return False
 
     async def after(self, key: str, outcome: dict[str, Any]) -> None:
         await DBOS.set_event_async(f"agentrt.call:{key}", outcome)
+
+
+def _started_under(known: str) -> int:
+    """The number of the human's decision a call recorded started ran under (0: none, its first)."""
+    return int(known.partition(":")[2] or 0)
 
 
 def _not_again(tool: str, reason: str | None) -> dict[str, Any]:
@@ -261,8 +275,9 @@ async def _segment(
         assert checkpoint is not None
         await _release_held(workflow)  # (none: the turn released it when it stopped for approval)
         try:
+            # (A round run again on a human's decisions (`rerun`) died in a run past its claim.)
             invocation, uncertain, claimed = await _resumed(
-                runtime, spec, service_name, checkpoint, decided, uncertain
+                runtime, spec, service_name, checkpoint, decided, uncertain or rerun is not None
             )
         except ApprovalDecisionError as error:
             return {"refused": str(error)}
@@ -431,6 +446,7 @@ async def _segments(
     waiting: dict[str, Any] = {}
     decided: dict[str, Any] | None = None
     rerun: dict[str, Any] | None = None  # decisions on calls of unknown outcome, by journal key
+    asks = 0  # the questions on calls of unknown outcome so far: each is numbered (see `_Journal`)
     segments = 0
     while True:
         uncertain = False
@@ -464,10 +480,16 @@ async def _segments(
             checkpoint = out["checkpoint"]
             continue
         if "unknown" in out:  # calls of unknown outcome: a human decides, then the round runs again
-            waiting = out["unknown"]
+            asks += 1
+            # Its own run id: a round asked about again (killed in a call run again) is a new
+            # approval, whose decisions are not taken for a double click of the last one's.
+            waiting = {**out["unknown"], "run_id": f"{out['unknown']['run_id']}:{asks}"}
             got = await _decision(waiting, streamed)
+            # Decided (nothing refuses these decisions): no longer published, so that a worker that
+            # recovers the round killed in a call run again publishes only its own question.
+            await DBOS.set_event_async(TOPIC, None)
             rerun = {
-                call["key"]: {**got["decisions"][call["id"]], "tool": call["tool"]}
+                call["key"]: {**got["decisions"][call["id"]], "tool": call["tool"], "ask": asks}
                 for call in waiting["calls"]
             }
             decided = resumed  # (a round resumed from an approval runs again as one)

@@ -7,11 +7,13 @@ last beat is older than `adopt_after` (DBOS's recovery hands each turn to exactl
 two workers adopting the same dead one at once do not run a turn twice). A worker that comes back
 after it was given up keeps running the steps it had started: pick `adopt_after` well above the
 longest pause a live worker's loop may take.
+
+Beats are dated by the database's clock, not the hosts': one clock for every worker, so a host whose
+clock is ahead does not see live workers' beats as old (nor one behind see dead ones as fresh).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Final
 
 import sqlalchemy
@@ -31,6 +33,10 @@ _STALE: Final = sqlalchemy.text(
     "ORDER BY executor_id"
 )
 _FORGET: Final = sqlalchemy.text(f"DELETE FROM {_TABLE} WHERE executor_id = :executor AND beat_at < :before")
+_CLOCK: Final = {  # the database's time, in seconds since the epoch
+    "sqlite": sqlalchemy.text("SELECT (julianday('now') - 2440587.5) * 86400.0"),
+    "postgresql": sqlalchemy.text("SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"),
+}
 
 
 def _url(database: str) -> sqlalchemy.URL:
@@ -49,26 +55,30 @@ class Heartbeats:
         options = {"connect_args": {"timeout": 30}} if url.drivername.startswith("sqlite") else {}
         self._engine = sqlalchemy.create_engine(url, **options)
         self.executor_id = executor_id
+        self._clock = _CLOCK["sqlite" if url.drivername.startswith("sqlite") else "postgresql"]
         with self._engine.begin() as db:
             db.execute(_CREATE)
 
+    def _now(self, db: sqlalchemy.Connection, now: float | None) -> float:
+        return float(db.execute(self._clock).scalar_one()) if now is None else now
+
     def beat(self, now: float | None = None) -> None:
-        """This executor is alive (at `now`, seconds since the epoch)."""
+        """This executor is alive (at `now`, seconds since the epoch; default: the database's time)."""
         with self._engine.begin() as db:
-            db.execute(_BEAT, {"executor": self.executor_id, "now": time.time() if now is None else now})
+            db.execute(_BEAT, {"executor": self.executor_id, "now": self._now(db, now)})
 
     def stale(self, after: float, now: float | None = None) -> list[str]:
         """The other executors whose last beat is older than `after` seconds."""
-        before = (time.time() if now is None else now) - after
         with self._engine.begin() as db:
+            before = self._now(db, now) - after
             rows = db.execute(_STALE, {"before": before, "executor": self.executor_id})
             return [str(row[0]) for row in rows]
 
     def forget(self, executor_id: str, after: float, now: float | None = None) -> bool:
         """Remove `executor_id`'s row if it is still stale (a worker that beat again meanwhile
         keeps it); whether it was removed: only the worker that removed it adopts its turns."""
-        before = (time.time() if now is None else now) - after
         with self._engine.begin() as db:
+            before = self._now(db, now) - after
             return db.execute(_FORGET, {"executor": executor_id, "before": before}).rowcount == 1
 
     def close(self) -> None:
