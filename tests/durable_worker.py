@@ -30,7 +30,7 @@ MODE `f-run` / `f-read`: turns that fail, read again (see `failures`). `m-start`
 turn `t1` on an engine with `max_recoveries=1`. `r-keep` / `r-prune`: retention (see `retention`).
 `n-register`: services an engine refuses (see `registering`). `l-start` / `l-wait`: the turn `t1`
 on engines that beat (`adopt_after=1.0`); `l-wait` adopts nothing itself, it waits for the turn.
-`k-run`: see `kept`. `u-start` / `u-approve` / `u-deny` / `u-crash`: see `unknown`.
+`k-run`: see `kept`. `c-run`: see `cancelled`. `u-start` / `u-approve` / `u-deny` / `u-crash`: see `unknown`.
 `uA-adopt`: `A-adopt` on an engine with `unknown_outcome="approval"`, which approves the call of
 unknown outcome it is asked about.
 
@@ -594,6 +594,29 @@ async def anew(engine: Engine, turn: str, fits: Callable[[str], bool]) -> Approv
             await anyio.sleep(0.05)  # (set by the turn's workflow: no event of this process to wait on)
 
 
+async def cancelled(database: str, executor: str) -> None:
+    """MODE `c-run`: the streamed turn `c1` of `Shop.chat`, whose model shows a token and hangs, is
+    cancelled through DBOS; prints what its result and a reader of its text raise."""
+    shop, store = service(Shop, FunctionModel(lambda request: ["Looking ", Hang()]), [])
+    engine = Engine(database, executor_id=executor, polling_seconds=0.05)
+    engine.register("shop", shop)
+    errors: list[str] = []
+    try:
+        async with engine:
+            tokens = await engine.stream("shop", "chat", turn_id="c1", conversation="c", question="?")
+            seen = [await anext(tokens)]
+            await DBOS.cancel_workflow_async("c1")
+            for attempt in (engine.result("c1"), anext(tokens)):
+                try:
+                    await attempt
+                except TurnFailedError as error:
+                    errors.append(f"{error.error_type}: {error}")
+            await tokens.aclose()
+    finally:
+        store.close()
+    print(json.dumps({"seen": seen, "errors": errors}))
+
+
 async def main(database: str, executor: str, mode: str) -> None:
     if mode.lower().removeprefix("u").startswith("a-"):
         await approval(database, executor, mode)
@@ -609,6 +632,9 @@ async def main(database: str, executor: str, mode: str) -> None:
         return
     if mode[:2] in ("s-", "x-"):
         await streamed(database, executor, mode)
+        return
+    if mode == "c-run":
+        await cancelled(database, executor)
         return
     if mode.startswith("u-"):
         await unknown(database, executor, mode)

@@ -695,3 +695,13 @@ async def test_a_worker_whose_clock_is_ahead_does_not_take_a_live_one_for_dead(
     finally:
         for beats in (w1, w2):
             beats.close()
+
+
+async def test_a_turn_cancelled_through_dbos_raises_for_its_result_and_its_readers(tmp_path: Path) -> None:
+    out = last_line(await worker(sqlite(tmp_path), "w1", "c-run", tmp_path))
+    assert out["seen"] == ["Looking "]
+    cancelled = (
+        "Cancelled: durable turn 'c1' failed with Cancelled: "
+        "cancelled (through DBOS: `DBOS.cancel_workflow`) before it ended"
+    )
+    assert out["errors"] == [cancelled, cancelled]

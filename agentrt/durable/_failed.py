@@ -27,9 +27,13 @@ __all__ = ["FAILED", "TurnFailedError", "raised", "rebuilt"]
 T = TypeVar("T")
 
 FAILED: Final = frozenset(
-    {WorkflowStatusString.ERROR.value, WorkflowStatusString.MAX_RECOVERY_ATTEMPTS_EXCEEDED.value}
+    {
+        WorkflowStatusString.ERROR.value,
+        WorkflowStatusString.MAX_RECOVERY_ATTEMPTS_EXCEEDED.value,
+        WorkflowStatusString.CANCELLED.value,
+    }
 )
-"""The statuses of a turn that failed (its error raised, or given up)."""
+"""The statuses of a turn that failed (its error raised, given up, or cancelled through DBOS)."""
 
 
 class TurnFailedError(AgentError):
@@ -116,3 +120,6 @@ async def raised(turn_id: str, result: Awaitable[T]) -> T:
     except dbos_errors.DBOSAwaitedWorkflowMaxRecoveryAttemptsExceeded:
         message = "given up: its workers died in it more often than max_recoveries lets it be recovered"
         raise TurnFailedError.of(turn_id, "MaxRecoveriesExceeded", message) from None
+    except dbos_errors.DBOSAwaitedWorkflowCancelledError:
+        message = "cancelled (through DBOS: `DBOS.cancel_workflow`) before it ended"
+        raise TurnFailedError.of(turn_id, "Cancelled", message) from None
