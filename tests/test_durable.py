@@ -91,7 +91,13 @@ def assert_once(directory: Path, kill: str, out: Any) -> None:
     answer = f"Order A1 is refunded ({refund_text})."
     assert out["value"] == answer
     # One whole turn, stored once: no rejected answer, no second copy.
-    assert out["memory"] == [
+    assert out["memory"] == whole_turn(refund_text)
+
+
+def whole_turn(refund_text: str) -> list[list[str]]:
+    """The crash tests' turn as memory stores it, once: its refund's result `refund_text`."""
+    answer = f"Order A1 is refunded ({refund_text})."
+    return [
         ["UserMessage", "Refund A1"],
         ["AssistantMessage", ""],
         ["ToolResultMessage", "order A1: paid"],
@@ -589,12 +595,7 @@ async def test_a_durable_turn_holds_its_conversation_from_its_first_segment_to_i
     assert out["value"] == "Order A1 is refunded (refunded A1)."
     assert out["other"] == "Other answer."
     assert out["memory"] == [
-        ["UserMessage", "Refund A1"],
-        ["AssistantMessage", ""],
-        ["ToolResultMessage", "order A1: paid"],
-        ["AssistantMessage", ""],
-        ["ToolResultMessage", "refunded A1"],
-        ["AssistantMessage", "Order A1 is refunded (refunded A1)."],
+        *whole_turn("refunded A1"),
         ["UserMessage", "Another question"],
         ["AssistantMessage", "Other answer."],
     ]
@@ -626,14 +627,7 @@ async def test_a_call_of_unknown_outcome_waits_for_a_human_under_the_approval_po
     assert runs(tmp_path, "lookup") == 1
     answer = f"Order A1 is refunded ({refund_text})."
     assert out["value"] == answer
-    assert out["memory"] == [
-        ["UserMessage", "Refund A1"],
-        ["AssistantMessage", ""],
-        ["ToolResultMessage", "order A1: paid"],
-        ["AssistantMessage", ""],
-        ["ToolResultMessage", refund_text],
-        ["AssistantMessage", answer],
-    ]
+    assert out["memory"] == whole_turn(refund_text)
 
 
 async def test_an_approved_call_killed_inside_is_put_to_a_human_under_the_approval_policy(
