@@ -3,7 +3,9 @@
 Each limit is tried at N (the call succeeds, everything ran) and at N + 1 (the call stops with
 `BudgetExceededError` naming the limit, before the step that would pass it). Off-by-one errors in the
 account (`>` for `>=`) fail one side or the other. Token counts are the pipeline's estimate (about four
-characters a token, never fewer tokens than deltas) unless the model reports usage.
+characters a token, never fewer tokens than deltas) unless the model reports usage. The output-token
+limit is tried on every path a response streams through: awaited, a plain stream, and streams whose
+output guardrails release text by each policy (`buffer`, `chunked`, `optimistic`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 
 import agentrt
 from agentrt import Budget, BudgetExceededError, TokenStream, Usage, tool
+from agentrt.guardrails import GuardrailResult, OutputGuardrailRequest, output_guardrails, success
 from agentrt.testing import CallTool, ScriptedModel
 
 
@@ -34,7 +37,7 @@ class Counter:
 
 
 async def call(service: Any, view: str, question: str = "q") -> str:
-    if view == "await":
+    if view.startswith("await"):
         text: str = await service.ask(question)
         return text
     async with await service.stream(question) as tokens:
@@ -42,6 +45,36 @@ async def call(service: Any, view: str, question: str = "q") -> str:
 
 
 VIEWS = ["await", "stream"]
+# Views whose methods have an output guardrail (that passes everything), by release policy.
+GUARDED = ["await:buffer", "stream:buffer", "stream:chunked", "stream:optimistic"]
+
+
+class Pass:
+    partial_text = True
+    name = "pass"
+
+    def validate(self, request: OutputGuardrailRequest) -> GuardrailResult:
+        return success()
+
+
+def chat(view: str) -> type:
+    """The service class for `view`: `Chat`, or one whose methods release text by a policy."""
+    if ":" not in view:
+        return Chat
+    release: Any = view.partition(":")[2]
+    if view.startswith("await"):
+
+        class Awaited:
+            @output_guardrails(Pass(), release=release)
+            async def ask(self, question: str) -> str: ...
+
+        return Awaited
+
+    class Streamed:
+        @output_guardrails(Pass(), release=release)
+        async def stream(self, question: str) -> TokenStream: ...
+
+    return Streamed
 
 
 def rounds(n: int, *, parallel: bool = False) -> list[Any]:
@@ -94,7 +127,7 @@ async def test_a_budget_of_n_model_requests_allows_exactly_n(view: str) -> None:
         assert info.value.partial.spent.model_requests == n
 
 
-@pytest.mark.parametrize("view", VIEWS)
+@pytest.mark.parametrize("view", VIEWS + GUARDED)
 @pytest.mark.parametrize("delta", [1, 4, 8])
 async def test_a_budget_of_n_output_tokens_allows_exactly_n_estimated(view: str, delta: int) -> None:
     n = 16
@@ -102,11 +135,11 @@ async def test_a_budget_of_n_output_tokens_allows_exactly_n_estimated(view: str,
     per_delta = max(1, delta // 4)
     fits = n // per_delta  # deltas that take exactly n tokens
     model = ScriptedModel(["x" * delta] * fits)
-    service = agentrt.build(Chat, model=model, budget=Budget(output_tokens=n))
+    service = agentrt.build(chat(view), model=model, budget=Budget(output_tokens=n))
     assert await call(service, view) == "x" * delta * fits
 
     model = ScriptedModel(["x" * delta] * (fits + 1))
-    service = agentrt.build(Chat, model=model, budget=Budget(output_tokens=n))
+    service = agentrt.build(chat(view), model=model, budget=Budget(output_tokens=n))
     with pytest.raises(BudgetExceededError) as info:
         await call(service, view)
     assert info.value.limit == "output_tokens"
@@ -118,12 +151,14 @@ async def test_a_budget_of_n_output_tokens_allows_exactly_n_estimated(view: str,
     assert model.streams[0].closed and not model.streams[0].completed
 
 
-@pytest.mark.parametrize("view", VIEWS)
+@pytest.mark.parametrize("view", VIEWS + GUARDED)
 async def test_a_budget_of_n_output_tokens_allows_exactly_n_reported(view: str) -> None:
-    service = agentrt.build(Chat, model=ScriptedModel(["ok", Usage(3, 10)]), budget=Budget(output_tokens=10))
+    model = ScriptedModel(["ok", Usage(3, 10)])
+    service = agentrt.build(chat(view), model=model, budget=Budget(output_tokens=10))
     assert await call(service, view) == "ok"
 
-    service = agentrt.build(Chat, model=ScriptedModel(["ok", Usage(3, 11)]), budget=Budget(output_tokens=10))
+    model = ScriptedModel(["ok", Usage(3, 11)])
+    service = agentrt.build(chat(view), model=model, budget=Budget(output_tokens=10))
     with pytest.raises(BudgetExceededError) as info:
         await call(service, view)
     assert info.value.limit == "output_tokens"

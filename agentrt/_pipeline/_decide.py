@@ -10,7 +10,7 @@ Text sent with tool calls is decided like an answer (`after_chain`); it is never
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from ._finish import Outcome
@@ -31,20 +31,28 @@ class Decision(enum.Enum):
     """It did not parse and cannot be repaired: `OutputParsingError`."""
 
 
+# Members read as constants: on 3.11 a class attribute of an enum goes through `EnumType.__getattr__`.
+_ACCEPT: Final = Decision.ACCEPT
+_REASK: Final = Decision.REASK
+_REFUSE: Final = Decision.REFUSE
+_REPAIR: Final = Decision.REPAIR
+_UNPARSED: Final = Decision.UNPARSED
+
+
 def after_chain(outcome: Outcome, *, askable: bool, reasks: int, max_retries: int) -> Decision:
     """What an output chain's `outcome` means for an answer (`askable`: the model wrote it, so it can
     be asked for again; an immediate tool's result cannot), after `reasks` of `max_retries` re-asks."""
     if outcome.reask is not None and askable and reasks < max_retries:
-        return Decision.REASK
+        return _REASK
     if outcome.failures:
-        return Decision.REFUSE
-    return Decision.ACCEPT
+        return _REFUSE
+    return _ACCEPT
 
 
 def after_parse(failed: bool, *, askable: bool, repairs: int, max_repairs: int) -> Decision:
     """What a parse means: `failed` to parse, after `repairs` of `max_repairs` repairs."""
     if not failed:
-        return Decision.ACCEPT
+        return _ACCEPT
     if askable and repairs < max_repairs:
-        return Decision.REPAIR
-    return Decision.UNPARSED
+        return _REPAIR
+    return _UNPARSED

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import anyio
 
@@ -45,6 +45,12 @@ class Step(enum.Enum):
     """Run the response's tool calls, then ask again."""
     ASK = "ask"
     """Send `turn.request` (the next request is ready)."""
+
+
+# Members read as constants: on 3.11 a class attribute of an enum goes through `EnumType.__getattr__`.
+_ANSWER: Final = Step.ANSWER
+_TOOLS: Final = Step.TOOLS
+_ASK: Final = Step.ASK
 
 
 def before_request(turn: Turn) -> tuple[ModelRequest, tuple[int, BudgetLimit] | None]:
@@ -94,26 +100,26 @@ def after_response(turn: Turn, response: ModelResponse) -> Step:
     calls = response.message.tool_calls
     loop = turn.loop
     if loop is None or not calls:
-        return Step.ANSWER
+        return _ANSWER
     if turn.answered:
-        return Step.ANSWER  # the answer tool was called: calls beside it do not run
+        return _ANSWER  # the answer tool was called: calls beside it do not run
     if turn.final is not None:
         if not (response.message.text or "").strip():
             # Asked for an answer without tools, the model called tools again: a typed error with
             # the partial result, never a silent empty (or blank) answer.
             raise _limit_error(turn, turn.final, "asked for a final answer, the model called tools again")
-        return Step.ANSWER  # an answer with stray tool calls: the answer counts, the calls do not
+        return _ANSWER  # an answer with stray tool calls: the answer counts, the calls do not
     limit = loop.limit_before(calls)
     if limit is not None:
         # The response's calls never run, so it is not part of the exchange.
         _stop_at(turn, limit)
-        return Step.ASK
+        return _ASK
     if account is not None:
         over = account.before_tools(len(calls), anyio.current_time())
         if over is not None:
             raise turn.exceeded(over, cause=f"before a round of {len(calls)} tool call(s)")
         account.tool_calls += len(calls)  # counted as they start: a round cut short spent them
-    return Step.TOOLS
+    return _TOOLS
 
 
 def unspend_round(turn: Turn, calls: tuple[ToolCall, ...]) -> None:
@@ -164,11 +170,11 @@ def after_round(turn: Turn, calls: tuple[ToolCall, ...], executions: list[ToolEx
     )
     if all(not e.is_error and turn.tools[e.name].immediate for e in executions):
         turn.immediate = executions
-        return Step.ANSWER
+        return _ANSWER
     limit = loop.limit_after()
     if limit is not None:
         _stop_at(turn, limit)
-    return Step.ASK
+    return _ASK
 
 
 def _stop_at(turn: Turn, limit: LoopLimit) -> None:

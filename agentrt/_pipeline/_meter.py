@@ -1,11 +1,11 @@
-"""The output meter: what a streamed chunk spends of a response's output-token allowance.
+"""The output meter: what a streamed response spends of its output-token allowance.
 
 While a response streams, its output tokens are estimated exactly as the usage fold estimates them
 (about four characters a token, each text or thinking delta at least one; tool calls' names and
 arguments), or read from usage the provider reports mid-stream: a budget of N output tokens allows a
-response the fold counts as N, and a response cut at it reports usage past N. The allowance is kept
-in characters, in a local of the pipeline's chunk loop: a text delta, the common chunk, is metered
-there inline (a subtraction and two comparisons); `spend` meters the rest.
+response the fold counts as N, and a response cut at it reports usage past N. One `Meter` a response:
+the driver's chunk loop spends every chunk with `spend` (which raises the cut's error once the
+allowance is spent); a reader that only needs to stop reading asks `over`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from .._budget import chars_for_tokens
 from .._events import TextDelta, ThinkingDelta, ToolCallDelta, Usage
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .._events import ModelChunk
 
-__all__ = ["TOKEN", "spend"]
+__all__ = ["TOKEN", "Meter"]
 
 TOKEN: Final = chars_for_tokens(1)
 """What a delta spends at least: servers stream about a token a delta, so short deltas of code or CJK
@@ -27,15 +29,32 @@ text must not stream four times the limit."""
 _ALL: Final = 1 << 62
 
 
-def spend(chunk: ModelChunk, allowance: int) -> int:
-    """The characters `chunk` spends of a response allowed `allowance` output tokens (everything,
-    for usage reported past it)."""
-    kind = type(chunk)
-    if kind is TextDelta or kind is ThinkingDelta:
-        size = len(chunk.text)  # type: ignore[union-attr]
-        return size if size > TOKEN else TOKEN
-    if kind is ToolCallDelta:
-        return len(chunk.arguments) + len(chunk.name or "")  # type: ignore[union-attr]
-    if kind is Usage and chunk.output_tokens > allowance:  # type: ignore[union-attr]
-        return _ALL
-    return 0
+class Meter:
+    """The allowance of one response, `tokens` output tokens, kept in characters and spent chunk by
+    chunk. `cut` makes the error `spend` raises once it is spent (the response stops within one chunk
+    of the limit)."""
+
+    __slots__ = ("_cut", "_left", "_most")
+
+    def __init__(self, tokens: int, cut: Callable[[], Exception] | None = None) -> None:
+        self._most = tokens
+        self._left = chars_for_tokens(tokens)
+        self._cut = cut
+
+    def over(self, chunk: ModelChunk) -> bool:
+        """Spend `chunk`; whether the allowance is spent now."""
+        kind = chunk.__class__
+        if kind is TextDelta or kind is ThinkingDelta:
+            size = len(chunk.text)  # type: ignore[union-attr]
+            self._left -= size if size > TOKEN else TOKEN
+        elif kind is ToolCallDelta:
+            self._left -= len(chunk.arguments) + len(chunk.name or "")  # type: ignore[union-attr]
+        elif kind is Usage and chunk.output_tokens > self._most:  # type: ignore[union-attr]
+            self._left -= _ALL  # the provider counted past the limit
+        return self._left < 0
+
+    def spend(self, chunk: ModelChunk) -> None:
+        """Spend `chunk`; raise the cut's error once the allowance is spent."""
+        if self.over(chunk):
+            assert self._cut is not None
+            raise self._cut()

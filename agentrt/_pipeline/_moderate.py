@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from .._budget import chars_for_tokens
 from .._errors import InputGuardrailError, ModelTimeoutError, ModerationError, ModerationFailedError
 from ..guardrails._run import run_input
 from ..models._protocol import aclose_iterator
@@ -229,7 +228,7 @@ class Raced:
         failure: BaseException | None = None
         following = self._chunks.__anext__
         allowance = self._allowance
-        left = chars_for_tokens(allowance) if allowance is not None else 0
+        meter = _meter.Meter(allowance) if allowance is not None else None
 
         async def verdict(group: TaskGroup) -> None:
             try:
@@ -259,10 +258,8 @@ class Raced:
                                 ended = True
                                 break
                             read.append(chunk)
-                            if allowance is not None:
-                                left -= _meter.spend(chunk, allowance)
-                                if left < 0:
-                                    break  # the allowance is spent: read no more, the meter cuts it
+                            if meter is not None and meter.over(chunk):
+                                break  # the allowance is spent: read no more, the meter cuts it
                         if not decided.is_set():
                             await decided.wait()
                     except Exception as exc:  # the model failed: raised after the group, not in it

@@ -45,6 +45,13 @@ class Mode(enum.Enum):
     """Released at once; withdrawn with a `Reset` when the chain refuses it."""
 
 
+# Members read as constants: on 3.11 a class attribute of an enum goes through `EnumType.__getattr__`.
+_PLAIN: Final = Mode.PLAIN
+_HOLD: Final = Mode.HOLD
+_CHUNKED: Final = Mode.CHUNKED
+_OPTIMISTIC: Final = Mode.OPTIMISTIC
+
+
 class Release:
     """The release state of one turn: its mode, what the reader has (`released`, for `chunked` and
     `optimistic`), and the response and tool events held with the text (`pending`, while held).
@@ -55,19 +62,19 @@ class Release:
 
     def __init__(self, policy: str, streams: bool, every: int | None) -> None:
         self.streams = streams
-        self.mode = Mode(policy) if policy != "plain" else Mode.PLAIN
+        self.mode = Mode(policy) if policy != "plain" else _PLAIN
         mode = self.mode
-        self.released = Released(every) if mode is Mode.CHUNKED or mode is Mode.OPTIMISTIC else None
-        self.pending: list[Event] | None = [] if mode is Mode.HOLD or mode is Mode.CHUNKED else None
+        self.released = Released(every) if mode is _CHUNKED or mode is _OPTIMISTIC else None
+        self.pending: list[Event] | None = [] if mode is _HOLD or mode is _CHUNKED else None
 
     def again(self) -> None:
         """The answer was asked for again: the next one is replayed stream-to-sync (held until it
         passed), unless the policy shows answers at once and withdraws them (`optimistic`)."""
         mode = self.mode
-        if mode is Mode.CHUNKED:
-            self.mode = Mode.HOLD
-        elif mode is Mode.PLAIN and self.streams:
-            self.mode = Mode.HOLD
+        if mode is _CHUNKED:
+            self.mode = _HOLD
+        elif mode is _PLAIN and self.streams:
+            self.mode = _HOLD
             self.pending = []
 
 

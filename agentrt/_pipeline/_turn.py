@@ -87,9 +87,10 @@ event (a reader that closes the stream at `Completed` stores nothing). The serve
 final event was handed to the client's connection: a client gone before that has no turn stored."""
 
 _AWAITED: Final = Release("plain", False, None)
-_NO_USAGE: Final = Usage()  # frozen: one for every turn's start (its init sets five fields)
 """The release state of every awaited call without output guardrails: it never changes
 (`Release.again` leaves a plain awaited call as it is)."""
+_NO_USAGE: Final = Usage()  # frozen: one for every turn's start (its init sets five fields)
+_PREPARE: Final = Phase.PREPARE  # (on 3.11 a class attribute of an enum goes through `EnumType.__getattr__`)
 
 
 class Turn:
@@ -171,7 +172,7 @@ class Turn:
         self.runtime = runtime
         self.spec = spec
         self.plan = plan
-        self.phase = Phase.PREPARE
+        self.phase = _PREPARE
         self.boundary: Callable[[Turn], None] | None = None
         """Called at each step boundary (`BOUNDARIES`), where the turn may be checkpointed."""
         self.at_boundary = False

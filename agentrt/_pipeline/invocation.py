@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import anyio
 
-from .._budget import chars_for_tokens
 from .._errors import ModelTimeoutError
 from .._events import (
     CancelledEvent,
@@ -30,9 +29,6 @@ from .._events import (
     Event,
     FailedEvent,
     RefusalDelta,
-    RequestIssued,
-    Reset,
-    ResponseReceived,
     Result,
     Started,
     TextDelta,
@@ -40,12 +36,10 @@ from .._events import (
     ToolCallDelta,
     Usage,
 )
-from ..models._protocol import ResponseAccumulator, aclose_iterator
-from ..output._modes import AnswerChunks
-from . import _approve, _checkpoint, _finish, _fold, _loop, _meter, _release, _stages, _steps
+from . import _approve, _checkpoint, _finish, _fold, _stages, _steps
 from ._plan import Plan, plan
 from ._release import Mode
-from ._response import _cut, _Deadline, _race, _timed_out
+from ._response import Response, _timed_out
 from ._runtime import notify
 from ._turn import BOUNDARIES, Phase, Turn
 
@@ -207,7 +201,6 @@ class Invocation:
                 yield turn.retrieved
                 turn.retrieved = None
             plan = turn.plan
-            chain = plan.output_chain
             moderation = plan.moderation
             release = turn.release
             if not restored:
@@ -227,153 +220,53 @@ class Invocation:
                     turn.boundary(turn)
                     turn.at_boundary = False
                 if phase is _REQUEST:
-                    turn.round += 1
-                    round_ = turn.round
-                    attempt = turn.attempt
-                    request, allowance = _loop.before_request(turn)
-                    issued = RequestIssued(self.id, request, round_)
-                    if listeners:
-                        notify(listeners, issued)
+                    response = Response(turn, guard, forward)
                     # Held back with the text: a re-asked request carries a rejected answer.
                     if release.pending is None:
-                        yield issued
-                    hold = release.mode is _HOLD
-                    chunking = release.mode is _CHUNKED
-                    released = release.released
-                    pending = release.pending
-                    accumulator = turn.streaming = ResponseAccumulator()
-                    add = accumulator.add
-                    append = accumulator.text_sink()  # what `add` does for a TextDelta, without the call
-                    chunks = model.stream(request)
-                    if turn.moderating or turn.checking:  # judged while the model answers
-                        chunks = _race(turn, chunks, allowance, guard)
-                    answering = None
-                    if turn.answer is not None:  # tool mode: the answer tool's arguments are the text
-                        chunks = answering = AnswerChunks(chunks)
-                    if guard is not None and not runtime.handles_deadline:
-                        chunks = _Deadline(chunks, guard)
-                    # A token limit: the allowance in characters, spent chunk by chunk (see _meter); the
-                    # response stops within one chunk of it.
-                    left = chars_for_tokens(allowance[0]) if allowance is not None else 0
-                    carried = None
-                    stopped: _finish.Outcome | None = None  # a chunk the chain refused
+                        yield response.issued
+                    chunks = response.chunks
+                    meter, show, shown = response.meter, response.show, response.shown
+                    chunking, gate, crossed = response.chunking, response.gate, response.crossed
+                    add = response.accumulator.add
+                    append = response.accumulator.text_sink()  # `add` of a TextDelta, without the call
                     try:
-                        if priming:
-                            # Primed: wait for the model to accept the request, then say so.
+                        if priming:  # wait for the model to accept the request, then say so
                             first = await anext(chunks, None)
                             priming = False
                             yield cast("Event", READY)
-                            if chunking:
-                                carried = first  # checked with the chunks after it
-                            elif first is not None:
-                                add(first)
-                                if first.__class__ in _FORWARD and forward and not hold:
-                                    yield first  # type: ignore[misc]
-                                if allowance is not None:
-                                    left -= _meter.spend(first, allowance[0])
-                                    if left < 0:
-                                        raise _cut(turn, accumulator, request, allowance)
-                        if hold:
-                            # Output guardrails on a stream: text and thinking are held back until
-                            # the chain passes the answer (the `buffer` release).
-                            most = allowance[0] if allowance is not None else 0
+                            if first is not None:
+                                for event in await response.lead(first):
+                                    yield event
+                        if response.stopped is not None:
+                            pass
+                        elif show and meter is None:  # the plain loop, with nothing else to do
                             async for chunk in chunks:
-                                add(chunk)
-                                if allowance is not None:
-                                    left -= _meter.spend(chunk, most)
-                                    if left < 0:
-                                        raise _cut(turn, accumulator, request, allowance)
-                                if chunk.__class__ is Usage and forward:
+                                if chunk.__class__ is TextDelta:
+                                    append(chunk.text)
                                     yield chunk
-                        elif chunking:
-                            # `chunked`: the answer so far is checked at each chunk's end, and the
-                            # chunk released once it passed; a refused chunk stops the response.
-                            assert chain is not None
-                            assert released is not None
-                            assert pending is not None
-                            most = allowance[0] if allowance is not None else 0
-                            crossed = released.crossed
-                            # By sentences, most tokens end in none of the characters that may end one.
-                            gate = _release.MAY_END if chain.chunk is None else None
-                            following = chunks.__anext__
-                            while True:  # `async for`, after a primed first chunk (as fast)
-                                if carried is None:
-                                    try:
-                                        chunk = await following()
-                                    except StopAsyncIteration:
-                                        break
                                 else:
-                                    chunk, carried = carried, None
-                                kind = chunk.__class__
-                                if kind is TextDelta:
-                                    text = chunk.text  # type: ignore[union-attr]
-                                    append(text)
-                                    if allowance is not None:
-                                        size = len(text)
-                                        left -= size if size > _meter.TOKEN else _meter.TOKEN
-                                        if left < 0:
-                                            raise _cut(turn, accumulator, request, allowance)
-                                    if (gate is None or text[-1:] in gate) and crossed(text):
-                                        checking = _release.check(turn, chain, accumulator, released, attempt)
-                                        if guard is not None:
-                                            checking = _steps.scoped(turn, checking, guard)
-                                        outcome, out = await checking
-                                        for verdict in turn.verdicts:
-                                            yield verdict
-                                        turn.verdicts.clear()
-                                        if outcome.failures:
-                                            stopped = outcome
-                                            break
-                                        for event in pending:
-                                            yield event
-                                        pending.clear()
-                                        for event in out:
-                                            if listeners and event.__class__ is Reset:
-                                                notify(listeners, event)
-                                            yield event
-                                    continue
-                                add(chunk)
-                                if allowance is not None and kind in _METERED:
-                                    left -= _meter.spend(chunk, most)
-                                    if left < 0:
-                                        raise _cut(turn, accumulator, request, allowance)
-                                if kind is Usage and forward:
-                                    yield chunk  # type: ignore[misc]
-                        elif allowance is None:
-                            if forward:
-                                async for chunk in chunks:
-                                    if chunk.__class__ is TextDelta:
-                                        append(chunk.text)
-                                        yield chunk
-                                    else:
-                                        add(chunk)
-                                        if chunk.__class__ in _FORWARD:
-                                            yield chunk  # type: ignore[misc]
-                            else:
-                                async for chunk in chunks:
-                                    if chunk.__class__ is TextDelta:
-                                        append(chunk.text)
-                                    else:
-                                        add(chunk)
+                                    add(chunk)
+                                    if chunk.__class__ in shown:
+                                        yield chunk  # type: ignore[misc]
                         else:
-                            most = allowance[0]
                             async for chunk in chunks:
                                 if chunk.__class__ is TextDelta:
                                     text = chunk.text
                                     append(text)
-                                    size = len(text)
-                                    left -= size if size > _meter.TOKEN else _meter.TOKEN
-                                    if left < 0:
-                                        raise _cut(turn, accumulator, request, allowance)
-                                    if forward:
+                                    if meter is not None:
+                                        meter.spend(chunk)
+                                    if show:
                                         yield chunk
+                                    elif chunking and (gate is None or text[-1:] in gate) and crossed(text):  # type: ignore[misc]
+                                        for event in await response.check():  # `chunked`: a chunk's end
+                                            yield event
+                                        if response.stopped is not None:
+                                            break
                                 else:
                                     add(chunk)
-                                    if chunk.__class__ in _METERED:
-                                        left -= _meter.spend(chunk, most)
-                                        if left < 0:
-                                            raise _cut(turn, accumulator, request, allowance)
-                                    if forward and chunk.__class__ in _FORWARD:
+                                    if meter is not None:
+                                        meter.spend(chunk)
+                                    if chunk.__class__ in shown:
                                         yield chunk  # type: ignore[misc]
                     except ModelTimeoutError as exc:
                         if deadline is not None and anyio.current_time() >= deadline:
@@ -381,31 +274,14 @@ class Invocation:
                         raise
                     finally:
                         # A finished async generator (an HTTP adapter's, read to its end) has
-                        # nothing to close: the scope would be all the work.
+                        # nothing to close: the close would be all the work.
                         if not (isinstance(chunks, AsyncGeneratorType) and chunks.ag_frame is None):
-                            with anyio.CancelScope(shield=True):
-                                await aclose_iterator(chunks)
-                    turn.streaming = None
-                    if stopped is not None:
-                        # Refused part way: the response ends where it was cut, and is not shown.
-                        response = accumulator.build(request, cut=True)
-                        _loop.record(turn, response)
-                        if listeners:
-                            notify(listeners, ResponseReceived(self.id, response, round_))
-                        turn.stopped = stopped
-                        turn.phase = Phase.ANSWER  # (rare: a refused chunk)
-                        continue
-                    for verdict in turn.verdicts:  # a parallel input chain's (listeners had them)
-                        yield verdict
-                    turn.verdicts.clear()
-                    turn.received = accumulator.build(request)
-                    turn.answered = answering is not None and answering.answered
-                    if chunking:
-                        assert released is not None
-                        # what the reader has not been released yet, for the answer's check
-                        turn.unreleased = accumulator.text_from(released.text_at)[0]
-                        turn.unthought = accumulator.thinking_from(released.thought_at)[0]
-                    turn.phase = _RESPONSE
+                            await response.close()
+                    if response.stopped is None:
+                        for verdict in turn.verdicts:  # a parallel input chain's (listeners had them)
+                            yield verdict
+                        turn.verdicts.clear()
+                    response.end()
                 elif phase is _TOOLS or phase is _APPROVAL:
                     if phase is _APPROVAL and turn.decisions is None:
                         # Calls wait for a human: what the reader was held back from so far (it
