@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final, Generic, Self, TypeVar
 
@@ -56,13 +57,14 @@ T = TypeVar("T")
 
 logger = logging.getLogger("agentrt")
 
-# The pipelines of streams not closed yet. A stream left in a reference cycle would otherwise take
-# its pipeline into the same garbage, and the collector would run both the stream's finalizer and
-# the loop's async-generator finalizer: two closes of one generator, the second failing with
-# "aclose(): asynchronous generator is already running" at every level of the model stream (and
-# trio warning for each). Held here, the pipeline is closed once, by the stream's finalizer, then
-# dropped. (A loop that shuts down first closes it itself: it knows every live async generator.)
-_open: set[AsyncGenerator[Event, None]] = set()
+# The pipelines of streams not closed yet, and `TokenStream`'s readers of them (`_text`). A stream
+# left in a reference cycle would otherwise take its pipeline into the same garbage, and the collector
+# would run both the stream's finalizer and the loop's async-generator finalizer: two closes of one
+# generator, the second failing with "aclose(): asynchronous generator is already running" at every
+# level of the model stream (and trio warning for each). Held here, the pipeline is closed once, by
+# the stream's finalizer, then dropped. (A loop that shuts down first closes it itself: it knows
+# every live async generator.)
+_open: set[AsyncGenerator[Any, None]] = set()
 
 
 async def _close_quietly(events: AsyncGenerator[Event, None]) -> None:
@@ -87,6 +89,20 @@ def _close_later(events: AsyncGenerator[Event, None], schedule: Schedule | None)
         # The loop is closed (trio's RunFinishedError is a RuntimeError): it closed its live async
         # generators as it shut down. Nothing to clean up with.
         _open.discard(events)
+
+
+def _close_now(reader: AsyncGenerator[Any, None]) -> None:
+    """Close a reader of a stream's events (`_text`) that is suspended at a `yield`: its cleanup does
+    not await, so it closes at once, in whatever thread, without a task of its loop. A reader some
+    task is resuming right now is left to that task."""
+    if getattr(reader, "ag_frame", None) is None:
+        return
+    closing = reader.aclose()
+    try:
+        closing.send(None)
+    except (StopIteration, RuntimeError):  # closed; or running ("already running")
+        return
+    closing.close()  # (it awaited: it cannot have, but never leave it half closed)
 
 
 class _ResetToken(str):
@@ -122,6 +138,54 @@ def _stopped(approval: ApprovalRequested) -> Result[Any]:
     """The result of a stream that stopped for approval (`Result.approval`)."""
     assert approval.partial is not None
     return replace(approval.partial, approval=approval)
+
+
+async def _text(
+    events: AsyncGenerator[Event, None], stream: weakref.ref[TokenStream]
+) -> AsyncGenerator[str, None]:
+    """A `TokenStream`'s tokens: the text deltas of its events, and `RESET` for a reset. What the
+    stream keeps (its result, an error for `result()`) is set through a weak reference: the stream
+    holds this generator, which must not hold the stream (it would make a cycle of every stream)."""
+    try:
+        async for event in events:
+            kind = type(event)
+            if kind is TextDelta:
+                yield event.text  # type: ignore[union-attr]
+            elif kind is Reset:
+                yield RESET
+            elif kind is Completed or kind is ApprovalRequested:
+                view = stream()
+                if view is not None:
+                    view._result = event.result if kind is Completed else _stopped(event)  # type: ignore[union-attr,arg-type]
+    except Exception as exc:
+        # Errors are kept for `result()`; cancellation is not: it belongs to its scope.
+        view = stream()
+        if view is not None:
+            view._error = exc
+        raise
+
+
+class _Tokens:
+    """What `async for` reads a `TokenStream` with: the stream's one reader of its events (`_text`),
+    resumed directly. Its `__anext__` is a slot holding the reader's own `__anext__`, which the
+    interpreter finds and calls in C: a token then costs a generator resumed, not a coroutine made
+    and run for it (about 900 instructions less). It holds the stream while the loop runs: the
+    reader holds it only weakly, and the stream holds the reader."""
+
+    if TYPE_CHECKING:
+        __slots__ = ("_stream",)
+
+        def __anext__(self) -> Awaitable[str]: ...
+
+    else:
+        __slots__ = ("__anext__", "_stream")
+
+    def __init__(self, stream: TokenStream, reader: AsyncGenerator[str, None]) -> None:
+        self._stream = stream
+        self.__anext__ = reader.__anext__  # type: ignore[method-assign]
+
+    def __aiter__(self) -> _Tokens:
+        return self
 
 
 class _Events(AsyncIterator[Event]):
@@ -165,7 +229,17 @@ class _View(Generic[T]):
     `RequestIssued`, ...: none of them text), which `events()` gives first and the text views skip.
     """
 
-    __slots__ = ("__weakref__", "_before", "_conversation", "_error", "_events", "_home", "_result", "_where")
+    __slots__ = (
+        "__weakref__",
+        "_before",
+        "_conversation",
+        "_error",
+        "_events",
+        "_home",
+        "_result",
+        "_text",
+        "_where",
+    )
 
     def __init__(
         self,
@@ -182,9 +256,14 @@ class _View(Generic[T]):
         self._home = home()
         self._where = where
         self._conversation = conversation
+        self._text: AsyncGenerator[str, None] | None = None  # a TokenStream's reader of its events
         _open.add(events)
 
     def __del__(self) -> None:
+        text = self._text
+        if text is not None:
+            _open.discard(text)
+            _close_now(text)
         events = self._events
         if getattr(events, "ag_frame", None) is None:
             _open.discard(events)  # finished or closed: nothing to clean up
@@ -245,10 +324,15 @@ class _View(Generic[T]):
 
         Must not be called while another task is reading the stream: cancel that task instead.
         """
+        text = self._text
         try:
+            if text is not None:
+                await text.aclose()
             await self._events.aclose()
         finally:
             _open.discard(self._events)
+            if text is not None:
+                _open.discard(text)
 
     async def __aenter__(self) -> Self:
         return self
@@ -281,25 +365,20 @@ class TokenStream(_View[str], AsyncIterator[str]):
 
     __slots__ = ()
 
-    async def __anext__(self) -> str:
-        events = self._events
-        while True:
-            try:
-                event = await events.__anext__()
-            except Exception as exc:
-                # Errors are kept for `result()`; cancellation is not: it belongs to its scope.
-                if not isinstance(exc, StopAsyncIteration):
-                    self._error = exc
-                raise
-            kind = type(event)
-            if kind is TextDelta:
-                return event.text  # type: ignore[union-attr]
-            if kind is Completed:
-                self._result = event.result  # type: ignore[union-attr]
-            elif kind is Reset:
-                return RESET
-            elif kind is ApprovalRequested:
-                self._result = _stopped(event)  # type: ignore[arg-type]
+    def __aiter__(self) -> AsyncIterator[str]:  # type: ignore[override]
+        super().__aiter__()
+        return _Tokens(self, self._reader())
+
+    def __anext__(self) -> Coroutine[Any, Any, str]:
+        return self._reader().__anext__()
+
+    def _reader(self) -> AsyncGenerator[str, None]:
+        """The one generator that reads the stream's events for text, for the stream's life."""
+        text = self._text
+        if text is None:
+            text = self._text = _text(self._events, weakref.ref(self))
+            _open.add(text)  # (see `_open`)
+        return text
 
     async def run(
         self,

@@ -362,3 +362,47 @@ async def test_a_warning_raised_as_an_error_does_not_keep_the_stream_open(
     with anyio.fail_after(5):
         assert await svc.chat("c", "next") == "second turn"
     assert model.streams[0].closed
+
+
+# --- the reader a loop resumes --------------------------------------------------------------------
+
+
+async def test_a_stream_iterated_without_a_name_is_read_to_its_end_without_a_warning() -> None:
+    # `async for` holds the stream while it runs: the stream's one reader of its events holds it
+    # only weakly, so without that the stream would be collected (and closed) at the loop's start.
+    svc, _ = service(["one ", "two"])
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        tokens = [token async for token in await svc.stream("c", "hi")]
+        gc.collect()
+    assert tokens == ["one ", "two"]
+    assert [w for w in warned if issubclass(w.category, ResourceWarning)] == []
+    assert await agentrt.memory.access(svc).read("c") == turn("hi", "one two")
+
+
+async def test_tokens_then_events_then_tokens_read_on_where_the_last_stopped() -> None:
+    svc, _ = service(["one ", "two ", "three ", "four"])
+    async with await svc.stream("c", "hi") as stream:
+        async for token in stream:
+            assert token == "one "
+            break
+        assert await anext(stream) == "two "  # `anext` and `async for` share the reader
+        events = stream.events()
+        assert await anext(events) == agentrt.TextDelta("three ")
+        assert [token async for token in stream] == ["four"]
+        result = await stream.result()
+    assert result.text == "one two three four"
+    assert await agentrt.memory.access(svc).read("c") == turn("hi", "one two three four")
+
+
+async def test_a_stream_dropped_after_break_is_closed_and_frees_its_conversation_at_once() -> None:
+    svc, model = service(["one ", "two ", Hang()], "second turn")
+    stream = await svc.stream("c", "hi")
+    async for _token in stream:
+        break
+    with pytest.warns(ResourceWarning, match=UNCLOSED):
+        del stream  # (no cycle: the reader does not hold the stream)
+    with anyio.fail_after(5):
+        assert await svc.chat("c", "next") == "second turn"
+    assert model.streams[0].closed
+    assert await agentrt.memory.access(svc).read("c") == turn("next", "second turn")
