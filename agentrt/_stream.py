@@ -188,31 +188,44 @@ class _Tokens:
         return self
 
 
-class _Events(AsyncIterator[Event]):
-    """`TokenStream.events()`: every remaining event of the stream."""
+async def _every(
+    events: AsyncGenerator[Event, None], before: list[Event] | None, stream: weakref.ref[_View[Any]]
+) -> AsyncGenerator[Event, None]:
+    """A stream's events for `events()` and `result()`: those read before it was handed over
+    (`before`, see `_View`), then the rest. What the stream keeps is set as `_text` sets it."""
+    try:
+        while before:
+            yield before.pop(0)
+        async for event in events:
+            kind = type(event)
+            if kind is Completed or kind is ApprovalRequested:
+                view = stream()
+                if view is not None:
+                    view._result = event.result if kind is Completed else _stopped(event)  # type: ignore[union-attr,arg-type]
+            yield event
+    except Exception as exc:
+        view = stream()
+        if view is not None:
+            view._error = exc
+        raise
 
-    __slots__ = ("_stream",)
+
+class _Events(AsyncIterator[Event]):
+    """`TokenStream.events()`: every remaining event of the stream, through the stream's one reader
+    of every event (`_every`), resumed directly (see `_Tokens`)."""
+
+    if TYPE_CHECKING:
+        __slots__ = ("_stream",)
+
+        def __anext__(self) -> Awaitable[Event]: ...
+
+    else:
+        __slots__ = ("__anext__", "_stream")
 
     def __init__(self, stream: _View[Any]) -> None:
         self._stream = stream
         stream._claim()
-
-    async def __anext__(self) -> Event:
-        stream = self._stream
-        before = stream._before
-        if before:  # read before the stream was handed over (see `_View`)
-            return before.pop(0)
-        try:
-            event = await stream._events.__anext__()
-        except Exception as exc:
-            if not isinstance(exc, StopAsyncIteration):
-                stream._error = exc
-            raise
-        if type(event) is Completed:
-            stream._result = event.result
-        elif type(event) is ApprovalRequested:
-            stream._result = _stopped(event)
-        return event
+        self.__anext__ = stream._reader_of_every().__anext__  # type: ignore[method-assign]
 
     async def aclose(self) -> None:
         """Close the stream (idempotent)."""
@@ -235,6 +248,7 @@ class _View(Generic[T]):
         "_conversation",
         "_error",
         "_events",
+        "_every",
         "_home",
         "_result",
         "_text",
@@ -257,13 +271,13 @@ class _View(Generic[T]):
         self._where = where
         self._conversation = conversation
         self._text: AsyncGenerator[str, None] | None = None  # a TokenStream's reader of its events
+        self._every: AsyncGenerator[Event, None] | None = None  # the reader for `events()`
         _open.add(events)
 
     def __del__(self) -> None:
-        text = self._text
-        if text is not None:
-            _open.discard(text)
-            _close_now(text)
+        for reader in self._readers():
+            _open.discard(reader)
+            _close_now(reader)
         events = self._events
         if getattr(events, "ag_frame", None) is None:
             _open.discard(events)  # finished or closed: nothing to clean up
@@ -284,8 +298,21 @@ class _View(Generic[T]):
 
     def __aiter__(self) -> Self:
         self._claim()
-        self._before = None  # read for text: the events before it are not text, and not read later
+        before = self._before
+        if before:  # read for text: the events before it are not text, and not read later
+            before.clear()  # (the list `_every` reads them from, if it was made)
         return self
+
+    def _readers(self) -> list[AsyncGenerator[Any, None]]:
+        """The readers of the stream's events made so far (`_text`, `_every`)."""
+        return [reader for reader in (self._text, self._every) if reader is not None]
+
+    def _reader_of_every(self) -> AsyncGenerator[Event, None]:
+        every = self._every
+        if every is None:
+            every = self._every = _every(self._events, self._before, weakref.ref(self))
+            _open.add(every)  # (see `_open`)
+        return every
 
     def _claim(self) -> None:
         """The running task reads the stream: its turn's conversation is that task's to close."""
@@ -324,15 +351,15 @@ class _View(Generic[T]):
 
         Must not be called while another task is reading the stream: cancel that task instead.
         """
-        text = self._text
+        readers = self._readers()
         try:
-            if text is not None:
-                await text.aclose()
+            for reader in readers:
+                await reader.aclose()
             await self._events.aclose()
         finally:
             _open.discard(self._events)
-            if text is not None:
-                _open.discard(text)
+            for reader in readers:
+                _open.discard(reader)
 
     async def __aenter__(self) -> Self:
         return self
