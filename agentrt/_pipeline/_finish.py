@@ -12,7 +12,7 @@ import anyio
 import anyio.to_thread
 
 from .._errors import ContentRefusedError, OutputGuardrailError, OutputParsingError
-from .._events import GuardrailVerdict
+from .._events import CancelledEvent, FailedEvent, GuardrailVerdict
 from .._messages import AssistantMessage, UserMessage
 from ..guardrails._declare import OutputGuardrailRequest
 from ..guardrails._results import NO_VALUE, GuardrailResult, Verdict
@@ -21,6 +21,7 @@ from ._runtime import notify
 if TYPE_CHECKING:
     from .._messages import ChatMessage, ToolCall
     from ..guardrails._declare import OutputChain
+    from ..memory._memory import Conversation
     from ._turn import Turn
 
 __all__ = [
@@ -37,6 +38,9 @@ __all__ = [
     "reask",
     "refused",
     "repair",
+    "store",
+    "tell_ended",
+    "unlock",
     "unparsed",
 ]
 
@@ -295,3 +299,31 @@ async def commit(turn: Turn) -> None:
     assert conversation is not None
     assert turn.user is not None
     await conversation.commit([turn.user, *turn.exchange], turn.id if COMMIT_ONCE.get() else None)
+
+
+async def store(turn: Turn, conversation: Conversation) -> None:
+    """Commit the turn to its conversation and release it, shielded: a write that started finishes,
+    and the next turn on the conversation starts now, not when the stream's reader gets to its end."""
+    with anyio.CancelScope(shield=True):
+        await commit(turn)
+        await conversation.release()
+
+
+async def unlock(conversation: Conversation) -> None:
+    """Release a conversation the turn holds and did not commit to (nothing was written): at once
+    when it is only held in the process, shielded when its store holds a lease too."""
+    if conversation.owner is None:
+        conversation.release_local()
+    else:
+        with anyio.CancelScope(shield=True):
+            await conversation.release()
+
+
+def tell_ended(turn: Turn, exc: BaseException) -> None:
+    """Tell listeners the invocation ended before `Completed` with `exc`: a `CancelledEvent` for a
+    cancellation or a closed stream (unless `result()` watches the turn: it reports those), else a
+    `FailedEvent`."""
+    cancelled = isinstance(exc, GeneratorExit | anyio.get_cancelled_exc_class())
+    if not (cancelled and turn.watched):
+        event = CancelledEvent(turn.id) if cancelled else FailedEvent(turn.id, exc)
+        notify(turn.runtime.listeners, event)

@@ -6,10 +6,10 @@ request in `turn.request`.
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from .._errors import ConfigurationError
-from .._events import Retrieved
+from .._events import Retrieved, Started
 from .._messages import ChatMessage, SystemMessage, TextContent, UserMessage
 from ..guardrails._run import run_input
 from ..models._protocol import ModelRequest, ToolSpec
@@ -21,6 +21,7 @@ from ..tools._declare import ToolContext, ToolDefinition, collect_tools
 from ..tools._loop import ToolLoop
 from . import _approve
 from ._runtime import ToolRequest, notify
+from ._turn import Phase
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -31,7 +32,18 @@ if TYPE_CHECKING:
     from ..rag._augment import Retrieval
     from ._turn import Turn
 
-__all__ = ["may_wait", "prepare", "reopen"]
+__all__ = ["may_wait", "prepare", "reopen", "started"]
+
+_REQUEST: Final = Phase.REQUEST  # (read once: on 3.11 enum members go through `EnumType.__getattr__`)
+
+
+def started(turn: Turn) -> Started:
+    """The event a run of the turn starts with (listeners have it)."""
+    runtime = turn.runtime
+    event = Started(turn.id, turn.spec.qualname, turn.memory_id, runtime.model.name, runtime.provider)
+    if runtime.listeners:
+        notify(runtime.listeners, event)
+    return event
 
 
 async def prepare(turn: Turn) -> None:
@@ -63,6 +75,12 @@ async def prepare(turn: Turn) -> None:
     else:
         select_tools(turn, runtime.tools)
     turn.request = first_request(turn, history)
+    # Judged while the model answers the first request: moderation of the user's message, and a
+    # parallel input chain.
+    plan = turn.plan
+    turn.moderating = plan.moderation is not None and bool(turn.user is not None and turn.user.text)
+    turn.checking = chain is not None and getattr(chain, "parallel", False)
+    turn.phase = _REQUEST
 
 
 async def reopen(turn: Turn) -> None:
@@ -86,12 +104,13 @@ def may_wait(turn: Turn) -> bool:
     """Whether `prepare` may wait (on a user's provider, a conversation's lock or its store, a
     retriever)."""
     runtime = turn.runtime
+    plan = turn.plan
     return (
         runtime.system_message is not None
         or runtime.tool_provider is not None
         or runtime.memory is not None
-        or turn.spec.name in runtime.input_guardrails
-        or turn.spec.name in runtime.retrievals
+        or plan.input_chain is not None
+        or plan.retrieval is not None
     )
 
 

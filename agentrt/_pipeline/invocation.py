@@ -24,13 +24,10 @@ import anyio
 
 from .._errors import ModelTimeoutError
 from .._events import (
-    CancelledEvent,
     Completed,
     Event,
-    FailedEvent,
     RefusalDelta,
     Result,
-    Started,
     TextDelta,
     ThinkingDelta,
     ToolCallDelta,
@@ -170,24 +167,18 @@ class Invocation:
         turn = self._turn
         if turn.resume_from is not None:
             turn.resume_clock()
-        runtime = turn.runtime
-        listeners = runtime.listeners
-        model = runtime.model
+        listeners = turn.runtime.listeners
         restored = turn.phase is not _PREPARE
         priming = prime  # READY is still to come
         # A resumed approval is a new run of the turn (a new stream, a new span): it starts again.
-        announce = not restored or turn.decisions is not None
-        if announce:
-            started = Started(self.id, turn.spec.qualname, turn.memory_id, model.name, runtime.provider)
-            if listeners:
-                notify(listeners, started)
+        started = _stages.started(turn) if not restored or turn.decisions is not None else None
         deadline = turn.deadline  # fixed for the invocation; None without a time budget
         # Steps that may wait are put under the deadline here, unless `result()` holds a scope at it
         # around the whole invocation (`watched`).
         guard = None if turn.watched else deadline
         done = False
         try:
-            if announce:
+            if started is not None:
                 yield started
             prepare = _stages.reopen(turn) if restored else _stages.prepare(turn)
             if guard is not None and _stages.may_wait(turn):
@@ -200,15 +191,7 @@ class Invocation:
             if turn.retrieved is not None:  # what retrieval found (listeners had it)
                 yield turn.retrieved
                 turn.retrieved = None
-            plan = turn.plan
-            moderation = plan.moderation
             release = turn.release
-            if not restored:
-                # Moderation: the user's message is judged while the model answers its first request.
-                turn.moderating = moderation is not None and bool(turn.user is not None and turn.user.text)
-                turn.checking = plan.input_chain is not None and getattr(plan.input_chain, "parallel", False)
-                turn.phase = _REQUEST
-
             if priming and turn.phase is not _REQUEST and turn.phase is not _APPROVAL:
                 # Restored past its request: the model accepted that long ago.
                 priming = False
@@ -327,10 +310,8 @@ class Invocation:
                         yield completed
                     if conversation is not None:
                         # The turn is done: store it, and let the next turn on the conversation start
-                        # now, not when this stream's reader gets to its end.
-                        with anyio.CancelScope(shield=True):
-                            await _finish.commit(turn)
-                            await conversation.release()
+                        # now, not when this stream's reader gets to its end (shielded).
+                        await _finish.store(turn, conversation)
                     if listeners:
                         notify(listeners, completed)
                     done = True
@@ -340,16 +321,10 @@ class Invocation:
         except BaseException as exc:
             # A reader that stops at Completed and closes the stream is not a cancellation.
             if listeners and not done and not isinstance(exc, StopAtBoundary):
-                cancelled = isinstance(exc, GeneratorExit | anyio.get_cancelled_exc_class())
-                if not (cancelled and turn.watched):  # watched: result() reports cancellations
-                    notify(listeners, CancelledEvent(self.id) if cancelled else FailedEvent(self.id, exc))
+                _finish.tell_ended(turn, exc)
             raise
         finally:
             conversation = turn.conversation
             if conversation is not None and conversation.held:
                 # Not committed: nothing was written. Release, whichever task closes the stream.
-                if conversation.owner is None:
-                    conversation.release_local()
-                else:
-                    with anyio.CancelScope(shield=True):
-                        await conversation.release()
+                await _finish.unlock(conversation)
