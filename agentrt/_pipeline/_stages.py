@@ -231,7 +231,7 @@ def first_request(turn: Turn, history: list[ChatMessage]) -> ModelRequest:
     capabilities = runtime.model.capabilities
     outgoing = turn.outgoing
     assert outgoing is not None
-    mode = runtime.output_modes.get(spec.name, "instructions")
+    mode = turn.plan.output_mode
     offered: tuple[ToolSpec, ...] = ()
     choice = runtime.tool_settings.tool_choice
     if turn.tools:

@@ -222,15 +222,24 @@ class Invocation:
                                     yield event
                         if response.stopped is not None:
                             pass
-                        elif show and meter is None:  # the plain loop, with nothing else to do
-                            async for chunk in chunks:
-                                if chunk.__class__ is TextDelta:
-                                    append(chunk.text)
-                                    yield chunk
-                                else:
-                                    add(chunk)
-                                    if chunk.__class__ in shown:
-                                        yield chunk  # type: ignore[misc]
+                        elif meter is None and not chunking:  # nothing to meter or check per chunk
+                            if show:  # the plain loop: text as it comes
+                                async for chunk in chunks:
+                                    if chunk.__class__ is TextDelta:
+                                        append(chunk.text)
+                                        yield chunk
+                                    else:
+                                        add(chunk)
+                                        if chunk.__class__ in shown:
+                                            yield chunk  # type: ignore[misc]
+                            else:  # text held, or not yielded at all (an awaited call)
+                                async for chunk in chunks:
+                                    if chunk.__class__ is TextDelta:
+                                        append(chunk.text)
+                                    else:
+                                        add(chunk)
+                                        if chunk.__class__ in shown:
+                                            yield chunk  # type: ignore[misc]
                         else:
                             async for chunk in chunks:
                                 if chunk.__class__ is TextDelta:

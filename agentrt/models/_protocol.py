@@ -337,16 +337,21 @@ class ResponseAccumulator:
         """
         text = "".join(self._text)
         thinking = "".join(self._thinking)
-        calls = tuple(
-            ToolCall(id=c[0] or f"call_{i}", name=c[1] or "", arguments="".join(c[2]))
-            for i, c in enumerate(self._calls.values())
+        calls = (
+            tuple(
+                ToolCall(id=c[0] or f"call_{i}", name=c[1] or "", arguments="".join(c[2]))
+                for i, c in enumerate(self._calls.values())
+            )
+            if self._calls
+            else ()  # (most responses: no generator made for none)
         )
+        refusal = self._refusal
         message = AssistantMessage(
             text=text or None,
             thinking=thinking or None,
             thinking_signature=self._signature,
             tool_calls=calls,
-            refusal="".join(self._refusal) or None,
+            refusal=("".join(refusal) or None) if refusal else None,
             thinking_blocks=self._thinking_blocks(thinking),
         )
         usage = self._usage
