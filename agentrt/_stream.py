@@ -187,6 +187,10 @@ class _Tokens:
     def __aiter__(self) -> _Tokens:
         return self
 
+    async def aclose(self) -> None:
+        """Close the stream (idempotent): `aiter(stream)` closes as the stream does."""
+        await self._stream.aclose()
+
 
 async def _every(
     events: AsyncGenerator[Event, None], before: list[Event] | None, stream: weakref.ref[_View[Any]]

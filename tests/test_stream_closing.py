@@ -406,3 +406,17 @@ async def test_a_stream_dropped_after_break_is_closed_and_frees_its_conversation
         assert await svc.chat("c", "next") == "second turn"
     assert model.streams[0].closed
     assert await agentrt.memory.access(svc).read("c") == turn("next", "second turn")
+
+
+async def test_the_iterator_of_a_stream_closes_the_stream() -> None:
+    # `aiter(stream)` is not the stream itself (see `_Tokens`): closing it closes the stream.
+    svc, model = service(["one ", "two ", Hang()], "second turn")
+    stream = await svc.stream("c", "hi")
+    tokens = aiter(stream)
+    assert await anext(tokens) == "one "
+    await tokens.aclose()  # type: ignore[attr-defined]
+    assert model.streams[0].closed
+    with anyio.fail_after(5):
+        assert await svc.chat("c", "next") == "second turn"
+    with pytest.raises(RuntimeError, match="closed before the invocation completed"):
+        await stream.result()
