@@ -221,7 +221,7 @@ class Invocation:
                                 for event in await response.lead(first):
                                     yield event
                         if response.stopped is not None:
-                            pass
+                            pass  # (`chunked`: the chain refused the first chunk)
                         elif meter is None and not chunking:  # nothing to meter or check per chunk
                             if show:  # the plain loop: text as it comes
                                 async for chunk in chunks:
