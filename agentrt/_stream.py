@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import warnings
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final, Generic, Self, TypeVar
 
@@ -400,8 +400,11 @@ class TokenStream(_View[str], AsyncIterator[str]):
         super().__aiter__()
         return _Tokens(self, self._reader())
 
-    def __anext__(self) -> Coroutine[Any, Any, str]:
-        return self._reader().__anext__()
+    async def __anext__(self) -> str:
+        # A coroutine, not the reader's own awaitable: it holds the stream while it waits (the reader
+        # holds it only weakly), so a stream named nowhere else is not collected (and closed) under
+        # `anext(stream)`. `async for` resumes the reader directly (`_Tokens`).
+        return await self._reader().__anext__()
 
     def _reader(self) -> AsyncGenerator[str, None]:
         """The one generator that reads the stream's events for text, for the stream's life."""

@@ -11,7 +11,7 @@ import logging
 import sys
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,15 +24,17 @@ from pydantic import BaseModel
 import agentrt
 from agentrt import (
     AssistantMessage,
+    Capabilities,
     ChatMessage,
     ConversationReentryError,
     MemoryId,
+    ModelRequest,
     PartialStream,
     TokenStream,
     UserMessage,
 )
 from agentrt.memory import ChatMemoryStore, InMemoryStore, RedisStore, SQLiteStore
-from agentrt.models import OpenAIChatModel, RetryPolicy
+from agentrt.models import ModelChunk, OpenAIChatModel, RetryPolicy
 from agentrt.testing import Hang, ScriptedModel
 
 
@@ -420,3 +422,83 @@ async def test_the_iterator_of_a_stream_closes_the_stream() -> None:
         assert await svc.chat("c", "next") == "second turn"
     with pytest.raises(RuntimeError, match="closed before the invocation completed"):
         await stream.result()
+
+
+async def test_anext_holds_the_stream_while_it_waits_for_the_token() -> None:
+    # `anext(stream)` is an awaitable of the stream's reader: it must hold the stream as `async for`
+    # does, or a stream not named elsewhere is collected (and its reader closed) before the token
+    # comes: an empty stream, where the first token was due.
+    svc, model = service(["one ", "two ", Hang()], "second turn")
+    with pytest.warns(ResourceWarning, match=UNCLOSED):  # dropped after its first token
+        first = await anext(await svc.stream("c", "hi"))
+    assert first == "one "
+    with anyio.fail_after(5):
+        await model.streams[0].wait_closed()
+        assert await svc.chat("c", "next") == "second turn"
+
+
+class _GatedText:
+    """A model that streams "one ", then "two " once `gate` is set (a class: nothing of the test
+    double is left to the garbage collector)."""
+
+    name = "gated"
+    capabilities = Capabilities()
+
+    def __init__(self) -> None:
+        self.gate = anyio.Event()
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ModelChunk]:
+        return _GatedChunks(self.gate)
+
+
+class _GatedChunks:
+    def __init__(self, gate: anyio.Event) -> None:
+        self._gate = gate
+        self._sent = 0
+
+    def __aiter__(self) -> _GatedChunks:
+        return self
+
+    async def __anext__(self) -> ModelChunk:
+        self._sent += 1
+        if self._sent == 1:
+            return agentrt.TextDelta("one ")
+        if self._sent == 2:
+            await self._gate.wait()
+            return agentrt.TextDelta("two")
+        raise StopAsyncIteration
+
+
+async def test_a_stream_dropped_while_another_task_awaits_its_next_token_is_not_closed_under_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The task awaiting `anext(stream)` reads the stream: the stream is not abandoned under it (no
+    # warning, no close racing the read: "aclose(): asynchronous generator is already running").
+    caplog.set_level(logging.DEBUG)
+    model = _GatedText()
+    svc = agentrt.build(Svc, model=model, memory=agentrt.memory.window())
+    stream = await svc.stream("c", "hi")
+    assert await anext(stream) == "one "
+    got: list[str] = []
+
+    async def read(next_token: Awaitable[str]) -> None:
+        got.append(await next_token)
+
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        async with anyio.create_task_group() as group:
+            group.start_soon(read, anext(stream))
+            await anyio.wait_all_tasks_blocked()  # the reader waits in the model for "two"
+            del stream
+            gc.collect()
+            await anyio.wait_all_tasks_blocked()  # (a close the collection started has run)
+            model.gate.set()
+        gc.collect()
+
+    assert got == ["two"]
+    # Abandoned once that read let go of it (not read up to `Completed`): warned about once, then.
+    assert [str(w.message) for w in warned if w.category is ResourceWarning] == [
+        "Svc.stream: a stream was collected without being closed or read to its end; closing it now. "
+        "Use `async with await service.method(...) as stream:`"
+    ]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
