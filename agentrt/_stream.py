@@ -57,13 +57,13 @@ T = TypeVar("T")
 
 logger = logging.getLogger("agentrt")
 
-# The pipelines of streams not closed yet, and `TokenStream`'s readers of them (`_text`). A stream
-# left in a reference cycle would otherwise take its pipeline into the same garbage, and the collector
-# would run both the stream's finalizer and the loop's async-generator finalizer: two closes of one
-# generator, the second failing with "aclose(): asynchronous generator is already running" at every
-# level of the model stream (and trio warning for each). Held here, the pipeline is closed once, by
-# the stream's finalizer, then dropped. (A loop that shuts down first closes it itself: it knows
-# every live async generator.)
+# The pipelines of streams not closed yet, and the streams' readers of them (`_text`, `_every`). A
+# stream left in a reference cycle would otherwise take its pipeline into the same garbage, and the
+# collector would run both the stream's finalizer and the loop's async-generator finalizer: two
+# closes of one generator, the second failing with "aclose(): asynchronous generator is already
+# running" at every level of the model stream (and trio warning for each). Held here, the pipeline
+# is closed once, by the stream's finalizer, then dropped. (A loop that shuts down first closes it
+# itself: it knows every live async generator.)
 _open: set[AsyncGenerator[Any, None]] = set()
 
 
@@ -92,7 +92,7 @@ def _close_later(events: AsyncGenerator[Event, None], schedule: Schedule | None)
 
 
 def _close_now(reader: AsyncGenerator[Any, None]) -> None:
-    """Close a reader of a stream's events (`_text`) that is suspended at a `yield`: its cleanup does
+    """Close a reader of a stream's events (`_text`, `_every`) suspended at a `yield`: its cleanup does
     not await, so it closes at once, in whatever thread, without a task of its loop. A reader some
     task is resuming right now is left to that task."""
     if getattr(reader, "ag_frame", None) is None:
@@ -154,15 +154,25 @@ async def _text(
             elif kind is Reset:
                 yield RESET
             elif kind is Completed or kind is ApprovalRequested:
-                view = stream()
-                if view is not None:
-                    view._result = event.result if kind is Completed else _stopped(event)  # type: ignore[union-attr,arg-type]
+                _keep_result(stream, event)
     except Exception as exc:
-        # Errors are kept for `result()`; cancellation is not: it belongs to its scope.
-        view = stream()
-        if view is not None:
-            view._error = exc
+        _keep_error(stream, exc)
         raise
+
+
+def _keep_result(stream: weakref.ref[Any], event: Event) -> None:
+    """Keep the result a stream ended with (`Completed`, or `ApprovalRequested`) for `result()`."""
+    view = stream()
+    if view is not None:
+        view._result = event.result if type(event) is Completed else _stopped(event)  # type: ignore[arg-type]
+
+
+def _keep_error(stream: weakref.ref[Any], exc: Exception) -> None:
+    """Keep the error a stream raised for `result()` (cancellation is not kept: it belongs to its
+    scope)."""
+    view = stream()
+    if view is not None:
+        view._error = exc
 
 
 class _Tokens:
@@ -203,14 +213,10 @@ async def _every(
         async for event in events:
             kind = type(event)
             if kind is Completed or kind is ApprovalRequested:
-                view = stream()
-                if view is not None:
-                    view._result = event.result if kind is Completed else _stopped(event)  # type: ignore[union-attr,arg-type]
+                _keep_result(stream, event)
             yield event
     except Exception as exc:
-        view = stream()
-        if view is not None:
-            view._error = exc
+        _keep_error(stream, exc)
         raise
 
 

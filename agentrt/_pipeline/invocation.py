@@ -26,16 +26,11 @@ from .._errors import ModelTimeoutError
 from .._events import (
     Completed,
     Event,
-    RefusalDelta,
     Result,
     TextDelta,
-    ThinkingDelta,
-    ToolCallDelta,
-    Usage,
 )
 from . import _approve, _checkpoint, _finish, _fold, _stages, _steps
 from ._plan import Plan, plan
-from ._release import Mode
 from ._response import Response, _timed_out
 from ._runtime import notify
 from ._turn import BOUNDARIES, Phase, Turn
@@ -52,12 +47,6 @@ __all__ = ["READY", "Invocation", "StopAtBoundary"]
 
 _T = TypeVar("_T")
 
-# Chunks the pipeline forwards to readers as they are; the others are folded into ResponseReceived.
-_FORWARD: Final = frozenset({TextDelta, ThinkingDelta, RefusalDelta, Usage})
-# Chunks other than text deltas that spend an output-token allowance (see _meter).
-_METERED: Final = frozenset({ThinkingDelta, ToolCallDelta, Usage})
-
-
 # Enum members and their hashes are looked up in Python code: the driver reads them as constants.
 _PREPARE: Final = Phase.PREPARE
 _REQUEST: Final = Phase.REQUEST
@@ -65,8 +54,6 @@ _RESPONSE: Final = Phase.RESPONSE
 _TOOLS: Final = Phase.TOOLS
 _APPROVAL: Final = Phase.APPROVAL
 _COMMIT: Final = Phase.COMMIT
-_HOLD: Final = Mode.HOLD
-_CHUNKED: Final = Mode.CHUNKED
 
 
 class _Ready:
