@@ -5,6 +5,10 @@ difference divided by 5N is the instructions one unit costs, start-up and import
 
     per-token       a 5-token vs a many-token stream from memory (`bench_pipeline.MemoryModel`)
     per-call        awaited 5-token calls from memory
+    per-token-features
+                    per-token with what a production user turns on: chat memory, a time budget
+                    and an output-token limit, and a pass-through output guardrail (released
+                    `buffer`, then `chunked`); against the same stream without them
     round-trip      one tool round trip over a local HTTP server (`bench_http.serve`): agentrt
                     against a hand-written httpx + orjson loop, async and sync tools
     runs            an SSE endpoint's answer over ASGI (`bench_runs.respond`): without a run log,
@@ -36,6 +40,31 @@ n = int(sys.argv[1])
 svc = agentrt.build(Service, model=MemoryModel(chunks(n)))
 async def main():
     async with await svc.stream("q") as s:
+        async for t in s:
+            pass
+anyio.run(main)
+"""
+
+_FEATURES = """
+import sys, anyio, agentrt
+from typing import Annotated
+sys.path.insert(0, {here!r})
+from bench_pipeline import MemoryModel, chunks
+from agentrt import MemoryId, TokenStream
+from agentrt.guardrails import output_guardrails, success
+n, release = int(sys.argv[1]), sys.argv[2]
+class Passes:
+    partial_text = True
+    name = "passes"
+    def validate(self, request):
+        return success()
+class Service:
+    @output_guardrails(Passes(), release=release)
+    async def stream(self, chat: Annotated[str, MemoryId], q: str) -> TokenStream: ...
+svc = agentrt.build(Service, model=MemoryModel(chunks(n)), memory=agentrt.memory.window(),
+                    budget=agentrt.Budget(seconds=30, output_tokens=10**9))
+async def main():
+    async with await svc.stream("c", "q") as s:
         async for t in s:
             pass
 anyio.run(main)
@@ -116,9 +145,18 @@ def per_unit(script: str, n: int, *args: str) -> float:
 
 
 def main() -> None:
-    chosen = sys.argv[1:] or ["per-token", "per-call", "round-trip", "runs"]
-    if "per-token" in chosen:
-        print(f"per streamed token, from memory:  {per_unit(_STREAM, 2000):10,.0f} instructions")
+    chosen = sys.argv[1:] or ["per-token", "per-token-features", "per-call", "round-trip", "runs"]
+    bare = None
+    if "per-token" in chosen or "per-token-features" in chosen:
+        bare = per_unit(_STREAM, 2000)
+        print(f"per streamed token, from memory:  {bare:10,.0f} instructions")
+    if "per-token-features" in chosen and bare is not None:
+        for release in ("buffer", "chunked"):
+            featured = per_unit(_FEATURES, 2000, release)
+            print(
+                f"  with memory, a time and token budget, a guardrail ({release}): {featured:10,.0f} "
+                f"instructions ({featured / bare - 1:+.0%})"
+            )
     if "per-call" in chosen:
         print(f"per awaited call, from memory:    {per_unit(_CALLS, 200):10,.0f} instructions")
     if "round-trip" in chosen:

@@ -41,8 +41,9 @@ class Meter:
         self._left = chars_for_tokens(tokens)
         self._cut = cut
 
-    def over(self, chunk: ModelChunk) -> bool:
-        """Spend `chunk`; whether the allowance is spent now."""
+    def spend(self, chunk: ModelChunk) -> None:
+        """Spend `chunk`; raise the cut's error once the allowance is spent (per chunk of a metered
+        response: one call)."""
         kind = chunk.__class__
         if kind is TextDelta or kind is ThinkingDelta:
             size = len(chunk.text)  # type: ignore[union-attr]
@@ -51,10 +52,20 @@ class Meter:
             self._left -= len(chunk.arguments) + len(chunk.name or "")  # type: ignore[union-attr]
         elif kind is Usage and chunk.output_tokens > self._most:  # type: ignore[union-attr]
             self._left -= _ALL  # the provider counted past the limit
-        return self._left < 0
+        if self._left < 0:
+            raise _Spent if self._cut is None else self._cut()
 
-    def spend(self, chunk: ModelChunk) -> None:
-        """Spend `chunk`; raise the cut's error once the allowance is spent."""
-        if self.over(chunk):
-            assert self._cut is not None
-            raise self._cut()
+    def over(self, chunk: ModelChunk) -> bool:
+        """Spend `chunk`; whether the allowance is spent now (for a reader that only stops)."""
+        cut, self._cut = self._cut, None  # (it only stops: no cut's error, whatever the meter has)
+        try:
+            self.spend(chunk)
+        except _Spent:
+            return True
+        finally:
+            self._cut = cut
+        return False
+
+
+class _Spent(Exception):
+    """The allowance of a meter without a cut's error is spent (see `Meter.over`)."""
